@@ -1,0 +1,48 @@
+"""The one exception type of the contract, and the builder of its messages."""
+
+from __future__ import annotations
+
+import jaxtyping
+
+__all__ = ["ContractError", "format_violation"]
+
+
+class ContractError(jaxtyping.TypeCheckError):
+    """A module, container or environment broke the nnx-ppo batching contract.
+
+    Raised while JAX traces, so it surfaces before anything is compiled. It is a
+    subclass of :class:`jaxtyping.TypeCheckError` (itself a :class:`TypeError`),
+    so code that already catches jaxtyping's errors catches this one too.
+    """
+
+
+def format_violation(
+    where: str,
+    problem: str,
+    *,
+    leaf: str | None = None,
+    expected: str | None = None,
+    found: str | None = None,
+    rule: str | None = None,
+) -> str:
+    """Build a contract-violation message with one fact per line.
+
+    Args:
+      where: the module (class and path in the network) and method, e.g.
+        ``"Sequential.layers[2] (MyLSTM).__call__"``.
+      problem: one sentence saying what is wrong.
+      leaf: the argument and leaf path, e.g. ``"state['h']"``.
+      expected: the expected axes with bound sizes, e.g. ``"(B, *feat) with B=8"``.
+      found: what was found, e.g. ``"shape (16,) float32"``.
+      rule: the contract rule that was broken, in words.
+    """
+    lines = [f"{where}: {problem}"]
+    for label, value in (
+        ("leaf", leaf),
+        ("expected", expected),
+        ("found", found),
+        ("rule", rule),
+    ):
+        if value is not None:
+            lines.append(f"  {label + ':':<9} {value}")
+    return "\n".join(lines)

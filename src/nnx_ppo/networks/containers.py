@@ -1,0 +1,218 @@
+"""Containers: modules made of modules, routing state, extras and statistics.
+
+Every container follows the four rules of the contract (SPEC section 3): children
+live in NNX-tracked attributes; ``state`` and ``rollout_extras`` are sliced per
+child the same way and reassembled into mirroring trees; children's
+``regularization_loss`` is summed and their ``metrics`` nested under the child's
+key (its position, for :class:`Sequential`); and ``update_statistics``,
+``initialize_state`` and ``reset_state`` are routed exactly like ``__call__``.
+"""
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Shaped
+
+from nnx_ppo.networks.types import ModuleState, StatefulModule, StatefulModuleOutput
+
+__all__ = ["Concat", "Parallel", "Sequential", "Splitter"]
+
+
+def _child_extras(rollout_extras: Any, key: Any) -> Any:
+    return None if rollout_extras is None else rollout_extras[key]
+
+
+class Sequential(StatefulModule):
+    """Runs ``layers`` in order, each on the previous one's output.
+
+    Carry: a list with one entry per layer. Emits a list with each layer's
+    ``rollout_extras``. Metrics are nested under the layer's position.
+
+    Example::
+
+        Sequential([Dense(4, 32, rngs, activation=nnx.relu), Dense(32, 2, rngs)])
+    """
+
+    def __init__(self, layers: Sequence[StatefulModule]) -> None:
+        if not layers:
+            raise ValueError("Sequential needs at least one layer")
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, StatefulModule):
+                raise TypeError(
+                    f"Sequential layer {i} is a {type(layer).__name__}, not a StatefulModule"
+                )
+        self.layers = nnx.List(layers)
+
+    def __call__(
+        self, state: list[ModuleState], x: Any, rollout_extras: list[Any] | None = None
+    ) -> StatefulModuleOutput:
+        next_state: list[ModuleState] = []
+        emitted: list[Any] = []
+        metrics: dict[int, Any] = {}
+        regularization: Float[Array, ""] | Float[Array, " B"] = jnp.zeros(())
+        for i, layer in enumerate(self.layers):
+            out = layer(state[i], x, _child_extras(rollout_extras, i))
+            next_state.append(out.next_state)
+            emitted.append(out.rollout_extras)
+            metrics[i] = out.metrics
+            regularization = regularization + out.regularization_loss
+            x = out.output
+        return StatefulModuleOutput(next_state, x, regularization, metrics, emitted)
+
+    def initialize_state(self, batch_size: int) -> list[ModuleState]:
+        return [layer.initialize_state(batch_size) for layer in self.layers]
+
+    def reset_state(self, prev_state: list[ModuleState]) -> list[ModuleState]:
+        return [layer.reset_state(s) for layer, s in zip(self.layers, prev_state, strict=True)]
+
+    def update_statistics(self, rollout_extras: list[Any]) -> None:
+        for layer, extras in zip(self.layers, rollout_extras, strict=True):
+            layer.update_statistics(extras)
+
+    def __getitem__(self, index: int) -> StatefulModule:
+        return self.layers[index]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __iter__(self) -> Iterator[StatefulModule]:
+        return iter(self.layers)
+
+
+class _KeyedContainer(StatefulModule):
+    """Children under string keys; the carry and extras are dicts by the same keys."""
+
+    def __init__(
+        self, modules: Mapping[str, StatefulModule] | None, kwargs: dict[str, StatefulModule]
+    ) -> None:
+        name = type(self).__name__
+        if modules is not None and kwargs:
+            raise ValueError(f"{name}: pass either a dict or keyword arguments, not both")
+        components = dict(modules) if modules is not None else kwargs
+        if not components:
+            raise ValueError(f"{name} needs at least one child module")
+        for key, module in components.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{name} keys must be strings, got {key!r}")
+            if not isinstance(module, StatefulModule):
+                raise TypeError(
+                    f"{name}[{key!r}] is a {type(module).__name__}, not a StatefulModule"
+                )
+        self.components = nnx.Dict(components)
+
+    def _run_children(
+        self,
+        state: dict[str, ModuleState],
+        inputs: Callable[[str], Any],
+        rollout_extras: dict[str, Any] | None,
+    ) -> tuple[dict[str, Any], StatefulModuleOutput]:
+        """Call each child on ``inputs(key)``; return the outputs and the merged rest."""
+        outputs: dict[str, Any] = {}
+        next_state: dict[str, ModuleState] = {}
+        emitted: dict[str, Any] = {}
+        metrics: dict[str, Any] = {}
+        regularization: Float[Array, ""] | Float[Array, " B"] = jnp.zeros(())
+        for key, module in self.components.items():
+            out = module(state[key], inputs(key), _child_extras(rollout_extras, key))
+            outputs[key] = out.output
+            next_state[key] = out.next_state
+            emitted[key] = out.rollout_extras
+            metrics[key] = out.metrics
+            regularization = regularization + out.regularization_loss
+        return outputs, StatefulModuleOutput(next_state, None, regularization, metrics, emitted)
+
+    def initialize_state(self, batch_size: int) -> dict[str, ModuleState]:
+        return {k: m.initialize_state(batch_size) for k, m in self.components.items()}
+
+    def reset_state(self, prev_state: dict[str, ModuleState]) -> dict[str, ModuleState]:
+        return {k: m.reset_state(prev_state[k]) for k, m in self.components.items()}
+
+    def update_statistics(self, rollout_extras: dict[str, Any]) -> None:
+        for key, module in self.components.items():
+            module.update_statistics(rollout_extras[key])
+
+    def __getitem__(self, key: str) -> StatefulModule:
+        return self.components[key]
+
+
+class Parallel(_KeyedContainer):
+    """Runs every child on the **same** input; the output is a dict by child key.
+
+    Build with keywords, ``Parallel(actor=..., critic=...)``, or with a dict when
+    the keys are not identifiers. Carry and extras are dicts by the same keys.
+    """
+
+    def __init__(
+        self, modules: Mapping[str, StatefulModule] | None = None, /, **kwargs: StatefulModule
+    ) -> None:
+        super().__init__(modules, kwargs)
+
+    def __call__(
+        self, state: dict[str, ModuleState], x: Any, rollout_extras: dict[str, Any] | None = None
+    ) -> StatefulModuleOutput:
+        outputs, rest = self._run_children(state, lambda _: x, rollout_extras)
+        return rest.replace(output=outputs)
+
+
+class Concat(_KeyedContainer):
+    """Runs each child on the same-named entry of a dict input; concatenates outputs.
+
+    The children's outputs must be arrays ``(B, n_k)``; the output is
+    ``(B, sum n_k)`` in the order the children were given. The input dict must
+    have exactly the children's keys.
+    """
+
+    def __init__(
+        self, modules: Mapping[str, StatefulModule] | None = None, /, **kwargs: StatefulModule
+    ) -> None:
+        super().__init__(modules, kwargs)
+
+    def __call__(
+        self,
+        state: dict[str, ModuleState],
+        x: Mapping[str, Any],
+        rollout_extras: dict[str, Any] | None = None,
+    ) -> StatefulModuleOutput:
+        if not isinstance(x, Mapping) or set(x) != set(self.components):
+            found = sorted(x) if isinstance(x, Mapping) else type(x).__name__
+            raise ValueError(
+                f"Concat expects a dict input with keys {sorted(self.components)}, got {found}"
+            )
+        outputs, rest = self._run_children(state, lambda key: x[key], rollout_extras)
+        return rest.replace(output=jnp.concatenate(list(outputs.values()), axis=-1))
+
+
+class Splitter(StatefulModule):
+    """Splits a ``(B, n)`` input into a dict of named slices of the last axis.
+
+    ``Splitter(action_params=4, value=1)`` turns ``(B, 5)`` into
+    ``{"action_params": (B, 4), "value": (B, 1)}``. The declared sizes must add
+    up to the input width exactly: a mismatch is an error, never a silent slice.
+    Stateless; emits no extras.
+    """
+
+    def __init__(self, **sizes: int) -> None:
+        if not sizes:
+            raise ValueError("Splitter needs at least one named slice")
+        for key, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise ValueError(f"Splitter slice {key!r} must be a positive int, got {size!r}")
+        self.sizes = nnx.static(dict(sizes))
+
+    def __call__(
+        self, state: tuple[()], x: Shaped[Array, "B n"], rollout_extras: None = None
+    ) -> StatefulModuleOutput:
+        total = sum(self.sizes.values())
+        if x.shape[-1] != total:
+            raise ValueError(
+                f"Splitter declares slices {dict(self.sizes)} adding up to {total} features, "
+                f"but its input has {x.shape[-1]} (shape {tuple(x.shape)})"
+            )
+        outputs: dict[str, Array] = {}
+        offset = 0
+        for key, size in self.sizes.items():
+            outputs[key] = x[..., offset : offset + size]
+            offset += size
+        return StatefulModuleOutput((), outputs, jnp.zeros(()), {}, None)
