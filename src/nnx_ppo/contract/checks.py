@@ -372,9 +372,7 @@ def _check_call(fn: Callable[..., Any], output_type: type) -> Callable[..., Any]
         with _entered(self):
             _check_leading(site, (batch,), x_name, x, _RULE_ONE_B, "argument")
             _check_leading(site, (batch,), state_name, state, _RULE_ONE_B, "argument")
-            _check_leading(
-                site, (batch,), given_extras_name, given_extras, _RULE_ONE_B, "argument"
-            )
+            _check_leading(site, (batch,), given_extras_name, given_extras, _RULE_ONE_B, "argument")
             result = _call_annotated(site, typed, self, *args, **kwargs)
             if not isinstance(result, output_type):
                 raise _violation(
@@ -542,7 +540,9 @@ def _check_all_reached(site: _Site, root: Any, reached: set[int]) -> None:
     nodes = {tuple(path): node for path, node in nnx.iter_graph(root)}
 
     def name(path: tuple[Any, ...]) -> str:
-        return f"{type(root).__name__}{_format_graph_path(root, path)} ({type(nodes[path]).__name__})"
+        return (
+            f"{type(root).__name__}{_format_graph_path(root, path)} ({type(nodes[path]).__name__})"
+        )
 
     for path, node in nodes.items():
         if id(node) in reached or not _is_stats_bearing(node):
@@ -594,9 +594,6 @@ def install_checks(cls: type, output_type: type) -> None:
         fn = cls.__dict__.get(name)
         if fn is None or getattr(fn, _CHECKED_MARK, None) is not None:
             continue
-        if name == "__call__":
-            wrapped = _check_call(fn, output_type)
-        else:
-            wrapped = _CHECKERS[name](fn)
+        wrapped = _check_call(fn, output_type) if name == "__call__" else _CHECKERS[name](fn)
         setattr(wrapped, _CHECKED_MARK, name)
         setattr(cls, name, wrapped)
