@@ -1,0 +1,106 @@
+"""A k-step delay line: the output at step ``t`` is the input from step ``t - k``."""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Int, PyTree, Shaped
+
+from nnx_ppo.networks.normalizer import canonical_tree, check_feature_shapes
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+
+__all__ = ["Delay"]
+
+DelayCarry = dict[str, Any]
+"""``{"buffer": tree of (B, k_steps, *feat), "position": (B,) int32}``."""
+
+
+class Delay(StatefulModule):
+    """Returns the input it was given ``k_steps`` calls ago.
+
+    Until an env has been stepped ``k_steps`` times since its last reset, the
+    output is ``initial_value``. Inputs may be any pytree of ``(B, *feat)``
+    arrays matching ``sample_input``; the output has the same tree, shapes and
+    the dtypes of ``sample_input``.
+
+    Carry: a per-env ring buffer,
+    ``{"buffer": tree of (B, k_steps, *feat), "position": (B,) int32}``, where
+    ``position`` is the slot read (the oldest input) and then overwritten this
+    step. ``reset_state`` refills the buffer with ``initial_value`` and rewinds
+    ``position``. Emits no ``rollout_extras``.
+
+    Args:
+      sample_input: one unbatched example of the input pytree; only its tree,
+        shapes and dtypes are kept.
+      k_steps: the delay, at least 1.
+      initial_value: the output before the delay line has filled.
+
+    Example::
+
+        Sequential([Delay(env.reset(key).obs, k_steps=3), policy])
+    """
+
+    def __init__(self, sample_input: Any, k_steps: int, initial_value: float = 0.0) -> None:
+        if isinstance(k_steps, bool) or not isinstance(k_steps, int) or k_steps < 1:
+            raise ValueError(f"Delay k_steps must be an int >= 1, got {k_steps!r}")
+        sample = canonical_tree(sample_input)
+        leaves = jax.tree.leaves(sample)
+        if not leaves:
+            raise ValueError("Delay sample_input has no array leaves")
+        for leaf in leaves:
+            if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+                raise TypeError(
+                    f"Delay sample_input leaves must be arrays, got {type(leaf).__name__}"
+                )
+        self.k_steps = k_steps
+        self.initial_value = initial_value
+        # Only the tree, shapes and dtypes are kept, as hashable static attributes so that
+        # the module's graphdef stays hashable (a jit cache key).
+        self.sample_treedef = jax.tree.structure(sample)
+        self.sample_leaves = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in leaves)
+
+    @property
+    def sample(self) -> PyTree[jax.ShapeDtypeStruct]:
+        """The declared input: a tree of per-sample shapes and dtypes."""
+        return jax.tree.unflatten(self.sample_treedef, self.sample_leaves)
+
+    def __call__(
+        self,
+        state: DelayCarry,
+        x: PyTree[Shaped[Array, "B ..."]],
+        rollout_extras: None = None,
+    ) -> StatefulModuleOutput:
+        x = canonical_tree(x)
+        check_feature_shapes("Delay.__call__", "x", self.sample, x, "B")
+
+        def step_one_env(
+            buffer: PyTree[Shaped[Array, "k ..."]],
+            position: Int[Array, ""],
+            value: PyTree[Shaped[Array, "..."]],
+        ) -> tuple[PyTree[Shaped[Array, "k ..."]], PyTree[Shaped[Array, "..."]]]:
+            oldest = jax.tree.map(lambda b: b[position], buffer)
+            written = jax.tree.map(
+                lambda b, v: b.at[position].set(v.astype(b.dtype)), buffer, value
+            )
+            return written, oldest
+
+        buffer, output = jax.vmap(step_one_env)(state["buffer"], state["position"], x)
+        position = (state["position"] + 1) % self.k_steps
+        return StatefulModuleOutput(
+            {"buffer": buffer, "position": position}, output, jnp.zeros(()), {}, None
+        )
+
+    def initialize_state(self, batch_size: int) -> DelayCarry:
+        buffer = jax.tree.map(
+            lambda s: jnp.full((batch_size, self.k_steps, *s.shape), self.initial_value, s.dtype),
+            self.sample,
+        )
+        return {"buffer": buffer, "position": jnp.zeros((batch_size,), jnp.int32)}
+
+    def reset_state(self, prev_state: DelayCarry) -> DelayCarry:
+        return {
+            "buffer": jax.tree.map(
+                lambda b: jnp.full_like(b, self.initial_value), prev_state["buffer"]
+            ),
+            "position": jnp.zeros_like(prev_state["position"]),
+        }

@@ -1,0 +1,61 @@
+"""Feedforward layers: stateless modules with no carry and no rollout extras."""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float
+
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+
+__all__ = ["Dense"]
+
+
+class Dense(StatefulModule):
+    """An affine layer, ``activation(x @ W + b)``, as a :class:`StatefulModule`.
+
+    Input ``(B, in_features)``, output ``(B, out_features)``. Stateless: its carry
+    is ``()``; it emits no ``rollout_extras`` and no regularization.
+
+    Args:
+      in_features: width of the input's last axis.
+      out_features: width of the output's last axis.
+      rngs: the random streams that initialise the weights.
+      activation: applied to the affine output; ``None`` leaves it linear.
+      **linear_kwargs: passed on to :class:`flax.nnx.Linear` (``use_bias``,
+        ``kernel_init``, ``bias_init``, ``dtype``, ...).
+
+    Example::
+
+        Dense(4, 32, nnx.Rngs(0), activation=nnx.relu)
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        rngs: nnx.Rngs,
+        activation: Callable[[Array], Array] | None = None,
+        **linear_kwargs: Any,
+    ) -> None:
+        for name, size in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise ValueError(f"Dense {name} must be a positive int, got {size!r}")
+        if activation is not None and not callable(activation):
+            raise TypeError(f"Dense activation must be callable or None, got {activation!r}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.linear = nnx.Linear(in_features, out_features, rngs=rngs, **linear_kwargs)
+        self.activation = activation
+
+    def __call__(
+        self,
+        state: tuple[()],
+        x: Float[Array, "B {self.in_features}"],
+        rollout_extras: None = None,
+    ) -> StatefulModuleOutput:
+        y = self.linear(x)
+        if self.activation is not None:
+            y = self.activation(y)
+        return StatefulModuleOutput(state, y, jnp.zeros(()), {}, None)
