@@ -1,0 +1,459 @@
+"""The environment side of the contract: one unbatched env, checked while JAX traces.
+
+An environment follows the MuJoCo Playground convention (SPEC section 4):
+``reset(key) -> State`` and ``step(state, action) -> State`` for **one**
+environment; the library vmaps both over ``n_envs``. These checks look only at
+shapes, dtypes and tree structures, so they run in Python while JAX traces and a
+compiled step pays nothing for them. Like the module checks, they do nothing
+when the checks are off (``nnx_ppo.checks(False)`` or ``NNX_PPO_CHECKS=0``).
+
+What a state must look like:
+
+- ``done``: a scalar, or a pytree of scalars with the tree of ``reward`` (one
+  ``done`` per reward leaf, for per-agent ends);
+- ``reward``: a scalar, or a pytree of scalars (multi-agent, multi-objective);
+- ``obs``: a pytree of arrays;
+- ``metrics`` and ``info``: dicts; ``info["truncated"]``, when present, is
+  shaped like ``done``;
+- from ``step``: exactly the tree structure, shapes and dtypes that ``reset``
+  returned, field by field (the state is a scan carry, and is swapped with a
+  fresh reset state where an episode ends).
+
+Actions (:func:`check_action_tree`) follow the env's ``action_size``: an
+``int`` ``n`` means one array of shape ``(n,)``, a tuple of ints means one
+array of that shape, and a dict of those means a dict of actions with the same
+keys. An env whose ``discrete_actions`` attribute is ``True`` takes one integer
+scalar per leaf instead, a choice among ``action_size`` options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import PyTree
+
+from nnx_ppo.contract.checks import _describe_leaf, _leaves, _structure_difference, checks_enabled
+from nnx_ppo.contract.errors import ContractError, format_violation
+
+__all__ = [
+    "check_action_tree",
+    "check_env_reset_key",
+    "check_env_state",
+    "check_env_unbatched",
+]
+
+_STATE_FIELDS = ("obs", "reward", "done", "metrics", "info")
+"""The fields every env state has (MuJoCo Playground's ``State`` has them too)."""
+
+_RULE_ONE_ENV = (
+    "env.reset(key) and env.step(state, action) handle one environment: done and every "
+    "reward leaf are scalars, and the library vmaps reset and step over n_envs "
+    "(SPEC section 4)"
+)
+_RULE_FIELDS = (
+    "an env state has obs (a pytree of arrays), reward (a scalar or pytree of scalars), "
+    "done (a scalar), metrics (a dict) and info (a dict) (SPEC section 4)"
+)
+_RULE_CARRY = (
+    "env.step returns the tree structure, shapes and dtypes env.reset returned: the env "
+    "state is a scan carry, swapped with a fresh reset state where an episode ends "
+    "(SPEC section 4)"
+)
+_RULE_KEY = (
+    "env.reset takes one PRNG key: a typed key of shape () or a raw uint32 key of shape "
+    "(2,); the library splits the keys and vmaps reset over n_envs (SPEC section 4)"
+)
+_RULE_ACTION = (
+    "env.step takes one environment's action: per leaf of env.action_size, an array of "
+    "shape (action_size,) (or the tuple's shape), or an integer scalar for an env with "
+    "discrete_actions=True (SPEC section 4)"
+)
+
+
+def _violation(where: str, problem: str, **details: str | None) -> ContractError:
+    return ContractError(format_violation(where, problem, **details))
+
+
+def _is_array(leaf: Any) -> bool:
+    return hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+
+
+def _shape_str(dims: tuple[int | str, ...]) -> str:
+    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+# ------------------------------------------------------------------------- reset keys
+
+
+def check_env_reset_key(key: Any, *, where: str = "env.reset") -> None:
+    """Check that ``key`` is one PRNG key, the argument of an unbatched ``reset``.
+
+    Args:
+      key: what is about to be passed to ``env.reset``.
+      where: the call site, for the message (e.g. ``"CartPole.reset"``).
+
+    Raises:
+      ContractError: ``key`` is a batch of keys, or not a key at all.
+    """
+    if not checks_enabled():
+        return
+    if not _is_array(key):
+        raise _violation(
+            where,
+            "the reset key is not a JAX PRNG key.",
+            leaf="key",
+            expected="a typed key of shape () or a raw uint32 key of shape (2,)",
+            found=_describe_leaf(key),
+            rule=_RULE_KEY,
+        )
+    shape = tuple(key.shape)
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key_ndim, one_key = 0, "shape ()"
+    elif key.dtype == jnp.uint32:
+        # A raw key's last axis holds its words: 2 for threefry, 4 for rbg.
+        key_ndim, one_key = 1, "shape (k,) with k the key's words, (2,) for threefry"
+    else:
+        raise _violation(
+            where,
+            f"the reset key has dtype {key.dtype}, not a PRNG key's.",
+            leaf="key",
+            expected="a typed key of shape () or a raw uint32 key of shape (2,)",
+            found=_describe_leaf(key),
+            rule=_RULE_KEY,
+        )
+    if len(shape) == key_ndim:
+        return
+    if len(shape) > key_ndim:
+        batch_shape = shape[: len(shape) - key_ndim]
+        problem = (
+            f"reset was given a batch of keys {_shape_str(batch_shape)}; it takes one key "
+            "and handles one environment."
+        )
+    else:
+        problem = "the reset key has the wrong shape."
+    raise _violation(
+        where,
+        problem,
+        leaf="key",
+        expected=f"one {key.dtype} key: {one_key}",
+        found=_describe_leaf(key),
+        rule=_RULE_KEY,
+    )
+
+
+# ----------------------------------------------------------------------------- states
+
+
+def _field(state: Any, name: str, where: str) -> Any:
+    if not hasattr(state, name):
+        raise _violation(
+            where,
+            f"the env state has no field {name!r}.",
+            leaf=f"state.{name}",
+            expected=f"a state with the fields {', '.join(_STATE_FIELDS)}",
+            found=f"a {type(state).__name__}",
+            rule=_RULE_FIELDS,
+        )
+    return getattr(state, name)
+
+
+def _check_scalar_leaves(where: str, name: str, tree: Any, what: str) -> None:
+    """Every leaf of ``tree`` is a scalar array; ``what`` says what one leaf means."""
+    leaves = _leaves(name, tree)
+    if not leaves:
+        raise _violation(
+            where,
+            f"{name} has no array leaves.",
+            leaf=name,
+            expected=f"{what}: a scalar array or a pytree of scalar arrays",
+            found=repr(tree),
+            rule=_RULE_ONE_ENV,
+        )
+    for leaf_name, leaf in leaves:
+        if _is_array(leaf) and tuple(leaf.shape) == ():
+            continue
+        shape = tuple(getattr(leaf, "shape", ()))
+        if name == "state.done" and len(shape) == 1 and shape[0] > 1:
+            problem = (
+                f"{leaf_name} has shape {_shape_str(shape)}, as if the env held {shape[0]} "
+                "environments; pass an unbatched env (not one wrapped in vmap): the library "
+                "vmaps reset and step itself."
+            )
+        elif _is_array(leaf):
+            problem = f"{leaf_name} has shape {_shape_str(shape)}, not a scalar ({what})."
+        else:
+            problem = f"{leaf_name} is not an array ({what})."
+        raise _violation(
+            where,
+            problem,
+            leaf=leaf_name,
+            expected="shape () (one environment; the library adds the n_envs axis)",
+            found=_describe_leaf(leaf),
+            rule=_RULE_ONE_ENV,
+        )
+
+
+def _check_like_reward(where: str, name: str, tree: Any, reward: Any, what: str) -> None:
+    """``tree`` is one scalar, or has the tree of ``reward`` with scalar leaves."""
+    if _is_array(tree) or jax.tree_util.tree_structure(tree) == (
+        jax.tree_util.tree_structure(reward)
+    ):
+        _check_scalar_leaves(where, name, tree, what)
+        return
+    raise _violation(
+        where,
+        f"{name} is neither a scalar nor a pytree with the tree of state.reward.",
+        leaf=name,
+        expected="a scalar, or one scalar per leaf of state.reward "
+        f"({jax.tree_util.tree_structure(reward)})",
+        found=_structure_difference("state.reward", reward, name, tree),
+        rule=_RULE_ONE_ENV,
+    )
+
+
+def _check_mapping(where: str, name: str, value: Any) -> None:
+    if not isinstance(value, Mapping):
+        raise _violation(
+            where,
+            f"{name} is a {type(value).__name__}, not a dict.",
+            leaf=name,
+            expected="a dict",
+            found=f"a {type(value).__name__}",
+            rule=_RULE_FIELDS,
+        )
+
+
+def _check_same_as_reference(where: str, name: str, value: Any, reference: Any) -> None:
+    ref_name = name.replace("state", "reference", 1)
+    ref_def = jax.tree_util.tree_structure(reference)
+    if jax.tree_util.tree_structure(value) != ref_def:
+        raise _violation(
+            where,
+            f"{name} does not have the tree structure env.reset returned.",
+            leaf=name,
+            expected=f"the structure of the reset state's {name.removeprefix('state.')}: {ref_def}",
+            found=_structure_difference(ref_name, reference, name, value),
+            rule=_RULE_CARRY,
+        )
+    for (_, ref_leaf), (leaf_name, leaf) in zip(
+        _leaves(ref_name, reference), _leaves(name, value), strict=True
+    ):
+        if not (_is_array(ref_leaf) and _is_array(leaf)):
+            continue
+        if tuple(ref_leaf.shape) != tuple(leaf.shape) or ref_leaf.dtype != leaf.dtype:
+            raise _violation(
+                where,
+                f"{leaf_name} changed shape or dtype from what env.reset returned.",
+                leaf=leaf_name,
+                expected=f"shape {_shape_str(tuple(ref_leaf.shape))} {ref_leaf.dtype} "
+                "(as returned by env.reset)",
+                found=_describe_leaf(leaf),
+                rule=_RULE_CARRY,
+            )
+
+
+def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
+    """Check one unbatched env state: what ``reset`` or ``step`` returned for one env.
+
+    Call it on the state one environment sees (inside the function the library
+    vmaps, or on ``jax.eval_shape`` of ``reset``); it reads only shapes, dtypes
+    and trees.
+
+    Args:
+      state: the env state, with the fields ``obs``, ``reward``, ``done``,
+        ``metrics`` and ``info``.
+      where: the call site, for the message (e.g. ``"CartPole.step"``).
+      reference: a state ``reset`` returned for the same env. When given, every
+        field of ``state`` (and every other pytree field, like Playground's
+        ``data``) must have the reference's tree structure, shapes and dtypes.
+
+    Raises:
+      ContractError: naming the field (e.g. ``state.reward['agent_0']``), what
+        was expected and what was found.
+    """
+    if not checks_enabled():
+        return
+    obs, reward, done, metrics, info = (_field(state, name, where) for name in _STATE_FIELDS)
+    _check_like_reward(where, "state.done", done, reward, "one end-of-episode flag")
+    _check_scalar_leaves(where, "state.reward", reward, "one environment's reward")
+    obs_leaves = _leaves("state.obs", obs)
+    if not obs_leaves:
+        raise _violation(
+            where,
+            "state.obs has no array leaves.",
+            leaf="state.obs",
+            expected="a pytree of arrays",
+            found=repr(obs),
+            rule=_RULE_FIELDS,
+        )
+    for leaf_name, leaf in obs_leaves:
+        if not _is_array(leaf):
+            raise _violation(
+                where,
+                f"{leaf_name} is not an array.",
+                leaf=leaf_name,
+                expected="an array",
+                found=_describe_leaf(leaf),
+                rule=_RULE_FIELDS,
+            )
+    _check_mapping(where, "state.metrics", metrics)
+    _check_mapping(where, "state.info", info)
+    if "truncated" in info:
+        _check_like_reward(
+            where, "state.info['truncated']", info["truncated"], reward, "one time-limit flag"
+        )
+    if reference is None:
+        return
+    for name in _STATE_FIELDS:
+        _check_same_as_reference(
+            where, f"state.{name}", getattr(state, name), getattr(reference, name)
+        )
+    _check_same_as_reference(where, "state", state, reference)
+
+
+def check_env_unbatched(env: Any, key: Any = None) -> Any:
+    """Check that ``env`` is one unbatched environment, before the library vmaps it.
+
+    Traces ``env.reset`` on one key with :func:`jax.eval_shape` (nothing is
+    computed) and checks the state it returns. A batched env passed by mistake
+    (one already wrapped in ``vmap``) fails here, with a message naming the field
+    that carries the extra axis.
+
+    Args:
+      env: an environment with ``reset(key) -> State``.
+      key: one PRNG key; a fixed one when not given.
+
+    Returns:
+      The reset state's shapes (``jax.ShapeDtypeStruct`` leaves), a reference for
+      :func:`check_env_state` on the states ``step`` returns.
+
+    Raises:
+      ContractError: the key or the reset state breaks the contract, or ``reset``
+        fails when given one key.
+    """
+    where = f"{type(env).__name__}.reset"
+    key = jax.random.key(0) if key is None else key
+    check_env_reset_key(key, where=where)
+    try:
+        reference = jax.eval_shape(env.reset, key)
+    except ContractError:
+        raise
+    except Exception as error:
+        raise _violation(
+            where,
+            "env.reset failed when given one key; if the env is batched (wrapped in vmap), "
+            "pass the unbatched env: the library vmaps reset and step itself.",
+            leaf="key",
+            expected="reset(key) -> State for one environment",
+            found=f"{type(error).__name__}: {str(error).strip().splitlines()[0]}",
+            rule=_RULE_ONE_ENV,
+        ) from error
+    check_env_state(reference, where=where)
+    return reference
+
+
+# ---------------------------------------------------------------------------- actions
+
+
+def _is_size(node: Any) -> bool:
+    """An ``action_size`` leaf: an integer, or a tuple of integers (a shape)."""
+    return isinstance(node, int | np.integer) or (
+        isinstance(node, tuple) and all(isinstance(d, int | np.integer) for d in node)
+    )
+
+
+def check_action_tree(
+    action: PyTree[Any],
+    env: Any,
+    *,
+    where: str = "env.step",
+    batch_size: int | None = None,
+) -> None:
+    """Check that ``action`` fits ``env.action_size`` (and ``env.discrete_actions``).
+
+    Args:
+      action: one environment's action; with ``batch_size``, a batch of them
+        whose every leaf leads with ``batch_size``.
+      env: the environment. Where it has no ``action_size``, only the leaves'
+        being arrays (and their batch axis) is checked.
+      where: the call site, for the message (e.g. ``"CartPole.step"``).
+      batch_size: when given, the number of environments on the leading axis.
+
+    Raises:
+      ContractError: the action's tree differs from ``env.action_size``'s, or a
+        leaf has the wrong shape or kind of dtype; the message names the leaf
+        (e.g. ``action['agent_0']``).
+    """
+    if not checks_enabled():
+        return
+    action_size = getattr(env, "action_size", None)
+    discrete = bool(getattr(env, "discrete_actions", False))
+    leaves = _leaves("action", action)
+    lead = () if batch_size is None else (batch_size,)
+    for leaf_name, leaf in leaves:
+        shape = tuple(getattr(leaf, "shape", ()))
+        if not _is_array(leaf) or shape[: len(lead)] != lead:
+            raise _violation(
+                where,
+                f"{leaf_name} is not an array leading with B={batch_size}."
+                if lead
+                else f"{leaf_name} is not an array.",
+                leaf=leaf_name,
+                expected="an array" + (f" of shape (B={batch_size}, ...)" if lead else ""),
+                found=_describe_leaf(leaf),
+                rule=_RULE_ACTION,
+            )
+    if action_size is None:
+        return
+    sizes = jax.tree_util.tree_flatten_with_path(action_size, is_leaf=_is_size)[0]
+    expected_names = ["action" + jax.tree_util.keystr(path) for path, _ in sizes]
+    found_names = [leaf_name for leaf_name, _ in leaves]
+    if expected_names != found_names:
+        missing = [n for n in expected_names if n not in found_names]
+        extra = [n for n in found_names if n not in expected_names]
+        found = "; ".join(
+            part
+            for part in (
+                "missing " + ", ".join(missing) if missing else "",
+                "unexpected " + ", ".join(extra) if extra else "",
+            )
+            if part
+        )
+        raise _violation(
+            where,
+            "the action's tree does not match env.action_size.",
+            leaf="action",
+            expected=f"the tree of env.action_size = {action_size!r}",
+            found=found,
+            rule=_RULE_ACTION,
+        )
+    for (path, size), (leaf_name, leaf) in zip(sizes, leaves, strict=True):
+        size_name = "env.action_size" + jax.tree_util.keystr(path)
+        shape = tuple(leaf.shape)[len(lead) :]
+        if discrete:
+            expected_shape: tuple[int, ...] = ()
+            kind_ok = jnp.issubdtype(leaf.dtype, jnp.integer)
+            kind = f"an integer index into {size_name} = {size!r} choices"
+        else:
+            expected_shape = (
+                tuple(int(d) for d in size) if isinstance(size, tuple) else (int(size),)
+            )
+            kind_ok = jnp.issubdtype(leaf.dtype, jnp.floating)
+            kind = f"floats, {size_name} = {size!r}"
+        if shape != expected_shape or not kind_ok:
+            batch_dims: tuple[str, ...] = (f"B={batch_size}",) if lead else ()
+            raise _violation(
+                where,
+                f"{leaf_name} has shape {_shape_str(tuple(leaf.shape))} {leaf.dtype}, "
+                f"not one environment's action ({kind}).",
+                leaf=leaf_name,
+                expected=f"shape {_shape_str((*batch_dims, *expected_shape))} "
+                + ("integer" if discrete else "floating")
+                + (" (discrete_actions=True)" if discrete else ""),
+                found=_describe_leaf(leaf),
+                rule=_RULE_ACTION,
+            )

@@ -1,0 +1,110 @@
+"""The state of one built-in environment, and the time limit they share.
+
+Every built-in environment follows the MuJoCo Playground convention (SPEC
+section 4): ``reset(key) -> State`` and ``step(state, action) -> State`` for
+**one** environment, which the library vmaps over ``n_envs``.
+
+Conventions shared by the built-in environments:
+
+- ``done`` is a ``float32`` scalar, 1.0 at the end of an episode (as in
+  Playground);
+- ``info["truncated"]`` is a ``bool`` scalar, ``True`` when the episode ended
+  by its time limit rather than by termination (a step that both terminates
+  and reaches the limit counts as terminated);
+- ``observation_size`` and ``action_size`` follow Playground: an ``int`` for a
+  flat array, a dict of shapes (observations) or of ints (actions) for dict
+  trees;
+- ``discrete_actions`` (a class attribute, ``bool``) tells whether an action
+  leaf is one integer scalar choosing among ``action_size`` options (``True``)
+  or an array of ``action_size`` floats (``False``; Playground envs have no
+  such attribute and are continuous).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
+
+__all__ = ["Environment", "State", "time_limit"]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class State:
+    """One environment's state: a frozen pytree dataclass with Playground's fields.
+
+    Attributes:
+      obs: the observation, a pytree of arrays.
+      reward: the reward of the step that led here, a scalar or a pytree of
+        scalars (one per agent or objective); zero after ``reset``.
+      done: a ``float32`` scalar, 1.0 when the episode ended at this step.
+      metrics: a dict of scalars, for logging.
+      info: a dict; the built-in envs write ``info["truncated"]`` here.
+      data: the environment's hidden state (positions, counters, the cue of a
+        memory task); Playground keeps its ``mjx.Data`` in this field.
+    """
+
+    obs: PyTree[Shaped[Array, "..."]]
+    reward: PyTree[Float[Array, ""]]
+    done: Float[Array, ""]
+    metrics: dict[str, Any]
+    info: dict[str, Any]
+    data: Any = ()
+
+    def replace(self, **changes: Any) -> State:
+        """Return a copy with the given fields replaced."""
+        return dataclasses.replace(self, **changes)
+
+
+class Environment(Protocol):
+    """What the library needs of an environment: one env, reset and stepped.
+
+    The parameters are positional-only, so an env may name them as it likes
+    (Playground's and the built-ins' ``reset`` take ``rng``).
+    """
+
+    def reset(self, rng: PRNGKeyArray, /) -> Any:
+        """The first state of an episode of one environment."""
+        ...
+
+    def step(self, state: Any, action: Any, /) -> Any:
+        """The next state of one environment after ``action``."""
+        ...
+
+
+def time_limit(
+    terminated: Bool[Array, ""], steps_taken: Int[Array, ""], max_steps: int
+) -> tuple[Float[Array, ""], Bool[Array, ""]]:
+    """The ``(done, truncated)`` pair of a step, given termination and a step budget.
+
+    Truncation is marked only where the episode did not terminate, so a value
+    target bootstraps exactly where the episode was cut short.
+
+    Args:
+      terminated: whether the env reached a terminal state at this step.
+      steps_taken: the number of steps taken in the episode, this one included.
+      max_steps: the episode's time limit.
+
+    Returns:
+      ``done`` as a ``float32`` scalar and ``truncated`` as a ``bool`` scalar.
+    """
+    truncated = jnp.logical_and(steps_taken >= max_steps, jnp.logical_not(terminated))
+    return jnp.logical_or(terminated, truncated).astype(jnp.float32), truncated
+
+
+def require_int(owner: str, name: str, value: Any, minimum: int) -> int:
+    """``value`` if it is an ``int`` of at least ``minimum``; else a clear error.
+
+    Raises:
+      TypeError: ``value`` is not an ``int`` (a ``bool`` is not accepted).
+      ValueError: ``value`` is below ``minimum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{owner}: {name} must be at least {minimum}, got {value}")
+    return value

@@ -1,0 +1,221 @@
+"""The environment contract check: each violation raises ContractError naming the field."""
+
+from types import SimpleNamespace
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import nnx_ppo
+from nnx_ppo import ContractError, envs
+from nnx_ppo.contract.env_checks import (
+    check_action_tree,
+    check_env_reset_key,
+    check_env_state,
+    check_env_unbatched,
+)
+from nnx_ppo.envs import State
+
+
+def scalar() -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((), jnp.float32)
+
+
+def make_state(**changes: Any) -> State:
+    """A valid one-env state of abstract leaves, with ``changes`` applied."""
+    fields: dict[str, Any] = {
+        "obs": {"position": jax.ShapeDtypeStruct((3,), jnp.float32)},
+        "reward": scalar(),
+        "done": scalar(),
+        "metrics": {},
+        "info": {"truncated": jax.ShapeDtypeStruct((), jnp.bool_)},
+    }
+    return State(**{**fields, **changes})
+
+
+class BatchedCartPole:
+    """A batched env passed by mistake: reset vmaps over keys split from the one it gets."""
+
+    def reset(self, key: jax.Array) -> State:
+        return jax.vmap(envs.CartPole().reset)(jax.random.split(key, 8))
+
+
+class VmappedCartPole:
+    """A batched env that expects a batch of keys, like Brax's VmapWrapper."""
+
+    def reset(self, keys: jax.Array) -> State:
+        return jax.vmap(envs.CartPole().reset)(keys)
+
+
+def test_valid_states_pass() -> None:
+    check_env_state(make_state(), where="Env.reset")
+    check_env_state(make_state(), where="Env.step", reference=make_state())
+    per_agent = {"agent_0": scalar(), "agent_1": scalar()}
+    check_env_state(make_state(reward=per_agent, done=per_agent), where="Env.step")
+
+
+def test_a_batched_env_is_caught_at_reset() -> None:
+    with pytest.raises(ContractError) as error:
+        check_env_unbatched(BatchedCartPole())
+    message = str(error.value)
+    assert "BatchedCartPole.reset: state.done has shape (8,)" in message
+    assert "pass an unbatched env" in message
+    assert "found:    shape (8,) float32" in message
+
+
+def test_an_env_that_wants_a_batch_of_keys_is_caught_at_reset() -> None:
+    with pytest.raises(ContractError, match=r"VmappedCartPole.reset: env.reset failed when given"):
+        check_env_unbatched(VmappedCartPole())
+
+
+def test_a_reward_with_a_stray_axis_is_named() -> None:
+    with pytest.raises(ContractError) as error:
+        check_env_state(make_state(reward=jax.ShapeDtypeStruct((1,), jnp.float32)), where="E.step")
+    message = str(error.value)
+    assert "E.step: state.reward has shape (1,), not a scalar" in message
+    assert "expected: shape ()" in message
+
+
+def test_a_per_agent_reward_leaf_with_a_stray_axis_is_named() -> None:
+    reward = {"agent_0": scalar(), "agent_1": jax.ShapeDtypeStruct((1,), jnp.float32)}
+    with pytest.raises(ContractError, match=r"state.reward\['agent_1'\] has shape \(1,\)"):
+        check_env_state(make_state(reward=reward), where="E.step")
+
+
+def test_done_must_be_a_scalar_or_follow_the_reward_tree() -> None:
+    with pytest.raises(ContractError, match=r"state.done has shape \(1,\)"):
+        check_env_state(make_state(done=jax.ShapeDtypeStruct((1,), jnp.float32)), where="E")
+    reward = {"agent_0": scalar(), "agent_1": scalar()}
+    with pytest.raises(ContractError, match=r"state.done is neither a scalar nor") as error:
+        check_env_state(make_state(reward=reward, done={"agent_0": scalar()}), where="E")
+    assert "missing state.done['agent_1']" in str(error.value)
+
+
+def test_obs_structure_changing_between_reset_and_step_is_named() -> None:
+    stepped = make_state(obs={"pos": jax.ShapeDtypeStruct((3,), jnp.float32)})
+    with pytest.raises(ContractError) as error:
+        check_env_state(stepped, where="E.step", reference=make_state())
+    message = str(error.value)
+    assert "state.obs does not have the tree structure env.reset returned" in message
+    assert "missing state.obs['position']; unexpected state.obs['pos']" in message
+
+
+def test_obs_leaf_shape_changing_between_reset_and_step_is_named() -> None:
+    stepped = make_state(obs={"position": jax.ShapeDtypeStruct((4,), jnp.float32)})
+    with pytest.raises(ContractError) as error:
+        check_env_state(stepped, where="E.step", reference=make_state())
+    message = str(error.value)
+    assert "state.obs['position'] changed shape or dtype" in message
+    assert "expected: shape (3,) float32" in message and "found:    shape (4,) float32" in message
+
+
+def test_info_and_other_fields_changing_between_reset_and_step_are_named() -> None:
+    stepped = make_state(info={"truncated": jax.ShapeDtypeStruct((), jnp.float32)})
+    with pytest.raises(ContractError, match=r"state.info\['truncated'\] changed shape or dtype"):
+        check_env_state(stepped, where="E.step", reference=make_state())
+    reference = make_state().replace(data={"steps": scalar()})
+    with pytest.raises(ContractError, match=r"missing state.data\['steps'\]"):
+        check_env_state(make_state(), where="E.step", reference=reference)
+
+
+def test_non_array_obs_and_missing_fields_are_named() -> None:
+    with pytest.raises(ContractError, match=r"state.obs\['name'\] is not an array"):
+        check_env_state(make_state(obs={"name": "cartpole"}), where="E")
+    with pytest.raises(ContractError, match=r"the env state has no field 'metrics'"):
+        check_env_state(SimpleNamespace(obs=jnp.zeros(3), reward=jnp.zeros(()), done=()), where="E")
+    with pytest.raises(ContractError, match=r"state.info is a list, not a dict"):
+        check_env_state(make_state(info=[]), where="E")
+
+
+@st.composite
+def reward_trees(draw: st.DrawFn) -> tuple[dict[str, Any], str | None]:
+    """A dict of reward leaves; at most one of them has a non-scalar shape."""
+    names = draw(st.lists(st.sampled_from("abcdef"), min_size=1, max_size=4, unique=True))
+    bad = draw(st.sampled_from([None, *names]))
+    bad_shape = draw(st.sampled_from([(1,), (2,), (3, 1)]))
+    tree = {n: jax.ShapeDtypeStruct(bad_shape if n == bad else (), jnp.float32) for n in names}
+    return tree, bad
+
+
+@given(reward_trees())
+def test_every_reward_leaf_is_checked(case: tuple[dict[str, Any], str | None]) -> None:
+    reward, bad = case
+    state = make_state(reward=reward)
+    if bad is None:
+        check_env_state(state, where="E")
+        return
+    with pytest.raises(ContractError, match=rf"leaf:     state.reward\['{bad}'\]"):
+        check_env_state(state, where="E")
+
+
+def test_reset_keys() -> None:
+    check_env_reset_key(jax.random.key(0))
+    check_env_reset_key(jax.random.PRNGKey(0))
+    with pytest.raises(ContractError, match=r"E.reset: reset was given a batch of keys \(4,\)"):
+        check_env_reset_key(jax.random.split(jax.random.key(0), 4), where="E.reset")
+    with pytest.raises(ContractError, match=r"batch of keys \(4,\)"):
+        check_env_reset_key(jax.random.split(jax.random.PRNGKey(0), 4))
+    with pytest.raises(ContractError, match=r"dtype int32, not a PRNG key"):
+        check_env_reset_key(jnp.zeros(2, jnp.int32))
+    with pytest.raises(ContractError, match=r"not a JAX PRNG key"):
+        check_env_reset_key(0)
+
+
+def test_wrong_action_trees_are_named() -> None:
+    two_agent = envs.TwoAgentReach()
+    good = {"agent_0": jnp.zeros(2), "agent_1": jnp.zeros(2)}
+    check_action_tree(good, two_agent)
+    with pytest.raises(ContractError) as error:
+        check_action_tree({"agent_0": jnp.zeros(2)}, two_agent, where="TwoAgentReach.step")
+    message = str(error.value)
+    assert "TwoAgentReach.step: the action's tree does not match env.action_size" in message
+    assert "missing action['agent_1']" in message
+    with pytest.raises(ContractError, match=r"action\['agent_1'\] has shape \(3,\) float32"):
+        check_action_tree({**good, "agent_1": jnp.zeros(3)}, two_agent)
+    with pytest.raises(ContractError, match=r"missing action\['agent_0'\], action\['agent_1'\]"):
+        check_action_tree(jnp.zeros(4), two_agent)
+
+
+def test_discrete_and_batched_actions() -> None:
+    cartpole = envs.CartPole()
+    check_action_tree(jnp.asarray(1), cartpole)
+    check_action_tree(jnp.zeros(5, jnp.int32), cartpole, batch_size=5)
+    with pytest.raises(ContractError) as error:
+        check_action_tree(jnp.zeros(2), cartpole)
+    message = str(error.value)
+    assert "action has shape (2,) float32, not one environment's action" in message
+    assert "expected: shape () integer (discrete_actions=True)" in message
+    with pytest.raises(ContractError, match=r"expected: shape \(B=5, 1\) floating"):
+        check_action_tree(jnp.zeros((5, 2)), envs.Pendulum(), batch_size=5)
+    with pytest.raises(ContractError, match=r"action is not an array leading with B=5"):
+        check_action_tree(jnp.zeros((4, 1)), envs.Pendulum(), batch_size=5)
+
+
+def test_built_in_envs_check_their_actions() -> None:
+    env = envs.CartPole()
+    with pytest.raises(ContractError, match=r"CartPole.step: action has shape \(2,\)"):
+        env.step(env.reset(jax.random.key(0)), jnp.asarray([0.3, 0.7]))
+
+
+def test_checks_switch_off() -> None:
+    with nnx_ppo.checks(False):
+        check_env_state(make_state(reward=jax.ShapeDtypeStruct((1,), jnp.float32)), where="E")
+        check_env_reset_key(jax.random.split(jax.random.key(0), 4))
+        check_action_tree(jnp.zeros(3), envs.CartPole())
+
+
+def test_checks_run_on_tracers_inside_the_vmapped_step() -> None:
+    env = envs.CartPole()
+
+    def checked_step(state: State, action: jax.Array) -> State:
+        next_state = env.step(state, action)
+        next_state = next_state.replace(reward=next_state.reward[None])  # a stray axis
+        check_env_state(next_state, where="CartPole.step", reference=state)
+        return next_state
+
+    states = jax.vmap(env.reset)(jax.random.split(jax.random.key(0), 4))
+    with pytest.raises(ContractError, match=r"CartPole.step: state.reward has shape \(1,\)"):
+        jax.jit(jax.vmap(checked_step))(states, jnp.zeros(4, jnp.int32))
