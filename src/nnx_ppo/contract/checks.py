@@ -23,6 +23,7 @@ import contextlib
 import functools
 import inspect
 import os
+import re
 import typing
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -266,6 +267,19 @@ def _structure_difference(ref_name: str, ref: Any, name: str, value: Any) -> str
     return "; ".join(parts)
 
 
+def _describe_change(
+    ref_shape: tuple[int, ...], shape: tuple[int, ...], ref_dtype: Any, dtype: Any
+) -> str:
+    """Say how a leaf differs from its reference, naming the classic faults."""
+    if ref_shape == shape:
+        return f"changed the dtype from {ref_dtype} to {dtype}"
+    if shape == ref_shape[1:]:
+        return "dropped the leading (batch) axis"
+    if len(shape) == len(ref_shape) and shape[1:] == ref_shape[1:]:
+        return f"changed the leading (batch) axis from {ref_shape[0]} to {shape[0]}"
+    return "changed the shape"
+
+
 def _check_same_tree(
     site: _Site,
     ref_name: str,
@@ -297,9 +311,10 @@ def _check_same_tree(
             continue
         same_dtype = not compare_dtype or ref_leaf.dtype == leaf.dtype
         if tuple(ref_shape) != tuple(shape) or not same_dtype:
+            change = _describe_change(tuple(ref_shape), tuple(shape), ref_leaf.dtype, leaf.dtype)
             raise _violation(
                 site,
-                f"{leaf_name} changed from {ref_leaf_name}.",
+                f"{leaf_name} does not match {ref_leaf_name}: it {change}.",
                 leaf=leaf_name,
                 expected=f"{_named_shape(tuple(ref_shape), batch)} {ref_leaf.dtype} "
                 f"(as {ref_leaf_name})",
@@ -327,20 +342,53 @@ def _annotation_checked(fn: Callable[..., Any]) -> Callable[..., Any]:
     return jaxtyped(typechecker=beartype)(fn)
 
 
+_RULE_ANNOTATIONS = (
+    "annotations a module writes on its own methods are checked, with dimension names "
+    "bound across the call"
+)
+# jaxtyping's report is several paragraphs; these pick out its facts, one per line.
+_ANNOTATED_PARAMETER = re.compile(r"typechecking parameter '([^']+)'")
+_ANNOTATED_ACTUAL = re.compile(r"^Actual value: (.*)$", re.MULTILINE)
+_ANNOTATED_EXPECTED = re.compile(r"^Expected type: (.*?)\.?$", re.MULTILINE)
+_ANNOTATED_BOUND = re.compile(r"axis annotation are as follows\.\n(.*)\Z", re.DOTALL)
+
+
+def _annotation_violation(site: _Site, error: Exception) -> ContractError:
+    text = str(error).strip()
+    actual = _ANNOTATED_ACTUAL.search(text)
+    expected = _ANNOTATED_EXPECTED.search(text)
+    if actual is None or expected is None:
+        return _violation(
+            site,
+            "an argument or the return value does not match the jaxtyping annotations on "
+            "its signature.",
+            found=text,
+            rule=_RULE_ANNOTATIONS,
+        )
+    parameter = _ANNOTATED_PARAMETER.search(text)
+    what = f"argument {parameter.group(1)}" if parameter else "the return value"
+    annotation = expected.group(1).removeprefix("<class '").removesuffix("'>")
+    annotation = annotation.replace("jaxlib._jax.Array", "Array").replace("jax.Array", "Array")
+    bound = _ANNOTATED_BOUND.search(text)
+    if bound is not None:
+        annotation += " with " + ", ".join(bound.group(1).split())
+    return _violation(
+        site,
+        f"{what} does not match its jaxtyping annotation.",
+        leaf=parameter.group(1) if parameter else "return value",
+        expected=annotation,
+        found=actual.group(1),
+        rule=_RULE_ANNOTATIONS,
+    )
+
+
 def _call_annotated(site: _Site, typed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         return typed(*args, **kwargs)
     except ContractError:
         raise
     except (TypeCheckError, BeartypeCallHintViolation) as error:
-        raise _violation(
-            site,
-            "an argument or the return value does not match the jaxtyping annotations on "
-            "its signature.",
-            found=str(error).strip(),
-            rule="annotations a module writes on its own methods are checked, with dimension "
-            "names bound across the call",
-        ) from error
+        raise _annotation_violation(site, error) from error
 
 
 # ------------------------------------------------------------------------- the methods
@@ -540,6 +588,8 @@ def _check_all_reached(site: _Site, root: Any, reached: set[int]) -> None:
     nodes = {tuple(path): node for path, node in nnx.iter_graph(root)}
 
     def name(path: tuple[Any, ...]) -> str:
+        if not path:
+            return type(root).__name__
         return (
             f"{type(root).__name__}{_format_graph_path(root, path)} ({type(nodes[path]).__name__})"
         )

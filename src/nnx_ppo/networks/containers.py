@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Shaped
 
-from nnx_ppo.networks.types import ModuleState, StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import CarryOrSlice, ModuleState, StatefulModule, StatefulModuleOutput
 
 __all__ = ["Concat", "Parallel", "Sequential", "Splitter"]
 
@@ -64,7 +64,7 @@ class Sequential(StatefulModule):
     def initialize_state(self, batch_size: int) -> list[ModuleState]:
         return [layer.initialize_state(batch_size) for layer in self.layers]
 
-    def reset_state(self, prev_state: list[ModuleState]) -> list[ModuleState]:
+    def reset_state(self, prev_state: list[CarryOrSlice]) -> list[CarryOrSlice]:
         return [layer.reset_state(s) for layer, s in zip(self.layers, prev_state, strict=True)]
 
     def update_statistics(self, rollout_extras: list[Any]) -> None:
@@ -126,7 +126,7 @@ class _KeyedContainer(StatefulModule):
     def initialize_state(self, batch_size: int) -> dict[str, ModuleState]:
         return {k: m.initialize_state(batch_size) for k, m in self.components.items()}
 
-    def reset_state(self, prev_state: dict[str, ModuleState]) -> dict[str, ModuleState]:
+    def reset_state(self, prev_state: dict[str, CarryOrSlice]) -> dict[str, CarryOrSlice]:
         return {k: m.reset_state(prev_state[k]) for k, m in self.components.items()}
 
     def update_statistics(self, rollout_extras: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from jaxtyping import Array, Float, PyTree, Shaped
 from nnx_ppo.contract import install_checks
 
 __all__ = [
+    "CarryOrSlice",
     "ModuleState",
     "PPONetworkOutput",
     "StatefulModule",
@@ -25,6 +26,10 @@ __all__ = [
 
 ModuleState: TypeAlias = PyTree[Shaped[Array, "B ..."]]
 """A module's carry state: any pytree of arrays that lead with the batch axis."""
+
+CarryOrSlice: TypeAlias = PyTree[Shaped[Array, "..."]]
+"""What ``reset_state`` sees: a batched carry, or (under ``vmap``) one env's slice of it,
+without the batch axis. Annotate ``reset_state`` with this, not with :data:`ModuleState`."""
 
 
 class _Replaceable:
@@ -117,7 +122,7 @@ class StatefulModule(nnx.Module, abc.ABC):
         del batch_size
         return ()
 
-    def reset_state(self, prev_state: ModuleState) -> ModuleState:
+    def reset_state(self, prev_state: CarryOrSlice) -> CarryOrSlice:
         """The carry after an episode reset, same tree, shapes and dtypes as ``prev_state``.
 
         Called on a batched carry and, under ``vmap``, on one env's unbatched slice,
