@@ -1,0 +1,263 @@
+"""Ready-made networks: MLPs and MLP actor-critics for continuous and discrete actions."""
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from flax import nnx
+from jaxtyping import Array
+
+from nnx_ppo.networks.adapter import PPOAdapter
+from nnx_ppo.networks.containers import Sequential
+from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.normalizer import Normalizer
+from nnx_ppo.networks.sampling_layers import ActionSampler, CategoricalSampler, NormalTanhSampler
+from nnx_ppo.networks.types import StatefulModule
+from nnx_ppo.networks.utils import Flattener, check_number, check_positive_int
+
+__all__ = [
+    "ACTIVATIONS",
+    "make_discrete_mlp_actor_critic",
+    "make_mlp",
+    "make_mlp_actor_critic",
+    "make_mlp_layers",
+]
+
+Activation = Callable[[Array], Array]
+
+ACTIVATIONS: Mapping[str, Activation] = {
+    "elu": nnx.elu,
+    "gelu": nnx.gelu,
+    "relu": nnx.relu,
+    "swish": nnx.swish,
+    "tanh": nnx.tanh,
+}
+"""The activations the actor-critic factories accept by name."""
+
+
+def make_mlp_layers(
+    sizes: Sequence[int],
+    rngs: nnx.Rngs,
+    activation: Activation = nnx.relu,
+    activation_last_layer: bool = True,
+    **linear_kwargs: Any,
+) -> list[Dense]:
+    """The :class:`Dense` layers of an MLP, to splice into a :class:`Sequential`.
+
+    Args:
+      sizes: the widths from input to output, e.g. ``[obs_size, 64, 64, action_size]``;
+        at least two.
+      rngs: initialises the weights.
+      activation: applied after every layer but, unless ``activation_last_layer``,
+        the last.
+      activation_last_layer: whether the last layer is followed by ``activation``.
+      **linear_kwargs: passed to every :class:`flax.nnx.Linear` (``kernel_init``, ...).
+
+    Example::
+
+        Sequential([Flattener(), *make_mlp_layers([12, 64, 32], rngs), LSTM(32, 16, rngs)])
+    """
+    if len(sizes) < 2:
+        raise ValueError(f"an MLP needs an input and an output size, got sizes={list(sizes)}")
+    n_layers = len(sizes) - 1
+    return [
+        Dense(
+            in_features,
+            out_features,
+            rngs,
+            activation=activation if i < n_layers - 1 or activation_last_layer else None,
+            **linear_kwargs,
+        )
+        for i, (in_features, out_features) in enumerate(itertools.pairwise(sizes))
+    ]
+
+
+def make_mlp(
+    sizes: Sequence[int],
+    rngs: nnx.Rngs,
+    activation: Activation = nnx.relu,
+    activation_last_layer: bool = True,
+    **linear_kwargs: Any,
+) -> Sequential:
+    """An MLP as a :class:`Sequential` of :class:`Dense` layers; see :func:`make_mlp_layers`."""
+    return Sequential(
+        make_mlp_layers(sizes, rngs, activation, activation_last_layer, **linear_kwargs)
+    )
+
+
+def make_mlp_actor_critic(
+    obs_size: int | Mapping[str, int],
+    action_size: int,
+    actor_hidden_sizes: Sequence[int],
+    critic_hidden_sizes: Sequence[int],
+    rngs: nnx.Rngs,
+    activation: Activation | str = nnx.relu,
+    normalize_obs: bool = True,
+    initializer_scale: float = 1.0,
+    entropy_weight: float = 1e-2,
+    min_std: float = 1e-1,
+    std_scale: float = 1.0,
+) -> StatefulModule:
+    """An MLP actor and an MLP critic for continuous actions in ``(-1, 1)``.
+
+    The network is::
+
+        Sequential([
+            Normalizer(obs_size),              # if normalize_obs
+            Flattener(),                       # if obs_size is a dict
+            PPOAdapter(
+                action=Sequential([*actor_layers, NormalTanhSampler(...)]),
+                value=critic,
+            ),
+        ])
+
+    or the bare ``PPOAdapter`` for an array observation without normalisation.
+    The actor and the critic share no layers. Its output is a
+    :class:`~nnx_ppo.networks.types.PPONetworkOutput` with actions
+    ``(B, action_size)``, log-likelihoods and values ``(B,)``.
+
+    Args:
+      obs_size: the observation width, or for dict observations a dict of widths
+        (each entry ``(B, width)``; they are normalised per entry, then
+        concatenated in sorted key order).
+      action_size: the action width.
+      actor_hidden_sizes, critic_hidden_sizes: the hidden widths of the two MLPs.
+      rngs: initialises the weights and seeds the sampler's per-env keys.
+      activation: a function, or one of the names in :data:`ACTIVATIONS`.
+      normalize_obs: put a :class:`~nnx_ppo.networks.normalizer.Normalizer` first.
+      initializer_scale: the scale of the fan-in variance-scaling (uniform)
+        initialisation of every kernel.
+      entropy_weight, min_std, std_scale: passed to
+        :class:`~nnx_ppo.networks.sampling_layers.NormalTanhSampler`.
+    """
+    check_positive_int("make_mlp_actor_critic", "action_size", action_size)
+    sampler = NormalTanhSampler(
+        rngs, entropy_weight=entropy_weight, min_std=min_std, std_scale=std_scale
+    )
+    return _mlp_actor_critic(
+        "make_mlp_actor_critic",
+        obs_size,
+        2 * action_size,
+        sampler,
+        actor_hidden_sizes,
+        critic_hidden_sizes,
+        rngs,
+        activation,
+        normalize_obs,
+        initializer_scale,
+    )
+
+
+def make_discrete_mlp_actor_critic(
+    obs_size: int | Mapping[str, int],
+    n_actions: int,
+    actor_hidden_sizes: Sequence[int],
+    critic_hidden_sizes: Sequence[int],
+    rngs: nnx.Rngs,
+    activation: Activation | str = nnx.relu,
+    normalize_obs: bool = True,
+    initializer_scale: float = 1.0,
+    entropy_weight: float = 1e-2,
+) -> StatefulModule:
+    """An MLP actor and an MLP critic for a discrete action out of ``n_actions``.
+
+    The same network as :func:`make_mlp_actor_critic`, with the actor producing
+    ``n_actions`` logits for a
+    :class:`~nnx_ppo.networks.sampling_layers.CategoricalSampler`: actions are
+    ``int32`` class indices ``(B,)``.
+
+    Args:
+      obs_size: the observation width, or a dict of widths for dict observations.
+      n_actions: the number of discrete actions, at least 2.
+      actor_hidden_sizes, critic_hidden_sizes: the hidden widths of the two MLPs.
+      rngs: initialises the weights and seeds the sampler's per-env keys.
+      activation: a function, or one of the names in :data:`ACTIVATIONS`.
+      normalize_obs: put a :class:`~nnx_ppo.networks.normalizer.Normalizer` first.
+      initializer_scale: the scale of the kernels' variance-scaling initialisation.
+      entropy_weight: passed to the sampler.
+    """
+    check_positive_int("make_discrete_mlp_actor_critic", "n_actions", n_actions)
+    if n_actions < 2:
+        raise ValueError(f"make_discrete_mlp_actor_critic n_actions must be >= 2, got {n_actions}")
+    return _mlp_actor_critic(
+        "make_discrete_mlp_actor_critic",
+        obs_size,
+        n_actions,
+        CategoricalSampler(rngs, entropy_weight=entropy_weight),
+        actor_hidden_sizes,
+        critic_hidden_sizes,
+        rngs,
+        activation,
+        normalize_obs,
+        initializer_scale,
+    )
+
+
+def _resolve_activation(owner: str, activation: Activation | str) -> Activation:
+    if isinstance(activation, str):
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"{owner}: unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)} "
+                "or pass a function"
+            )
+        return ACTIVATIONS[activation]
+    if not callable(activation):
+        raise TypeError(f"{owner}: activation must be a name or a function, got {activation!r}")
+    return activation
+
+
+def _observation_width(owner: str, obs_size: int | Mapping[str, int]) -> int:
+    if isinstance(obs_size, Mapping):
+        if not obs_size:
+            raise ValueError(f"{owner}: obs_size is an empty dict")
+        for key, size in obs_size.items():
+            check_positive_int(owner, f"obs_size[{key!r}]", size)
+        return sum(obs_size.values())
+    check_positive_int(owner, "obs_size", obs_size)
+    return obs_size
+
+
+def _mlp_actor_critic(
+    owner: str,
+    obs_size: int | Mapping[str, int],
+    actor_output_size: int,
+    sampler: ActionSampler,
+    actor_hidden_sizes: Sequence[int],
+    critic_hidden_sizes: Sequence[int],
+    rngs: nnx.Rngs,
+    activation: Activation | str,
+    normalize_obs: bool,
+    initializer_scale: float,
+) -> StatefulModule:
+    activation = _resolve_activation(owner, activation)
+    check_number(owner, "initializer_scale", initializer_scale, minimum=0.0, strict=True)
+    for name, sizes in (("actor", actor_hidden_sizes), ("critic", critic_hidden_sizes)):
+        for size in sizes:
+            check_positive_int(owner, f"{name}_hidden_sizes entry", size)
+    width = _observation_width(owner, obs_size)
+    kernel_init = nnx.initializers.variance_scaling(initializer_scale, "fan_in", "uniform")
+    actor = make_mlp_layers(
+        [width, *actor_hidden_sizes, actor_output_size],
+        rngs,
+        activation,
+        activation_last_layer=False,
+        kernel_init=kernel_init,
+    )
+    critic = make_mlp(
+        [width, *critic_hidden_sizes, 1],
+        rngs,
+        activation,
+        activation_last_layer=False,
+        kernel_init=kernel_init,
+    )
+    adapter = PPOAdapter(action=Sequential([*actor, sampler]), value=critic)
+    preprocessing: list[StatefulModule] = []
+    if normalize_obs:
+        preprocessing.append(
+            Normalizer(dict(obs_size) if isinstance(obs_size, Mapping) else obs_size)
+        )
+    if isinstance(obs_size, Mapping):
+        preprocessing.append(Flattener())
+    if not preprocessing:
+        return adapter
+    return Sequential([*preprocessing, adapter])

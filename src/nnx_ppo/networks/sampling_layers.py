@@ -1,0 +1,425 @@
+"""Action samplers: distribution parameters in, an action and its log-likelihood out.
+
+A sampler is an ordinary :class:`~nnx_ppo.networks.types.StatefulModule`, usually
+the last layer of the ``action`` port of a
+:class:`~nnx_ppo.networks.adapter.PPOAdapter`. Every sampler here:
+
+* carries one typed PRNG key per environment, shape ``(B,)``, seeded in
+  ``initialize_state`` from the ``nnx.Rngs`` it was built with and split each
+  step, so that rollout, replay and any slice of the batch see the same random
+  numbers for the same env. ``reset_state`` keeps the key stream (it returns
+  the keys it is given, batched or one env's);
+* in rollout and inference (``rollout_extras is None``) draws a raw action and
+  emits it as ``rollout_extras``; in loss replay scores the **stored** raw
+  action under the current parameters and emits it back unchanged;
+* returns :class:`SampledAction` ``{"action": (B, *action), "log_likelihood": (B,)}``;
+* adds ``-entropy_weight * entropy`` as its ``regularization_loss``, shape ``(B,)``;
+* reports its distribution parameters and its entropy in ``metrics``;
+* has a deterministic mode (the mean, or the most likely class) that
+  ``module.eval()`` switches on and ``module.train()`` off, through the
+  ``deterministic`` attribute NNX sets. Replay scores the stored action in
+  either mode.
+
+To write a new sampler, subclass :class:`ActionSampler` and describe the
+distribution; the base class does the keys, the extras and the bookkeeping.
+"""
+
+import abc
+import math
+from typing import TypedDict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.scipy.special import erf
+from jaxtyping import Array, Float, Int, Key, Shaped
+
+from nnx_ppo.contract import ContractError, describe_module, format_violation
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.utils import (
+    check_number,
+    check_positive_int,
+    new_env_keys,
+    split_env_keys,
+)
+
+__all__ = [
+    "ActionSampler",
+    "CategoricalSampler",
+    "DistributionParameters",
+    "NormalSampler",
+    "NormalTanhSampler",
+    "SampledAction",
+]
+
+DistributionParameters = dict[str, Array]
+"""A sampler's distribution parameters by name, leaves ``(B, ...)``; also its metrics."""
+
+
+class SampledAction(TypedDict):
+    """The output of an :class:`ActionSampler`, as consumed by ``PPOAdapter``.
+
+    Attributes:
+      action: the action handed to the environment, ``(B, *action)``.
+      log_likelihood: its log-likelihood under the current parameters, ``(B,)``.
+    """
+
+    action: Array
+    log_likelihood: Float[Array, " B"]
+
+
+class ActionSampler(StatefulModule):
+    """The base of action samplers: per-env keys, rollout extras, replay and entropy bonus.
+
+    Carry: the per-env keys, ``(B,)`` typed PRNG keys. Emits the raw sampled
+    action (before any squashing), ``(B, *raw)``, as ``rollout_extras``.
+
+    Subclasses describe the distribution with :meth:`distribution_parameters`,
+    :meth:`sample`, :meth:`mode`, :meth:`log_likelihood`, :meth:`entropy` and,
+    when the environment's action is a transform of the raw sample, :meth:`squash`.
+
+    Args:
+      rng: seeds the per-env keys in ``initialize_state`` (its default stream).
+      entropy_weight: the entropy bonus; ``regularization_loss`` is
+        ``-entropy_weight * entropy``. Must be ``>= 0``.
+    """
+
+    deterministic: bool
+
+    def __init__(self, rng: nnx.Rngs, entropy_weight: float) -> None:
+        name = type(self).__name__
+        if not isinstance(rng, nnx.Rngs):
+            raise TypeError(f"{name} rng must be an nnx.Rngs, got {type(rng).__name__}")
+        check_number(name, "entropy_weight", entropy_weight, minimum=0.0)
+        self.rng = rng
+        self.entropy_weight = float(entropy_weight)
+        self.deterministic = False
+
+    # ------------------------------------------------------------- the distribution
+
+    @abc.abstractmethod
+    def distribution_parameters(self, x: Float[Array, "B params"]) -> DistributionParameters:
+        """The distribution's parameters from the sampler's input, leaves ``(B, ...)``."""
+
+    @abc.abstractmethod
+    def sample(self, key: Key[Array, ""], parameters: DistributionParameters) -> Array:
+        """One raw sample for **one** environment: ``key`` and ``parameters`` are unbatched."""
+
+    @abc.abstractmethod
+    def mode(self, parameters: DistributionParameters) -> Shaped[Array, "B *raw"]:
+        """The deterministic raw action (mean or most likely class), batched."""
+
+    @abc.abstractmethod
+    def log_likelihood(
+        self, raw_action: Shaped[Array, "B *raw"], parameters: DistributionParameters
+    ) -> Float[Array, " B"]:
+        """The log-likelihood of the action that ``raw_action`` becomes after :meth:`squash`."""
+
+    @abc.abstractmethod
+    def entropy(self, parameters: DistributionParameters) -> Float[Array, " B"]:
+        """The entropy of the action distribution (after :meth:`squash`), one per sample."""
+
+    def squash(self, raw_action: Shaped[Array, "B *raw"]) -> Shaped[Array, "B *action"]:
+        """The action handed to the environment. The identity unless overridden."""
+        return raw_action
+
+    # --------------------------------------------------------------- the contract
+
+    def __call__(
+        self,
+        state: Key[Array, " B"],
+        x: Float[Array, "B params"],
+        rollout_extras: Shaped[Array, "B *raw"] | None = None,
+    ) -> StatefulModuleOutput:
+        """Sample (rollout, inference) or score the stored action (replay).
+
+        Args:
+          state: the per-env keys, ``(B,)``.
+          x: the distribution's parameters in the sampler's input format, ``(B, params)``.
+          rollout_extras: ``None``, or in replay the raw action emitted in rollout.
+
+        Returns:
+          ``output`` is a :class:`SampledAction`; ``rollout_extras`` is the raw action.
+        """
+        parameters = self.distribution_parameters(x)
+        next_keys, step_keys = split_env_keys(state)
+        if rollout_extras is not None:
+            self._check_stored_action(rollout_extras, parameters)
+            raw_action = rollout_extras
+        elif self.deterministic:
+            raw_action = self.mode(parameters)
+        else:
+            # The action is data for the loss, not a function of the parameters.
+            raw_action = jax.lax.stop_gradient(jax.vmap(self.sample)(step_keys, parameters))
+        entropy = self.entropy(parameters)
+        output = SampledAction(
+            action=self.squash(raw_action),
+            log_likelihood=self.log_likelihood(raw_action, parameters),
+        )
+        return StatefulModuleOutput(
+            next_state=next_keys,
+            output=output,
+            regularization_loss=-self.entropy_weight * entropy,
+            metrics={**parameters, "entropy": entropy},
+            rollout_extras=raw_action,
+        )
+
+    def initialize_state(self, batch_size: int) -> Key[Array, " B"]:
+        return new_env_keys(self.rng, batch_size)
+
+    def _check_stored_action(self, stored: Array, parameters: DistributionParameters) -> None:
+        expected = jax.eval_shape(self.mode, parameters)
+        stored_integer = jnp.issubdtype(stored.dtype, jnp.integer)
+        expected_integer = jnp.issubdtype(expected.dtype, jnp.integer)
+        if stored.shape == expected.shape and stored_integer == expected_integer:
+            return
+        raise ContractError(
+            format_violation(
+                f"{describe_module(self)}.__call__",
+                "the stored raw action does not fit this sampler's distribution.",
+                leaf="rollout_extras",
+                expected=f"shape {expected.shape} {expected.dtype}",
+                found=f"shape {stored.shape} {stored.dtype}",
+                rule="in loss replay a sampler is given back the raw action it emitted in "
+                "rollout (SPEC section 2)",
+            )
+        )
+
+
+def _split_mean_and_std(owner: str, x: Float[Array, "B params"]) -> tuple[Array, Array]:
+    if x.shape[-1] % 2:
+        raise ValueError(
+            f"{owner} expects the mean and the pre-softplus std concatenated, (B, 2 * action), "
+            f"but its input has an odd width: shape {tuple(x.shape)}"
+        )
+    mean, raw_std = jnp.split(x, 2, axis=-1)
+    return mean, raw_std
+
+
+def _normal_log_density(
+    u: Float[Array, "B action"], mu: Float[Array, "B action"], sigma: Float[Array, "B action"]
+) -> Float[Array, "B action"]:
+    return -0.5 * jnp.square((u - mu) / sigma) - jnp.log(sigma) - 0.5 * math.log(2 * math.pi)
+
+
+def _normal_entropy(sigma: Float[Array, "B action"]) -> Float[Array, "B action"]:
+    return 0.5 + 0.5 * math.log(2 * math.pi) + jnp.log(sigma)
+
+
+class _Normal(ActionSampler):
+    """A diagonal Gaussian over the raw action; metrics ``mu`` and ``sigma``, ``(B, action)``."""
+
+    def sample(self, key: Key[Array, ""], parameters: DistributionParameters) -> Array:
+        mu, sigma = parameters["mu"], parameters["sigma"]
+        return mu + sigma * jax.random.normal(key, mu.shape, mu.dtype)
+
+    def mode(self, parameters: DistributionParameters) -> Float[Array, "B action"]:
+        return parameters["mu"]
+
+
+class NormalSampler(_Normal):
+    """A diagonal Gaussian action, unsquashed.
+
+    Input, by default: the mean and the pre-softplus std concatenated,
+    ``(B, 2 * action)``; ``sigma = (softplus(raw_std) + min_std) * std_scale``.
+
+    With ``action_size`` given, the std does not depend on the input: the
+    sampler owns a learned parameter ``log_std`` of shape ``(action_size,)``,
+    ``sigma = (exp(log_std) + min_std) * std_scale``, and the input is the mean
+    alone, ``(B, action_size)``.
+
+    Output action: the raw sample, ``(B, action)``. Entropy: exact.
+
+    Args:
+      rng: seeds the per-env keys.
+      entropy_weight: the entropy bonus, ``>= 0``.
+      min_std: a floor added to the std, ``>= 0``.
+      std_scale: multiplies the std, ``> 0``.
+      action_size: if given, the std is a state-independent learned parameter.
+      initial_log_std: the initial value of every entry of ``log_std``.
+    """
+
+    def __init__(
+        self,
+        rng: nnx.Rngs,
+        entropy_weight: float,
+        min_std: float = 1e-3,
+        std_scale: float = 1.0,
+        *,
+        action_size: int | None = None,
+        initial_log_std: float = 0.0,
+    ) -> None:
+        super().__init__(rng, entropy_weight)
+        check_number("NormalSampler", "min_std", min_std, minimum=0.0)
+        check_number("NormalSampler", "std_scale", std_scale, minimum=0.0, strict=True)
+        check_number("NormalSampler", "initial_log_std", initial_log_std)
+        self.min_std = float(min_std)
+        self.std_scale = float(std_scale)
+        if action_size is not None:
+            check_positive_int("NormalSampler", "action_size", action_size)
+        self.log_std: nnx.Param[Array] | None = (
+            None
+            if action_size is None
+            else nnx.Param(jnp.full((action_size,), float(initial_log_std)))
+        )
+
+    def distribution_parameters(self, x: Float[Array, "B params"]) -> DistributionParameters:
+        if self.log_std is None:
+            mean, raw_std = _split_mean_and_std("NormalSampler", x)
+            sigma = (jax.nn.softplus(raw_std) + self.min_std) * self.std_scale
+            return {"mu": mean, "sigma": sigma}
+        action_size = self.log_std.shape[0]
+        if x.shape[-1] != action_size:
+            raise ValueError(
+                f"NormalSampler(action_size={action_size}) learns its std and expects the mean "
+                f"alone, (B, {action_size}), but its input has shape {tuple(x.shape)}"
+            )
+        sigma = (jnp.exp(self.log_std[...]) + self.min_std) * self.std_scale
+        return {"mu": x, "sigma": jnp.broadcast_to(sigma, x.shape)}
+
+    def log_likelihood(
+        self, raw_action: Float[Array, "B action"], parameters: DistributionParameters
+    ) -> Float[Array, " B"]:
+        log_density = _normal_log_density(raw_action, parameters["mu"], parameters["sigma"])
+        return jnp.sum(log_density, axis=-1)
+
+    def entropy(self, parameters: DistributionParameters) -> Float[Array, " B"]:
+        return jnp.sum(_normal_entropy(parameters["sigma"]), axis=-1)
+
+
+def _log_one_minus_tanh_squared(u: Array) -> Array:
+    # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), finite for every u.
+    return 2.0 * (math.log(2.0) - u - jax.nn.softplus(-2.0 * u))
+
+
+# Gauss-Legendre rule on [-1, 1] for the bounded part of the tanh entropy term; with
+# the kink at 0 split off and the interval mu +- 6 sigma, 20 nodes reach float32 rounding.
+_LEGENDRE_NODES, _LEGENDRE_WEIGHTS = np.polynomial.legendre.leggauss(20)
+_INTERVAL_HALF_WIDTH_IN_STDS = 6.0
+# log1p(exp(-2|u|)) < 1e-8 beyond this.
+_REMAINDER_SUPPORT = 10.0
+
+
+def _expected_log_one_minus_tanh_squared(
+    mu: Float[Array, "B action"], sigma: Float[Array, "B action"]
+) -> Float[Array, "B action"]:
+    """``E[log(1 - tanh(U)^2)]`` for ``U ~ N(mu, sigma)``, elementwise and deterministic.
+
+    ``log(1 - tanh(u)^2) = 2 log 2 - 2|u| - 2 log1p(exp(-2|u|))``. ``E|U|`` (a folded
+    normal mean) is closed form; the bounded remainder, smooth on each side of 0, is
+    integrated by Gauss-Legendre on ``[lo, 0]`` and ``[0, hi]`` where
+    ``[lo, hi] = mu +- 6 sigma`` clipped to where the remainder is not negligible.
+    """
+    expected_abs = sigma * math.sqrt(2.0 / math.pi) * jnp.exp(
+        -0.5 * jnp.square(mu / sigma)
+    ) + mu * erf(mu / (sigma * math.sqrt(2.0)))
+    support = _REMAINDER_SUPPORT
+    lo = jnp.clip(mu - _INTERVAL_HALF_WIDTH_IN_STDS * sigma, -support, support)
+    hi = jnp.clip(mu + _INTERVAL_HALF_WIDTH_IN_STDS * sigma, -support, support)
+    split = jnp.clip(0.0, lo, hi)
+    nodes = jnp.asarray(_LEGENDRE_NODES, mu.dtype)
+    weights = jnp.asarray(_LEGENDRE_WEIGHTS, mu.dtype)
+
+    def integrate(a: Array, b: Array) -> Array:
+        half = (b - a)[..., None] / 2
+        u = a[..., None] + half * (nodes + 1)
+        density = jnp.exp(_normal_log_density(u, mu[..., None], sigma[..., None]))
+        remainder = jnp.log1p(jnp.exp(-2.0 * jnp.abs(u)))
+        return jnp.sum(half * weights * remainder * density, axis=-1)
+
+    expected_remainder = integrate(lo, split) + integrate(split, hi)
+    return 2.0 * math.log(2.0) - 2.0 * expected_abs - 2.0 * expected_remainder
+
+
+class NormalTanhSampler(_Normal):
+    """A diagonal Gaussian squashed by ``tanh``: actions in ``(-1, 1)``.
+
+    Input: the mean and the pre-softplus std concatenated, ``(B, 2 * action)``;
+    ``sigma = (softplus(raw_std) + min_std) * std_scale``. Emits the raw,
+    unsquashed sample ``u`` as extras; the action is ``tanh(u)``.
+
+    Log-likelihood, by change of variables:
+    ``sum_i log N(u_i; mu_i, sigma_i) - log(1 - tanh(u_i)^2)``.
+
+    Entropy of the squashed action: ``H[N(mu, sigma)] + E[log(1 - tanh(U)^2)]``
+    per dimension, the expectation computed deterministically (closed form plus
+    a fixed quadrature, accurate to float32 rounding), so the entropy bonus adds
+    no sampling noise to the gradient.
+
+    Args:
+      rng: seeds the per-env keys.
+      entropy_weight: the entropy bonus, ``>= 0``.
+      min_std: a floor added to the std, ``>= 0``.
+      std_scale: multiplies the std, ``> 0``.
+    """
+
+    def __init__(
+        self,
+        rng: nnx.Rngs,
+        entropy_weight: float,
+        min_std: float = 1e-3,
+        std_scale: float = 1.0,
+    ) -> None:
+        super().__init__(rng, entropy_weight)
+        check_number("NormalTanhSampler", "min_std", min_std, minimum=0.0)
+        check_number("NormalTanhSampler", "std_scale", std_scale, minimum=0.0, strict=True)
+        self.min_std = float(min_std)
+        self.std_scale = float(std_scale)
+
+    def distribution_parameters(self, x: Float[Array, "B params"]) -> DistributionParameters:
+        mean, raw_std = _split_mean_and_std("NormalTanhSampler", x)
+        sigma = (jax.nn.softplus(raw_std) + self.min_std) * self.std_scale
+        return {"mu": mean, "sigma": sigma}
+
+    def squash(self, raw_action: Float[Array, "B action"]) -> Float[Array, "B action"]:
+        return jnp.tanh(raw_action)
+
+    def log_likelihood(
+        self, raw_action: Float[Array, "B action"], parameters: DistributionParameters
+    ) -> Float[Array, " B"]:
+        log_density = _normal_log_density(raw_action, parameters["mu"], parameters["sigma"])
+        return jnp.sum(log_density - _log_one_minus_tanh_squared(raw_action), axis=-1)
+
+    def entropy(self, parameters: DistributionParameters) -> Float[Array, " B"]:
+        mu, sigma = parameters["mu"], parameters["sigma"]
+        per_dimension = _normal_entropy(sigma) + _expected_log_one_minus_tanh_squared(mu, sigma)
+        return jnp.sum(per_dimension, axis=-1)
+
+
+class CategoricalSampler(ActionSampler):
+    """A categorical action over ``n`` classes: integer actions ``(B,)``.
+
+    Input: unnormalised logits, ``(B, n)``. The action is the class index
+    (``int32``), emitted as extras too. Deterministic mode takes the most likely
+    class. Entropy: exact, ``-sum_k p_k log p_k``. Metric ``log_probs``,
+    ``(B, n)``: the normalised logits.
+
+    Args:
+      rng: seeds the per-env keys.
+      entropy_weight: the entropy bonus, ``>= 0``.
+    """
+
+    def distribution_parameters(self, x: Float[Array, "B params"]) -> DistributionParameters:
+        return {"log_probs": jax.nn.log_softmax(x, axis=-1)}
+
+    def sample(self, key: Key[Array, ""], parameters: DistributionParameters) -> Array:
+        return jax.random.categorical(key, parameters["log_probs"]).astype(jnp.int32)
+
+    def mode(self, parameters: DistributionParameters) -> Int[Array, " B"]:
+        return jnp.argmax(parameters["log_probs"], axis=-1).astype(jnp.int32)
+
+    def log_likelihood(
+        self, raw_action: Int[Array, " B"], parameters: DistributionParameters
+    ) -> Float[Array, " B"]:
+        chosen = jnp.take_along_axis(parameters["log_probs"], raw_action[:, None], axis=-1)
+        return chosen[:, 0]
+
+    def entropy(self, parameters: DistributionParameters) -> Float[Array, " B"]:
+        log_probs = parameters["log_probs"]
+        # Classes with probability 0 (logit -inf) contribute 0, not 0 * -inf; masking the
+        # log as well keeps the gradient finite.
+        possible = log_probs > -jnp.inf
+        safe_log_probs = jnp.where(possible, log_probs, 0.0)
+        terms = jnp.where(possible, jnp.exp(safe_log_probs) * safe_log_probs, 0.0)
+        return -jnp.sum(terms, axis=-1)

@@ -1,0 +1,296 @@
+"""Small routing modules, and the per-env random keys that stochastic modules carry.
+
+Modules:
+
+* :class:`Flattener`: a pytree of ``(B, ...)`` leaves into one ``(B, n)`` array,
+  optionally keeping the top levels of dict/list/tuple structure.
+* :class:`Filter`: pick, rename and compute entries of a pytree input.
+* :class:`Scale`: multiply every leaf by a fixed factor.
+* :class:`Merge`: run children on the same input and merge their dict outputs into one.
+* :class:`Map`: run each child on the same-named entry of a dict input.
+
+:class:`Merge` and :class:`Map` are containers and follow the rules of SPEC
+section 3: carry and extras are dicts by child key, regularization is summed,
+metrics are nested under the child's key, and ``update_statistics``,
+``initialize_state`` and ``reset_state`` are routed like ``__call__``.
+
+Functions:
+
+* :func:`new_env_keys`: seed a ``(B,)`` array of per-env keys from an ``nnx.Rngs``.
+* :func:`split_env_keys`: advance per-env keys by one step.
+* :func:`check_positive_int`, :func:`check_number`: constructor-argument checks.
+"""
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Key
+
+from nnx_ppo.networks.containers import Parallel, _KeyedContainer
+from nnx_ppo.networks.types import ModuleState, StatefulModule, StatefulModuleOutput
+
+__all__ = [
+    "Filter",
+    "FilterSpec",
+    "Flattener",
+    "Map",
+    "Merge",
+    "Scale",
+    "check_number",
+    "check_positive_int",
+    "new_env_keys",
+    "split_env_keys",
+]
+
+
+def new_env_keys(rngs: nnx.Rngs, batch_size: int) -> Key[Array, " B"]:
+    """``batch_size`` independent typed keys, one per environment, from ``rngs``' default stream.
+
+    For ``initialize_state`` of modules that draw random numbers in their forward
+    pass: the keys then live in the carry, so the randomness of env ``i`` depends
+    only on its own carry row (SPEC section 1).
+    """
+    return jax.random.split(rngs(), batch_size)
+
+
+def split_env_keys(
+    keys: Key[Array, " B"],
+) -> tuple[Key[Array, " B"], Key[Array, " B"]]:
+    """Advance per-env keys one step: ``(next_keys, step_keys)``, both ``(B,)``.
+
+    ``next_keys`` go into the next carry; ``step_keys`` are consumed this step.
+    Each row is split on its own, so a minibatch of envs sliced from the carry
+    draws exactly the numbers those envs drew in the full batch.
+    """
+    pairs = jax.vmap(jax.random.split)(keys)
+    return pairs[:, 0], pairs[:, 1]
+
+
+def check_positive_int(owner: str, name: str, value: Any) -> None:
+    """Raise ``ValueError`` unless the constructor argument ``value`` is an int ``>= 1``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner} {name} must be a positive int, got {value!r}")
+
+
+def check_number(
+    owner: str, name: str, value: Any, *, minimum: float = -math.inf, strict: bool = False
+) -> None:
+    """Raise unless the constructor argument ``value`` is a finite number ``>= minimum``.
+
+    ``TypeError`` for a non-number (``bool`` included), ``ValueError`` below the
+    bound; ``strict`` makes the bound exclusive.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TypeError(f"{owner} {name} must be a finite number, got {value!r}")
+    if value < minimum or (strict and value == minimum):
+        bound = f"> {minimum}" if strict else f">= {minimum}"
+        raise ValueError(f"{owner} {name} must be {bound}, got {value}")
+
+
+def _no_regularization() -> Float[Array, ""]:
+    return jnp.zeros(())
+
+
+# ---------------------------------------------------------------------------- Flattener
+
+
+class Flattener(StatefulModule):
+    """Flattens a pytree of ``(B, ...)`` leaves into ``(B, n)`` arrays.
+
+    With ``preserve_levels=0`` (the default) every leaf is reshaped to
+    ``(B, -1)`` and the results are concatenated along the last axis, in JAX's
+    leaf order (dict keys sorted). With ``preserve_levels=k`` the top ``k``
+    levels of dict/list/tuple structure are kept and each subtree below them is
+    flattened on its own::
+
+        Flattener(preserve_levels=1)({"a": {"p": (B, 4), "t": (B, 2, 3)}, "b": (B, 6)})
+        == {"a": (B, 10), "b": (B, 6)}
+
+    Stateless; emits no extras.
+    """
+
+    def __init__(self, preserve_levels: int = 0) -> None:
+        if isinstance(preserve_levels, bool) or not isinstance(preserve_levels, int):
+            raise TypeError(f"Flattener preserve_levels must be an int, got {preserve_levels!r}")
+        if preserve_levels < 0:
+            raise ValueError(f"Flattener preserve_levels must be >= 0, got {preserve_levels}")
+        self.preserve_levels = preserve_levels
+
+    def __call__(
+        self, state: tuple[()], x: Any, rollout_extras: None = None
+    ) -> StatefulModuleOutput:
+        output = _flatten_below(x, self.preserve_levels, "x")
+        return StatefulModuleOutput((), output, _no_regularization(), {}, None)
+
+
+def _flatten_below(x: Any, levels: int, where: str) -> Any:
+    if levels == 0:
+        leaves = jax.tree.leaves(x)
+        if not leaves:
+            raise ValueError(f"Flattener: {where} holds no arrays to flatten")
+        return jnp.concatenate([leaf.reshape(leaf.shape[0], -1) for leaf in leaves], axis=-1)
+    if isinstance(x, Mapping):
+        return {
+            key: _flatten_below(value, levels - 1, f"{where}[{key!r}]") for key, value in x.items()
+        }
+    if isinstance(x, list | tuple):
+        return type(x)(
+            _flatten_below(value, levels - 1, f"{where}[{i}]") for i, value in enumerate(x)
+        )
+    raise TypeError(
+        f"Flattener: {where} is a {type(x).__name__}, but {levels} more level(s) of dict, list "
+        "or tuple structure were to be kept above the flattened arrays"
+    )
+
+
+# ------------------------------------------------------------------------------- Filter
+
+FilterSpec: TypeAlias = str | int | tuple[str | int, ...] | Callable[[Any], Any]
+"""How :class:`Filter` computes one output entry: a key, a path of keys, or a function."""
+
+
+class Filter(StatefulModule):
+    """Builds a dict from named pieces of its input.
+
+    ``spec`` maps each output key to how its value is found:
+
+    * a string or int ``k``: ``x[k]``;
+    * a tuple ``(k1, k2, ...)``: the nested entry ``x[k1][k2]...``;
+    * a callable ``fn``: ``fn(x)`` (it must keep the leading batch axis and act per sample).
+
+    Everything the spec does not name is dropped. Stateless; emits no extras.
+
+    Example::
+
+        Filter({"policy": "action_params", "speed": ("proprio", "velocity")})
+    """
+
+    def __init__(self, spec: Mapping[str, FilterSpec]) -> None:
+        if not isinstance(spec, Mapping):
+            raise TypeError(f"Filter spec must be a dict, got {type(spec).__name__}")
+        if not spec:
+            raise ValueError("Filter spec must name at least one output")
+        for out_key, how in spec.items():
+            valid_path = isinstance(how, tuple) and all(isinstance(p, str | int) for p in how)
+            if not (isinstance(how, str | int) or valid_path or callable(how)):
+                raise TypeError(
+                    f"Filter spec for {out_key!r} must be a key, a tuple of keys or a callable, "
+                    f"got {how!r}"
+                )
+        # Pairs rather than a dict: a hashable static attribute keeps the graphdef a
+        # valid jit cache key.
+        self.spec: tuple[tuple[str, FilterSpec], ...] = tuple(spec.items())
+
+    def __call__(
+        self, state: tuple[()], x: Any, rollout_extras: None = None
+    ) -> StatefulModuleOutput:
+        output = {out_key: _extract(x, how, out_key) for out_key, how in self.spec}
+        return StatefulModuleOutput((), output, _no_regularization(), {}, None)
+
+
+def _extract(x: Any, how: FilterSpec, out_key: str) -> Any:
+    if callable(how):
+        return how(x)
+    path = how if isinstance(how, tuple) else (how,)
+    value = x
+    for depth, key in enumerate(path):
+        try:
+            value = value[key]
+        except (KeyError, IndexError, TypeError) as error:
+            available = sorted(value) if isinstance(value, Mapping) else type(value).__name__
+            raise ValueError(
+                f"Filter output {out_key!r} reads x{''.join(f'[{k!r}]' for k in path)}, but "
+                f"x{''.join(f'[{k!r}]' for k in path[:depth])} has no entry {key!r} "
+                f"(it holds {available})"
+            ) from error
+    return value
+
+
+# -------------------------------------------------------------------------------- Scale
+
+
+class Scale(StatefulModule):
+    """Multiplies every leaf of its input by a fixed ``factor``. Stateless; emits no extras."""
+
+    def __init__(self, factor: float) -> None:
+        check_number("Scale", "factor", factor)
+        self.factor = float(factor)
+
+    def __call__(
+        self, state: tuple[()], x: Any, rollout_extras: None = None
+    ) -> StatefulModuleOutput:
+        output = jax.tree.map(lambda leaf: leaf * self.factor, x)
+        return StatefulModuleOutput((), output, _no_regularization(), {}, None)
+
+
+# ------------------------------------------------------------------------ Merge and Map
+
+
+class Merge(Parallel):
+    """Runs every child on the same input and merges their dict outputs into one dict.
+
+    Like :class:`~nnx_ppo.networks.containers.Parallel` (same carry, extras and
+    metrics by child key), but the output is flat: ``{**out_a, **out_b, ...}``.
+    Each child must return a dict, and no output key may come from two children.
+    The usual use is to gather named heads for a
+    :class:`~nnx_ppo.networks.adapter.PPOAdapter`::
+
+        Merge(policy=Parallel(left=..., right=...), value=Filter({"v": "value"}))
+    """
+
+    def __call__(
+        self, state: dict[str, ModuleState], x: Any, rollout_extras: dict[str, Any] | None = None
+    ) -> StatefulModuleOutput:
+        outputs, rest = self._run_children(state, lambda _: x, rollout_extras)
+        merged: dict[Any, Any] = {}
+        owner: dict[Any, str] = {}
+        for child_key, output in outputs.items():
+            if not isinstance(output, Mapping):
+                raise TypeError(
+                    f"Merge child {child_key!r} must output a dict, got {type(output).__name__}"
+                )
+            for key, value in output.items():
+                if key in merged:
+                    raise ValueError(
+                        f"Merge children {owner[key]!r} and {child_key!r} both output key {key!r}"
+                    )
+                merged[key], owner[key] = value, child_key
+        return rest.replace(output=merged)
+
+
+class Map(_KeyedContainer):
+    """Runs each child on the same-named entry of a dict input; the output is a dict by key.
+
+    ``Map(a=f, b=g)`` maps ``{"a": xa, "b": xb, ...}`` to ``{"a": f(xa), "b": g(xb)}``.
+    Input entries no child is named for are dropped; a missing one is an error.
+    Build with keywords, or with a dict when the keys are not identifiers. Carry
+    and extras are dicts by child key.
+    """
+
+    def __init__(
+        self, modules: Mapping[str, StatefulModule] | None = None, /, **kwargs: StatefulModule
+    ) -> None:
+        super().__init__(modules, kwargs)
+
+    def __call__(
+        self,
+        state: dict[str, ModuleState],
+        x: Mapping[str, Any],
+        rollout_extras: dict[str, Any] | None = None,
+    ) -> StatefulModuleOutput:
+        if not isinstance(x, Mapping):
+            raise TypeError(
+                f"Map expects a dict input with keys {sorted(self.components)}, "
+                f"got a {type(x).__name__}"
+            )
+        missing = sorted(set(self.components) - set(x))
+        if missing:
+            raise ValueError(
+                f"Map input lacks the entries {missing} for its children; it has {sorted(x)}"
+            )
+        outputs, rest = self._run_children(state, lambda key: x[key], rollout_extras)
+        return rest.replace(output=outputs)

@@ -1,0 +1,42 @@
+"""Multiply every reward leaf by a constant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jaxtyping import PRNGKeyArray
+
+from nnx_ppo.envs.state import Environment
+from nnx_ppo.networks.utils import check_number
+from nnx_ppo.wrappers.base import Wrapper
+
+__all__ = ["RewardScalingWrapper"]
+
+
+class RewardScalingWrapper(Wrapper):
+    """Scales the reward, a scalar or every leaf of a reward pytree, by ``reward_scale``.
+
+    Applies to the states of both ``reset`` and ``step``. Every other attribute
+    is the wrapped env's.
+
+    Args:
+      env: one unbatched environment.
+      reward_scale: a finite number.
+    """
+
+    def __init__(self, env: Environment, reward_scale: float) -> None:
+        super().__init__(env)
+        check_number("RewardScalingWrapper", "reward_scale", reward_scale)
+        self.reward_scale = float(reward_scale)
+
+    def reset(self, rng: PRNGKeyArray) -> Any:
+        """The wrapped env's reset, reward scaled."""
+        return self._scaled(self.env.reset(rng))
+
+    def step(self, state: Any, action: Any) -> Any:
+        """The wrapped env's step, reward scaled."""
+        return self._scaled(self.env.step(state, action))
+
+    def _scaled(self, state: Any) -> Any:
+        return state.replace(reward=jax.tree.map(lambda r: r * self.reward_scale, state.reward))

@@ -1,0 +1,144 @@
+"""EpisodeWrapper and RewardScalingWrapper."""
+
+import copy
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nnx_ppo import envs
+from nnx_ppo.contract.env_checks import check_env_state, check_env_unbatched
+from nnx_ppo.wrappers import EpisodeWrapper, RewardScalingWrapper
+from nnx_ppo.wrappers.episode_wrapper import EpisodeWrapper as EpisodeWrapperByPath
+from nnx_ppo.wrappers.reward_scaling_wrapper import RewardScalingWrapper as ScalingByPath
+
+
+def rollout(env: Any, key: jax.Array, actions: Any) -> tuple[Any, Any]:
+    """The reset state and the stacked states of stepping ``actions`` without resets."""
+
+    def one_step(state: Any, action: Any) -> tuple[Any, Any]:
+        state = env.step(state, action)
+        return state, state
+
+    start = env.reset(key)
+    return start, jax.lax.scan(one_step, start, actions)[1]
+
+
+def test_module_paths_of_0_3_0_are_kept() -> None:
+    assert EpisodeWrapperByPath is EpisodeWrapper
+    assert ScalingByPath is RewardScalingWrapper
+
+
+def test_episode_wrapper_reset_is_the_wrapped_reset_with_a_zero_counter() -> None:
+    env = envs.CartPole()
+    wrapped = EpisodeWrapper(env, max_len=10)
+    key = jax.random.key(4)
+    state, raw = wrapped.reset(key), env.reset(key)
+    np.testing.assert_array_equal(state.obs, raw.obs)
+    assert state.info["step_counter"] == 0 and state.info["step_counter"].dtype == jnp.int32
+    assert state.info["truncated"].dtype == jnp.bool_ and not state.info["truncated"]
+
+
+def test_episode_wrapper_truncates_at_max_len_and_keeps_counting_steps() -> None:
+    wrapped = EpisodeWrapper(envs.Pendulum(), max_len=5)
+    _, states = jax.jit(rollout, static_argnums=0)(wrapped, jax.random.key(0), jnp.zeros((7, 1)))
+    assert np.asarray(states.info["step_counter"]).tolist() == [1, 2, 3, 4, 5, 6, 7]
+    assert np.asarray(states.done)[:5].tolist() == [0, 0, 0, 0, 1]
+    assert np.asarray(states.info["truncated"])[:5].tolist() == [False] * 4 + [True]
+    assert states.done.dtype == jnp.float32  # the wrapped env's dtype
+
+
+def test_episode_wrapper_termination_on_the_last_step_is_not_truncation() -> None:
+    wrapped = EpisodeWrapper(envs.CartPole(), max_len=3)
+    state = wrapped.reset(jax.random.key(0))
+    state = state.replace(
+        obs=jnp.asarray([0.0, 0.0, 0.2, 2.0]),  # past 12 degrees after one step
+        info={**state.info, "step_counter": jnp.asarray(2, jnp.int32)},
+    )
+    last = wrapped.step(state, jnp.asarray(1))
+    assert last.done == 1.0 and not last.info["truncated"]
+
+
+def test_episode_wrapper_keeps_the_wrapped_envs_own_truncation() -> None:
+    wrapped = EpisodeWrapper(envs.Pendulum(max_steps=2), max_len=10)
+    _, states = rollout(wrapped, jax.random.key(0), jnp.zeros((2, 1)))
+    assert np.asarray(states.info["truncated"]).tolist() == [False, True]
+    assert np.asarray(states.done).tolist() == [0.0, 1.0]
+
+
+def test_episode_wrapper_randomises_the_counter_only_when_asked() -> None:
+    env = envs.CartPole()
+    keys = jax.random.split(jax.random.key(0), 64)
+    plain = jax.vmap(EpisodeWrapper(env, max_len=20).reset)(keys)
+    assert (np.asarray(plain.info["step_counter"]) == 0).all()
+    random = jax.vmap(EpisodeWrapper(env, max_len=20, random_initial_step=True).reset)(keys)
+    counters = np.asarray(random.info["step_counter"])
+    assert counters.min() >= 0 and counters.max() < 10 and len(set(counters.tolist())) > 1
+
+
+@pytest.mark.parametrize("name", ["cartpole", "two_agent"])
+def test_wrapped_envs_keep_the_env_contract(name: str) -> None:
+    env = RewardScalingWrapper(EpisodeWrapper(envs.make(name), max_len=4), 0.5)
+    reference = check_env_unbatched(env)
+    action = jax.tree.map(
+        lambda n: jnp.zeros((), jnp.int32) if env.discrete_actions else jnp.zeros(n),
+        env.action_size,
+    )
+    stepped = jax.eval_shape(env.step, env.reset(jax.random.key(0)), action)
+    check_env_state(stepped, where="step", reference=reference)
+
+
+def test_wrappers_forward_the_wrapped_envs_attributes() -> None:
+    env = envs.MemoryTask(n_cues=3)
+    wrapped = RewardScalingWrapper(EpisodeWrapper(env, max_len=9), 2.0)
+    assert wrapped.observation_size == 5 and wrapped.action_size == 3
+    assert wrapped.discrete_actions and wrapped.delay == 4 and wrapped.max_len == 9
+    assert EpisodeWrapper(envs.CartPole(), 5).dt == 0.02
+    with pytest.raises(AttributeError, match="no_such_attribute"):
+        _ = wrapped.no_such_attribute
+    assert copy.deepcopy(wrapped).max_len == 9
+
+
+NOT_AN_ENV: Any = object()
+A_FLOAT: Any = 2.0
+A_STRING: Any = "2"
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: EpisodeWrapper(envs.CartPole(), max_len=0), ValueError, "max_len"),
+        (lambda: EpisodeWrapper(envs.CartPole(), max_len=A_FLOAT), TypeError, "max_len"),
+        (lambda: EpisodeWrapper(NOT_AN_ENV, max_len=2), TypeError, "no reset"),
+        (lambda: RewardScalingWrapper(envs.CartPole(), A_STRING), TypeError, "reward_scale"),
+        (lambda: RewardScalingWrapper(envs.CartPole(), float("nan")), TypeError, "finite"),
+    ],
+)
+def test_bad_wrapper_arguments_are_named(make: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        make()
+
+
+@given(scale=st.floats(-10, 10, allow_nan=False))
+def test_reward_scaling_scales_every_reward_leaf(scale: float) -> None:
+    env = envs.TwoAgentReach()
+    wrapped = RewardScalingWrapper(env, scale)
+    key = jax.random.key(2)
+    action = {"agent_0": jnp.ones(2), "agent_1": -jnp.ones(2)}
+    raw = env.step(env.reset(key), action)
+    scaled = wrapped.step(wrapped.reset(key), action)
+    assert set(scaled.reward) == {"agent_0", "agent_1"}
+    for agent, reward in raw.reward.items():
+        expected = np.float32(scale) * np.float32(reward)  # float32, as the env computes
+        np.testing.assert_allclose(scaled.reward[agent], expected, rtol=1e-6, atol=1e-37)
+    np.testing.assert_array_equal(scaled.obs["agent_0"], raw.obs["agent_0"])
+
+
+def test_reward_scaling_of_a_scalar_reward() -> None:
+    wrapped = RewardScalingWrapper(envs.CartPole(), 0.25)
+    state = wrapped.step(wrapped.reset(jax.random.key(0)), jnp.asarray(0))
+    assert state.reward == 0.25 and state.reward.shape == ()

@@ -1,0 +1,165 @@
+"""Factories: MLP layers, MLP actor-critics (continuous, discrete, dict observations)."""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import nnx_ppo
+from nnx_ppo.networks import factories
+from nnx_ppo.networks.adapter import PPOAdapter
+from nnx_ppo.networks.containers import Sequential
+from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.normalizer import Normalizer
+from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalTanhSampler
+from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule
+from nnx_ppo.networks.utils import Flattener
+
+OBS, ACTIONS, B = 5, 3, 4
+
+
+@nnx.jit
+def _call(net: StatefulModule, state: Any, x: Any) -> Any:
+    return net(state, x)
+
+
+def _adapter(net: StatefulModule) -> PPOAdapter:
+    adapter = net[-1] if isinstance(net, Sequential) else net
+    assert isinstance(adapter, PPOAdapter)
+    return adapter
+
+
+def test_mlp_layers_have_the_sizes_and_activations_asked_for():
+    layers = factories.make_mlp_layers([4, 8, 6, 2], nnx.Rngs(0), activation=nnx.tanh)
+    assert [(d.in_features, d.out_features) for d in layers] == [(4, 8), (8, 6), (6, 2)]
+    assert [d.activation for d in layers] == [nnx.tanh, nnx.tanh, nnx.tanh]
+    last_linear = factories.make_mlp_layers([4, 2], nnx.Rngs(0), activation_last_layer=False)
+    assert last_linear[0].activation is None
+    mlp = factories.make_mlp([4, 8, 2], nnx.Rngs(0), use_bias=False)
+    assert isinstance(mlp, Sequential) and len(mlp) == 2
+    assert all(isinstance(d, Dense) and d.linear.bias is None for d in mlp)
+    with pytest.raises(ValueError, match="an input and an output size"):
+        factories.make_mlp([4], nnx.Rngs(0))
+
+
+def test_actor_critic_structure_matches_0_3_0():
+    net = factories.make_mlp_actor_critic(OBS, ACTIONS, [8, 8], [16], nnx.Rngs(0))
+    assert isinstance(net, Sequential) and len(net) == 2
+    assert isinstance(net[0], Normalizer)
+    adapter = _adapter(net)
+    actor = adapter.action
+    assert isinstance(actor, Sequential)
+    denses = [layer for layer in actor if isinstance(layer, Dense)]
+    assert [(d.in_features, d.out_features) for d in denses] == [(5, 8), (8, 8), (8, 6)]
+    assert denses[-1].activation is None
+    sampler = actor[-1]
+    assert isinstance(sampler, NormalTanhSampler)
+    assert (sampler.entropy_weight, sampler.min_std, sampler.std_scale) == (1e-2, 1e-1, 1.0)
+    critic = adapter.value
+    assert isinstance(critic, Sequential)
+    assert [(d.in_features, d.out_features) for d in critic] == [(5, 16), (16, 1)]
+    # The actor and the critic are initialised independently.
+    assert not np.allclose(denses[0].linear.kernel[...][:, :8], critic[0].linear.kernel[...][:, :8])
+
+    bare = factories.make_mlp_actor_critic(OBS, ACTIONS, [8], [8], nnx.Rngs(0), normalize_obs=False)
+    assert isinstance(bare, PPOAdapter)
+
+
+def test_initializer_scale_sets_the_kernel_range():
+    for scale in (0.1, 2.0):
+        net = factories.make_mlp_actor_critic(
+            OBS, ACTIONS, [64], [64], nnx.Rngs(0), initializer_scale=scale
+        )
+        kernel = np.asarray(_adapter(net).value[0].linear.kernel[...])
+        limit = np.sqrt(3 * scale / OBS)  # variance scaling, fan_in, uniform
+        assert np.abs(kernel).max() <= limit
+        assert np.abs(kernel).max() > 0.9 * limit
+
+
+def test_actor_critic_runs_under_jit_with_checks_and_eval_is_deterministic():
+    assert nnx_ppo.checks_enabled()
+    net = factories.make_mlp_actor_critic(
+        OBS, ACTIONS, [8], [8], nnx.Rngs(0), activation="swish", entropy_weight=0.5
+    )
+    state = net.initialize_state(B)
+    obs = jax.random.normal(jax.random.key(1), (B, OBS))
+    out = _call(net, state, obs)
+    assert isinstance(out.output, PPONetworkOutput)
+    assert out.output.actions.shape == (B, ACTIONS)
+    assert out.output.loglikelihoods.shape == (B,)
+    assert out.output.value_estimates.shape == (B,)
+    assert out.regularization_loss.shape == (B,)
+    assert np.all(np.abs(out.output.actions) < 1)
+
+    sampler = _adapter(net).action[-1]
+    net.eval()
+    assert sampler.deterministic
+    first, second = _call(net, state, obs), _call(net, out.next_state, obs)
+    np.testing.assert_allclose(first.output.actions, second.output.actions)
+    net.train()
+    assert not sampler.deterministic
+
+
+def test_dict_observations_are_normalised_per_entry_then_flattened():
+    sizes = {"pos": 3, "vel": 2}
+    net = factories.make_mlp_actor_critic(sizes, ACTIONS, [8], [8], nnx.Rngs(0))
+    assert isinstance(net, Sequential)
+    assert isinstance(net[0], Normalizer) and isinstance(net[1], Flattener)
+    assert set(net[0].mean.get_value()) == {"pos", "vel"}
+    assert _adapter(net).value[0].in_features == 5
+    obs = {"pos": jnp.ones((B, 3)), "vel": jnp.zeros((B, 2))}
+    state = net.initialize_state(B)
+    out = _call(net, state, obs)
+    assert out.output.actions.shape == (B, ACTIONS)
+
+    unnormalised = factories.make_mlp_actor_critic(
+        sizes, ACTIONS, [8], [8], nnx.Rngs(0), normalize_obs=False
+    )
+    assert isinstance(unnormalised, Sequential) and isinstance(unnormalised[0], Flattener)
+
+
+def test_discrete_actor_critic_samples_class_indices():
+    net = factories.make_discrete_mlp_actor_critic(OBS, 4, [8], [8], nnx.Rngs(0))
+    sampler = _adapter(net).action[-1]
+    assert isinstance(sampler, CategoricalSampler)
+    assert _adapter(net).action[-2].out_features == 4
+    state = net.initialize_state(B)
+    out = _call(net, state, jnp.ones((B, OBS)))
+    assert out.output.actions.shape == (B,)
+    assert out.output.actions.dtype == jnp.int32
+    assert np.all((np.asarray(out.output.actions) >= 0) & (np.asarray(out.output.actions) < 4))
+    assert out.output.loglikelihoods.shape == (B,)
+    assert np.all(np.asarray(out.output.loglikelihoods) <= 0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"activation": "softmax"}, ValueError, "unknown activation 'softmax'"),
+        ({"obs_size": 0}, ValueError, "obs_size must be a positive int"),
+        ({"obs_size": {"a": 2, "b": -1}}, ValueError, r"obs_size\['b'\]"),
+        ({"action_size": 0}, ValueError, "action_size must be a positive int"),
+        ({"actor_hidden_sizes": [8, 0]}, ValueError, "actor_hidden_sizes entry"),
+        ({"initializer_scale": 0.0}, ValueError, "initializer_scale must be > 0"),
+        ({"entropy_weight": -1.0}, ValueError, "entropy_weight must be >= 0"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type, match: str):
+    arguments: dict[str, Any] = {
+        "obs_size": OBS,
+        "action_size": ACTIONS,
+        "actor_hidden_sizes": [8],
+        "critic_hidden_sizes": [8],
+        "rngs": nnx.Rngs(0),
+        **kwargs,
+    }
+    with pytest.raises(error, match=match):
+        factories.make_mlp_actor_critic(**arguments)
+
+
+def test_discrete_needs_two_actions():
+    with pytest.raises(ValueError, match="n_actions must be >= 2"):
+        factories.make_discrete_mlp_actor_critic(OBS, 1, [8], [8], nnx.Rngs(0))
