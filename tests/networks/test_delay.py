@@ -116,8 +116,8 @@ def test_mismatched_input_is_named():
     [
         (SAMPLE, 0, ValueError),
         (SAMPLE, -1, ValueError),
-        (SAMPLE, 2.0, ValueError),
-        (SAMPLE, True, ValueError),
+        (SAMPLE, 2.0, TypeError),
+        (SAMPLE, True, TypeError),
         ({}, 2, ValueError),
         ({"a": 1.5}, 2, TypeError),
     ],

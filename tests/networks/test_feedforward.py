@@ -62,8 +62,8 @@ def test_dense_rejects_wrong_input_width_naming_it(relu_dense: Dense):
     [
         ((0, 2), {}, ValueError),
         ((2, -1), {}, ValueError),
-        ((2.0, 2), {}, ValueError),
-        ((True, 2), {}, ValueError),
+        ((2.0, 2), {}, TypeError),
+        ((True, 2), {}, TypeError),
         ((2, 2), {"activation": "relu"}, TypeError),
     ],
 )

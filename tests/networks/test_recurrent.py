@@ -210,7 +210,7 @@ def test_rnns_reject_wrong_widths_naming_them(lstm: LSTM, gru: GRU):
     [
         ((0, 4), {}, ValueError),
         ((3, -2), {}, ValueError),
-        ((3, 4.0), {}, ValueError),
+        ((3, 4.0), {}, TypeError),
         ((3, 4), {"gate_fn": None}, TypeError),
         ((3, 4), {"activation_fn": "tanh"}, TypeError),
     ],

@@ -124,7 +124,7 @@ def test_scale_multiplies_every_leaf(factor: float, batch: int):
 
 
 def test_scale_rejects_non_numbers():
-    with pytest.raises(TypeError, match="Scale factor"):
+    with pytest.raises(TypeError, match="Scale: factor"):
         Scale("2")  # type: ignore[arg-type]
 
 

@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.env_checks import check_action_tree
-from nnx_ppo.envs.state import State, require_int
+from nnx_ppo.envs.state import State
 
 __all__ = ["MemoryTask"]
 

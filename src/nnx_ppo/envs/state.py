@@ -94,17 +94,3 @@ def time_limit(
     """
     truncated = jnp.logical_and(steps_taken >= max_steps, jnp.logical_not(terminated))
     return jnp.logical_or(terminated, truncated).astype(jnp.float32), truncated
-
-
-def require_int(owner: str, name: str, value: Any, minimum: int) -> int:
-    """``value`` if it is an ``int`` of at least ``minimum``; else a clear error.
-
-    Raises:
-      TypeError: ``value`` is not an ``int`` (a ``bool`` is not accepted).
-      ValueError: ``value`` is below ``minimum``.
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{owner}: {name} must be at least {minimum}, got {value}")
-    return value

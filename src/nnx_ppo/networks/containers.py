@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Shaped
 
+from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.networks.types import CarryOrSlice, ModuleState, StatefulModule, StatefulModuleOutput
 
 __all__ = ["Concat", "Parallel", "Sequential", "Splitter"]
@@ -197,14 +198,14 @@ class Splitter(StatefulModule):
         if not sizes:
             raise ValueError("Splitter needs at least one named slice")
         for key, size in sizes.items():
-            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-                raise ValueError(f"Splitter slice {key!r} must be a positive int, got {size!r}")
-        self.sizes = nnx.static(dict(sizes))
+            require_int("Splitter", f"slice {key!r}", size)
+        # A tuple of pairs, not a dict: static module fields must hash (jit cache keys).
+        self.sizes = nnx.static(tuple(sizes.items()))
 
     def __call__(
         self, state: tuple[()], x: Shaped[Array, "B n"], rollout_extras: None = None
     ) -> StatefulModuleOutput:
-        total = sum(self.sizes.values())
+        total = sum(size for _, size in self.sizes)
         if x.shape[-1] != total:
             raise ValueError(
                 f"Splitter declares slices {dict(self.sizes)} adding up to {total} features, "
@@ -212,7 +213,7 @@ class Splitter(StatefulModule):
             )
         outputs: dict[str, Array] = {}
         offset = 0
-        for key, size in self.sizes.items():
+        for key, size in self.sizes:
             outputs[key] = x[..., offset : offset + size]
             offset += size
         return StatefulModuleOutput((), outputs, jnp.zeros(()), {}, None)

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, PyTree, Shaped
 
+from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.networks.normalizer import canonical_tree, check_feature_shapes
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
@@ -41,8 +42,7 @@ class Delay(StatefulModule):
     """
 
     def __init__(self, sample_input: Any, k_steps: int, initial_value: float = 0.0) -> None:
-        if isinstance(k_steps, bool) or not isinstance(k_steps, int) or k_steps < 1:
-            raise ValueError(f"Delay k_steps must be an int >= 1, got {k_steps!r}")
+        require_int("Delay", "k_steps", k_steps)
         sample = canonical_tree(sample_input)
         leaves = jax.tree.leaves(sample)
         if not leaves:

@@ -7,13 +7,14 @@ from typing import Any
 from flax import nnx
 from jaxtyping import Array
 
+from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.sampling_layers import ActionSampler, CategoricalSampler, NormalTanhSampler
 from nnx_ppo.networks.types import StatefulModule
-from nnx_ppo.networks.utils import Flattener, check_number, check_positive_int
+from nnx_ppo.networks.utils import Flattener
 
 __all__ = [
     "ACTIVATIONS",
@@ -130,7 +131,7 @@ def make_mlp_actor_critic(
       entropy_weight, min_std, std_scale: passed to
         :class:`~nnx_ppo.networks.sampling_layers.NormalTanhSampler`.
     """
-    check_positive_int("make_mlp_actor_critic", "action_size", action_size)
+    require_int("make_mlp_actor_critic", "action_size", action_size)
     sampler = NormalTanhSampler(
         rngs, entropy_weight=entropy_weight, min_std=min_std, std_scale=std_scale
     )
@@ -176,7 +177,7 @@ def make_discrete_mlp_actor_critic(
       initializer_scale: the scale of the kernels' variance-scaling initialisation.
       entropy_weight: passed to the sampler.
     """
-    check_positive_int("make_discrete_mlp_actor_critic", "n_actions", n_actions)
+    require_int("make_discrete_mlp_actor_critic", "n_actions", n_actions)
     if n_actions < 2:
         raise ValueError(f"make_discrete_mlp_actor_critic n_actions must be >= 2, got {n_actions}")
     return _mlp_actor_critic(
@@ -211,9 +212,9 @@ def _observation_width(owner: str, obs_size: int | Mapping[str, int]) -> int:
         if not obs_size:
             raise ValueError(f"{owner}: obs_size is an empty dict")
         for key, size in obs_size.items():
-            check_positive_int(owner, f"obs_size[{key!r}]", size)
+            require_int(owner, f"obs_size[{key!r}]", size)
         return sum(obs_size.values())
-    check_positive_int(owner, "obs_size", obs_size)
+    require_int(owner, "obs_size", obs_size)
     return obs_size
 
 
@@ -230,10 +231,10 @@ def _mlp_actor_critic(
     initializer_scale: float,
 ) -> StatefulModule:
     activation = _resolve_activation(owner, activation)
-    check_number(owner, "initializer_scale", initializer_scale, minimum=0.0, strict=True)
+    require_number(owner, "initializer_scale", initializer_scale, minimum=0.0, strict=True)
     for name, sizes in (("actor", actor_hidden_sizes), ("critic", critic_hidden_sizes)):
         for size in sizes:
-            check_positive_int(owner, f"{name}_hidden_sizes entry", size)
+            require_int(owner, f"{name}_hidden_sizes entry", size)
     width = _observation_width(owner, obs_size)
     kernel_init = nnx.initializers.variance_scaling(initializer_scale, "fan_in", "uniform")
     actor = make_mlp_layers(

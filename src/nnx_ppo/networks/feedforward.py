@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float
 
+from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = ["Dense"]
@@ -39,9 +40,8 @@ class Dense(StatefulModule):
         activation: Callable[[Array], Array] | None = None,
         **linear_kwargs: Any,
     ) -> None:
-        for name, size in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-                raise ValueError(f"Dense {name} must be a positive int, got {size!r}")
+        require_int("Dense", "in_features", in_features)
+        require_int("Dense", "out_features", out_features)
         if activation is not None and not callable(activation):
             raise TypeError(f"Dense activation must be callable or None, got {activation!r}")
         self.in_features = in_features

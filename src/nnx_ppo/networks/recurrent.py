@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float
 
+from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = ["GRU", "LSTM", "LSTMCarry"]
@@ -40,9 +41,8 @@ def _cell_kwargs(
     initializers: dict[str, Callable[..., Array] | None],
 ) -> dict[str, Any]:
     """Validate the sizes; the keyword arguments of a Flax cell, Flax's defaults kept."""
-    for arg, size in (("in_features", in_features), ("hidden_features", hidden_features)):
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise ValueError(f"{name} {arg} must be a positive int, got {size!r}")
+    require_int(name, "in_features", in_features)
+    require_int(name, "hidden_features", hidden_features)
     for arg, fn in (("gate_fn", gate_fn), ("activation_fn", activation_fn)):
         if not callable(fn):
             raise TypeError(f"{name} {arg} must be callable, got {fn!r}")

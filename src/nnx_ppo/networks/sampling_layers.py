@@ -36,10 +36,9 @@ from jax.scipy.special import erf
 from jaxtyping import Array, Float, Int, Key, Shaped
 
 from nnx_ppo.contract import ContractError, describe_module, format_violation
+from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import (
-    check_number,
-    check_positive_int,
     new_env_keys,
     split_env_keys,
 )
@@ -91,7 +90,7 @@ class ActionSampler(StatefulModule):
         name = type(self).__name__
         if not isinstance(rng, nnx.Rngs):
             raise TypeError(f"{name} rng must be an nnx.Rngs, got {type(rng).__name__}")
-        check_number(name, "entropy_weight", entropy_weight, minimum=0.0)
+        require_number(name, "entropy_weight", entropy_weight, minimum=0.0)
         self.rng = rng
         self.entropy_weight = float(entropy_weight)
         self.deterministic = False
@@ -251,13 +250,13 @@ class NormalSampler(_Normal):
         initial_log_std: float = 0.0,
     ) -> None:
         super().__init__(rng, entropy_weight)
-        check_number("NormalSampler", "min_std", min_std, minimum=0.0)
-        check_number("NormalSampler", "std_scale", std_scale, minimum=0.0, strict=True)
-        check_number("NormalSampler", "initial_log_std", initial_log_std)
+        require_number("NormalSampler", "min_std", min_std, minimum=0.0)
+        require_number("NormalSampler", "std_scale", std_scale, minimum=0.0, strict=True)
+        require_number("NormalSampler", "initial_log_std", initial_log_std)
         self.min_std = float(min_std)
         self.std_scale = float(std_scale)
         if action_size is not None:
-            check_positive_int("NormalSampler", "action_size", action_size)
+            require_int("NormalSampler", "action_size", action_size)
         self.log_std: nnx.Param[Array] | None = (
             None
             if action_size is None
@@ -362,8 +361,8 @@ class NormalTanhSampler(_Normal):
         std_scale: float = 1.0,
     ) -> None:
         super().__init__(rng, entropy_weight)
-        check_number("NormalTanhSampler", "min_std", min_std, minimum=0.0)
-        check_number("NormalTanhSampler", "std_scale", std_scale, minimum=0.0, strict=True)
+        require_number("NormalTanhSampler", "min_std", min_std, minimum=0.0)
+        require_number("NormalTanhSampler", "std_scale", std_scale, minimum=0.0, strict=True)
         self.min_std = float(min_std)
         self.std_scale = float(std_scale)
 

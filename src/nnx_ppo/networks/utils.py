@@ -21,7 +21,6 @@ Functions:
 * :func:`check_positive_int`, :func:`check_number`: constructor-argument checks.
 """
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
@@ -30,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Key
 
+from nnx_ppo.contract.arguments import require_number
 from nnx_ppo.networks.containers import Parallel, _KeyedContainer
 from nnx_ppo.networks.types import ModuleState, StatefulModule, StatefulModuleOutput
 
@@ -40,8 +40,6 @@ __all__ = [
     "Map",
     "Merge",
     "Scale",
-    "check_number",
-    "check_positive_int",
     "new_env_keys",
     "split_env_keys",
 ]
@@ -68,27 +66,6 @@ def split_env_keys(
     """
     pairs = jax.vmap(jax.random.split)(keys)
     return pairs[:, 0], pairs[:, 1]
-
-
-def check_positive_int(owner: str, name: str, value: Any) -> None:
-    """Raise ``ValueError`` unless the constructor argument ``value`` is an int ``>= 1``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner} {name} must be a positive int, got {value!r}")
-
-
-def check_number(
-    owner: str, name: str, value: Any, *, minimum: float = -math.inf, strict: bool = False
-) -> None:
-    """Raise unless the constructor argument ``value`` is a finite number ``>= minimum``.
-
-    ``TypeError`` for a non-number (``bool`` included), ``ValueError`` below the
-    bound; ``strict`` makes the bound exclusive.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise TypeError(f"{owner} {name} must be a finite number, got {value!r}")
-    if value < minimum or (strict and value == minimum):
-        bound = f"> {minimum}" if strict else f">= {minimum}"
-        raise ValueError(f"{owner} {name} must be {bound}, got {value}")
 
 
 def _no_regularization() -> Float[Array, ""]:
@@ -217,7 +194,7 @@ class Scale(StatefulModule):
     """Multiplies every leaf of its input by a fixed ``factor``. Stateless; emits no extras."""
 
     def __init__(self, factor: float) -> None:
-        check_number("Scale", "factor", factor)
+        require_number("Scale", "factor", factor)
         self.factor = float(factor)
 
     def __call__(

@@ -16,10 +16,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Key
 
+from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import (
-    check_number,
-    check_positive_int,
     new_env_keys,
     split_env_keys,
 )
@@ -32,11 +31,11 @@ class _GaussianLatent(StatefulModule):
 
     def __init__(self, latent_size: int, rng: nnx.Rngs, kl_weight: float, min_std: float) -> None:
         name = type(self).__name__
-        check_positive_int(name, "latent_size", latent_size)
+        require_int(name, "latent_size", latent_size)
         if not isinstance(rng, nnx.Rngs):
             raise TypeError(f"{name} rng must be an nnx.Rngs, got {type(rng).__name__}")
-        check_number(name, "kl_weight", kl_weight, minimum=0.0)
-        check_number(name, "min_std", min_std, minimum=0.0)
+        require_number(name, "kl_weight", kl_weight, minimum=0.0)
+        require_number(name, "min_std", min_std, minimum=0.0)
         self.latent_size = latent_size
         self.rng = rng
         self.kl_weight = float(kl_weight)
@@ -150,7 +149,7 @@ class AR1VariationalBottleneck(_GaussianLatent):
         backprop_through_time: bool = True,
     ) -> None:
         super().__init__(latent_size, rng, kl_weight, min_std)
-        check_number("AR1VariationalBottleneck", "ar1_weight", ar1_weight, minimum=0.0)
+        require_number("AR1VariationalBottleneck", "ar1_weight", ar1_weight, minimum=0.0)
         self.ar1_weight = float(ar1_weight)
         self.backprop_through_time = bool(backprop_through_time)
 

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
-from nnx_ppo.envs.state import Environment, require_int
+from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.envs.state import Environment
 from nnx_ppo.wrappers.base import Wrapper
 
 __all__ = ["EpisodeWrapper"]

@@ -7,8 +7,8 @@ from typing import Any
 import jax
 from jaxtyping import PRNGKeyArray
 
+from nnx_ppo.contract.arguments import require_number
 from nnx_ppo.envs.state import Environment
-from nnx_ppo.networks.utils import check_number
 from nnx_ppo.wrappers.base import Wrapper
 
 __all__ = ["RewardScalingWrapper"]
@@ -27,7 +27,7 @@ class RewardScalingWrapper(Wrapper):
 
     def __init__(self, env: Environment, reward_scale: float) -> None:
         super().__init__(env)
-        check_number("RewardScalingWrapper", "reward_scale", reward_scale)
+        require_number("RewardScalingWrapper", "reward_scale", reward_scale)
         self.reward_scale = float(reward_scale)
 
     def reset(self, rng: PRNGKeyArray) -> Any:
