@@ -1,4 +1,4 @@
-"""Developer sessions: ``nox -s tests lint typecheck docs``. Each installs the project from its files."""
+"""Developer sessions: ``nox -s tests lint typecheck docs``, each installing the project."""
 
 import nox
 

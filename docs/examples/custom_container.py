@@ -8,7 +8,7 @@ import nnx_ppo
 from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.normalizer import Normalizer
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import StatefulModule
 
 
 class Residual(StatefulModule):

@@ -37,6 +37,8 @@ class MemoryTask:
     """
 
     discrete_actions: ClassVar[bool] = True
+    requires_memory: ClassVar[bool] = True
+    """Only a policy with carry state can solve it; presets pick a recurrent network."""
 
     def __init__(self, n_cues: int = 2, delay: int = 4) -> None:
         self.n_cues = require_int("MemoryTask", "n_cues", n_cues, 2)

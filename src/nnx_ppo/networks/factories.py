@@ -12,13 +12,16 @@ from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.normalizer import Normalizer
+from nnx_ppo.networks.recurrent import LSTM
 from nnx_ppo.networks.sampling_layers import ActionSampler, CategoricalSampler, NormalTanhSampler
 from nnx_ppo.networks.types import StatefulModule
-from nnx_ppo.networks.utils import Flattener
+from nnx_ppo.networks.utils import Flattener, Map
 
 __all__ = [
     "ACTIVATIONS",
+    "make_default_network",
     "make_discrete_mlp_actor_critic",
+    "make_lstm_actor_critic",
     "make_mlp",
     "make_mlp_actor_critic",
     "make_mlp_layers",
@@ -262,3 +265,119 @@ def _mlp_actor_critic(
     if not preprocessing:
         return adapter
     return Sequential([*preprocessing, adapter])
+
+
+def make_lstm_actor_critic(
+    obs_size: int,
+    action_size: int,
+    hidden_size: int,
+    rngs: nnx.Rngs,
+    *,
+    discrete: bool = False,
+    activation: Activation | str = nnx.relu,
+    normalize_obs: bool = True,
+    entropy_weight: float = 1e-2,
+) -> StatefulModule:
+    """A recurrent actor-critic: an encoder and an LSTM shared by two linear heads.
+
+    The network is::
+
+        Sequential([
+            Normalizer(obs_size),                       # if normalize_obs
+            Dense(obs_size, hidden_size, activation),
+            LSTM(hidden_size, hidden_size),
+            PPOAdapter(
+                action=Sequential([Dense(hidden_size, n_out), sampler]),
+                value=Dense(hidden_size, 1),
+            ),
+        ])
+
+    with a :class:`~nnx_ppo.networks.sampling_layers.CategoricalSampler` over
+    ``action_size`` actions when ``discrete``, else a
+    :class:`~nnx_ppo.networks.sampling_layers.NormalTanhSampler` of width
+    ``action_size``. The LSTM's carry is reset when an episode ends.
+    """
+    owner = "make_lstm_actor_critic"
+    require_int(owner, "obs_size", obs_size)
+    require_int(owner, "action_size", action_size)
+    require_int(owner, "hidden_size", hidden_size)
+    activation = _resolve_activation(owner, activation)
+    sampler: ActionSampler
+    if discrete:
+        sampler, n_out = CategoricalSampler(rngs, entropy_weight=entropy_weight), action_size
+    else:
+        sampler, n_out = NormalTanhSampler(rngs, entropy_weight=entropy_weight), 2 * action_size
+    layers: list[StatefulModule] = [Normalizer(obs_size)] if normalize_obs else []
+    layers += [
+        Dense(obs_size, hidden_size, rngs, activation=activation),
+        LSTM(hidden_size, hidden_size, rngs),
+        PPOAdapter(
+            action=Sequential([Dense(hidden_size, n_out, rngs), sampler]),
+            value=Dense(hidden_size, 1, rngs),
+        ),
+    ]
+    return Sequential(layers)
+
+
+def _width(owner: str, size: Any) -> int:
+    """An observation width from Playground's ``observation_size``: an int or a shape."""
+    if isinstance(size, tuple | list):
+        width = 1
+        for dim in size:
+            width *= require_int(owner, "observation_size entry", dim)
+        return width
+    return require_int(owner, "observation_size", size)
+
+
+def make_default_network(env: Any, rngs: nnx.Rngs) -> StatefulModule:
+    """The preset network for an environment, chosen from its observation and action spec.
+
+    - ``env.requires_memory`` (the built-in ``memory`` task): an LSTM actor-critic
+      (:func:`make_lstm_actor_critic`, 64 units);
+    - dict actions (one entry per agent, e.g. ``two_agent``): one MLP actor and one
+      MLP critic per entry, on that entry's observation, so values are per agent;
+    - ``env.discrete_actions``: :func:`make_discrete_mlp_actor_critic`;
+    - otherwise (Playground envs included): :func:`make_mlp_actor_critic`.
+
+    The MLPs have two hidden layers of 64 units and normalise observations.
+    """
+    owner = "make_default_network"
+    obs_size, action_size = env.observation_size, env.action_size
+    discrete = bool(getattr(env, "discrete_actions", False))
+    hidden = [64, 64]
+    if getattr(env, "requires_memory", False):
+        return make_lstm_actor_critic(
+            _width(owner, obs_size), action_size, 64, rngs, discrete=discrete
+        )
+    if isinstance(action_size, Mapping):
+        if not isinstance(obs_size, Mapping) or set(obs_size) != set(action_size):
+            raise ValueError(
+                f"{owner}: dict actions {sorted(action_size)} need dict observations with the "
+                f"same keys, got observation_size={obs_size!r}"
+            )
+        actors: dict[str, StatefulModule] = {}
+        critics: dict[str, StatefulModule] = {}
+        for key, size in action_size.items():
+            width = _width(owner, obs_size[key])
+            sampler = (
+                CategoricalSampler(rngs, entropy_weight=1e-2)
+                if discrete
+                else NormalTanhSampler(rngs, entropy_weight=1e-2)
+            )
+            n_out = size if discrete else 2 * size
+            actors[key] = Sequential(
+                [
+                    *make_mlp_layers([width, *hidden, n_out], rngs, activation_last_layer=False),
+                    sampler,
+                ]
+            )
+            critics[key] = make_mlp([width, *hidden, 1], rngs, activation_last_layer=False)
+        widths = {key: _width(owner, size) for key, size in obs_size.items()}
+        return Sequential([Normalizer(widths), PPOAdapter(action=Map(actors), value=Map(critics))])
+    if isinstance(obs_size, Mapping):
+        obs_size = {key: _width(owner, size) for key, size in obs_size.items()}
+    else:
+        obs_size = _width(owner, obs_size)
+    if discrete:
+        return make_discrete_mlp_actor_critic(obs_size, action_size, hidden, hidden, rngs)
+    return make_mlp_actor_critic(obs_size, action_size, hidden, hidden, rngs)

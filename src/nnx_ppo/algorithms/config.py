@@ -1,0 +1,298 @@
+"""The configuration of a training run, validated on construction.
+
+Fields and defaults are those of nnx-ppo 0.3.0, so its scripts run unchanged;
+the options after ``logging_percentiles`` in :class:`PPOConfig` are new and
+default to 0.3.0's behaviour. Every config checks its fields in
+``__post_init__`` and again in :meth:`validate` (``train_ppo`` calls it, so a
+field changed after construction is checked too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
+
+__all__ = [
+    "EvalConfig",
+    "PPOConfig",
+    "TrainConfig",
+    "TrainResult",
+    "VideoConfig",
+    "VideoData",
+]
+
+AdvantageNormalization = Literal["per_leaf", "global"]
+
+
+def _require_positive_int(owner: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{owner}.{name} must be an int, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise ValueError(f"{owner}.{name} must be positive, got {value}")
+
+
+def _require_number(owner: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+        raise TypeError(f"{owner}.{name} must be a number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _require_in(owner: str, name: str, value: Any, low: float, high: float) -> None:
+    number = _require_number(owner, name, value)
+    if not low <= number <= high:
+        raise ValueError(f"{owner}.{name} must lie in [{low}, {high}], got {value}")
+
+
+def _require_optional_positive(owner: str, name: str, value: Any) -> None:
+    if value is not None and _require_number(owner, name, value) <= 0:
+        raise ValueError(f"{owner}.{name} must be positive (or None to turn it off), got {value}")
+
+
+def _require_logging(owner: str, level: Any, percentiles: Any) -> None:
+    if not isinstance(level, LoggingLevel):
+        raise TypeError(
+            f"{owner}.logging_level must be a LoggingLevel flag, got {type(level).__name__}"
+        )
+    if percentiles is None:
+        return
+    if not isinstance(percentiles, tuple) or not percentiles:
+        raise TypeError(
+            f"{owner}.logging_percentiles must be a non-empty tuple of ints or None, "
+            f"got {percentiles!r}"
+        )
+    for p in percentiles:
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= 100:
+            raise ValueError(
+                f"{owner}.logging_percentiles holds {p!r}; each must be an int in [0, 100]"
+            )
+
+
+@dataclass
+class PPOConfig:
+    """The PPO algorithm's parameters.
+
+    Attributes:
+      n_envs: environments stepped in parallel.
+      rollout_length: steps ``T`` collected per env between updates.
+      total_steps: env steps to train for (``n_envs * rollout_length`` per PPO step).
+      gae_lambda: GAE's lambda.
+      discounting_factor: the discount gamma.
+      clip_range: epsilon of the clipped surrogate objective.
+      learning_rate: Adam's learning rate, or an ``optax`` schedule.
+      normalize_advantages: standardise advantages per minibatch.
+      combine_advantages: sum the advantages of every reward leaf into one team
+        advantage that every action leaf is trained on (cooperative multi-agent).
+      n_epochs: passes over the rollout per PPO step.
+      n_minibatches: minibatches per epoch; each is a set of whole environments.
+      critic_loss_weight: weight of the value loss.
+      gradient_clipping: clip gradients to this global norm; ``None`` for no clipping.
+      weight_decay: AdamW's decay (``True`` for optax's default); ``None`` for Adam.
+      logging_level: which training metrics to compute.
+      logging_percentiles: summarise distributions by these percentiles instead
+        of mean and std.
+      value_clip_range: clip the value prediction to within this distance of the
+        rollout's value (PPO2's value clipping); ``None`` turns it off.
+      advantage_normalization: ``"per_leaf"`` standardises each reward leaf's
+        advantages on its own; ``"global"`` pools every leaf for one mean and std,
+        keeping the leaves' relative scale.
+      target_kl: stop a PPO step's remaining epochs once an epoch's mean approximate
+        KL divergence from the rollout policy exceeds this; ``None`` runs every epoch.
+    """
+
+    n_envs: int = 256
+    rollout_length: int = 20
+    total_steps: int = 512_000
+    gae_lambda: float = 0.95
+    discounting_factor: float = 0.99
+    clip_range: float = 0.2
+    learning_rate: float | Callable[[Any], Any] = 1e-4
+    normalize_advantages: bool = True
+    combine_advantages: bool = False
+    n_epochs: int = 4
+    n_minibatches: int = 4
+    critic_loss_weight: float = 1.0
+    gradient_clipping: float | None = None
+    weight_decay: float | bool | None = None
+    logging_level: LoggingLevel = LoggingLevel.LOSSES
+    logging_percentiles: tuple[int, ...] | None = None
+    value_clip_range: float | None = None
+    advantage_normalization: AdvantageNormalization = "per_leaf"
+    target_kl: float | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
+        owner = "PPOConfig"
+        for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"):
+            _require_positive_int(owner, name, getattr(self, name))
+        if self.n_envs % self.n_minibatches:
+            raise ValueError(
+                f"PPOConfig.n_envs ({self.n_envs}) must be divisible by n_minibatches "
+                f"({self.n_minibatches}): a minibatch is a set of whole environments"
+            )
+        _require_in(owner, "gae_lambda", self.gae_lambda, 0.0, 1.0)
+        _require_in(owner, "discounting_factor", self.discounting_factor, 0.0, 1.0)
+        if _require_number(owner, "clip_range", self.clip_range) <= 0:
+            raise ValueError(f"PPOConfig.clip_range must be positive, got {self.clip_range}")
+        learning_rate = self.learning_rate
+        if (
+            not callable(learning_rate)
+            and _require_number(owner, "learning_rate", learning_rate) <= 0
+        ):
+            raise ValueError(f"PPOConfig.learning_rate must be positive, got {learning_rate}")
+        if _require_number(owner, "critic_loss_weight", self.critic_loss_weight) < 0:
+            raise ValueError(
+                f"PPOConfig.critic_loss_weight must be non-negative, got {self.critic_loss_weight}"
+            )
+        _require_optional_positive(owner, "gradient_clipping", self.gradient_clipping)
+        decay = self.weight_decay
+        if not isinstance(decay, bool | None) and _require_number(owner, "weight_decay", decay) < 0:
+            raise ValueError(f"PPOConfig.weight_decay must be non-negative, got {decay}")
+        _require_logging(owner, self.logging_level, self.logging_percentiles)
+        _require_optional_positive(owner, "value_clip_range", self.value_clip_range)
+        _require_optional_positive(owner, "target_kl", self.target_kl)
+        if self.advantage_normalization not in ("per_leaf", "global"):
+            raise ValueError(
+                "PPOConfig.advantage_normalization must be 'per_leaf' or 'global', "
+                f"got {self.advantage_normalization!r}"
+            )
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Env steps one PPO step collects: ``n_envs * rollout_length``."""
+        return self.n_envs * self.rollout_length
+
+
+@dataclass
+class EvalConfig:
+    """The evaluation rollouts: deterministic policy, one episode per env.
+
+    Attributes:
+      enabled: evaluate at step 0 and every ``every_steps`` env steps.
+      every_steps: env steps between evaluations.
+      n_envs: episodes per evaluation (one per env).
+      max_episode_length: steps an evaluation episode may last.
+      logging_level: ``ENV_METRICS``/``NETWORK_METRICS`` add episode-averaged metrics.
+      logging_percentiles: percentiles of returns and lifespans to report besides
+        their mean and std.
+    """
+
+    enabled: bool = True
+    every_steps: int = 50_000
+    n_envs: int = 64
+    max_episode_length: int = 1000
+    logging_level: LoggingLevel = LoggingLevel.NONE
+    logging_percentiles: tuple[int, ...] | None = (0, 25, 50, 75, 100)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
+        if not isinstance(self.enabled, bool):
+            raise TypeError(f"EvalConfig.enabled must be a bool, got {self.enabled!r}")
+        for name in ("every_steps", "n_envs", "max_episode_length"):
+            _require_positive_int("EvalConfig", name, getattr(self, name))
+        _require_logging("EvalConfig", self.logging_level, self.logging_percentiles)
+
+
+@dataclass
+class VideoConfig:
+    """Recording a deterministic episode with ``env.render``.
+
+    Attributes:
+      enabled: record at step 0 and every ``every_steps`` env steps (needs a
+        ``video_fn`` and an eval env with a ``render`` method).
+      every_steps: env steps between recordings.
+      episode_length: steps recorded.
+      render_kwargs: passed to ``env.render(trajectory, **render_kwargs)``.
+    """
+
+    enabled: bool = False
+    every_steps: int = 200_000
+    episode_length: int = 1000
+    render_kwargs: dict[str, Any] = field(default_factory=lambda: {"height": 480, "width": 640})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
+        if not isinstance(self.enabled, bool):
+            raise TypeError(f"VideoConfig.enabled must be a bool, got {self.enabled!r}")
+        for name in ("every_steps", "episode_length"):
+            _require_positive_int("VideoConfig", name, getattr(self, name))
+        if not isinstance(self.render_kwargs, dict):
+            raise TypeError(
+                f"VideoConfig.render_kwargs must be a dict, got {type(self.render_kwargs).__name__}"
+            )
+
+
+@dataclass
+class TrainConfig:
+    """A whole training run: PPO, evaluation, video, seed and checkpoint cadence."""
+
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    video: VideoConfig = field(default_factory=VideoConfig)
+    seed: int = 17
+    checkpoint_every_steps: int = 500_000
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Validate this config and every sub-config."""
+        for name, kind in (("ppo", PPOConfig), ("eval", EvalConfig), ("video", VideoConfig)):
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                raise TypeError(
+                    f"TrainConfig.{name} must be a {kind.__name__}, got {type(value).__name__}"
+                )
+            value.validate()
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int | np.integer):
+            raise TypeError(f"TrainConfig.seed must be an int, got {self.seed!r}")
+        _require_positive_int("TrainConfig", "checkpoint_every_steps", self.checkpoint_every_steps)
+
+
+@dataclass
+class VideoData:
+    """What ``video_fn`` receives after a recording.
+
+    Attributes:
+      frames: ``(T, H, W, C)`` ``uint8`` frames.
+      step: the env step the recording was made at.
+      episode_reward: the recorded episode's return (every reward leaf summed).
+      episode_length: the steps recorded.
+    """
+
+    frames: np.ndarray
+    step: int
+    episode_reward: float
+    episode_length: int
+
+
+@dataclass
+class TrainResult:
+    """What :func:`~nnx_ppo.algorithms.ppo.train_ppo` returns.
+
+    Attributes:
+      training_state: the state after the last PPO step (resume from it).
+      final_metrics: the metrics logged last, a flat ``str -> float`` dict.
+      eval_history: one ``{"step": s, **eval_metrics}`` per evaluation.
+      total_steps: env steps taken, exact.
+      total_iterations: PPO steps taken in this call.
+    """
+
+    training_state: TrainingState
+    final_metrics: dict[str, float]
+    eval_history: list[dict[str, float]]
+    total_steps: int
+    total_iterations: int

@@ -1,0 +1,241 @@
+"""Training and evaluation metrics: flat ``str -> float`` dicts with ``/``-separated names.
+
+A tree of values becomes one entry per leaf, its path appended to the name
+(``losses/critic/agent_0/mean``). A distribution is summarised by ``mean`` and
+``std``, or by ``p<N>`` percentiles when percentiles are asked for; a boolean
+array by the fraction that holds; a scalar is logged as it is.
+
+Which metrics a training step computes follows the :class:`LoggingLevel` flags:
+
+============== ================================================================
+flag           metrics
+============== ================================================================
+LOSSES         ``losses/actor``, ``losses/critic`` (per leaf), ``losses/regularization``,
+               ``losses/total``: over the step's minibatch updates
+ACTOR_EXTRA    ``losses/clipping_fraction``, ``losses/approx_kl`` (per action leaf),
+               ``losses/epochs_completed``, ``loglikelihood``, ``policy/entropy``
+CRITIC_EXTRA   ``losses/predicted_value``, ``losses/advantages``, ``losses/critic_R^2``,
+               ``losses/explained_variance`` (per reward leaf)
+ROLLOUT_STATS  ``rollout_batch/{reward,action,done_rate,truncation_rate}``, and for
+               episodes that ended in the rollout ``rollout_batch/episode_reward/mean``,
+               ``rollout_batch/lifespan/mean``, ``rollout_batch/episodes_completed``
+ROLLOUT_OBS    ``rollout_batch/obs``
+ENV_METRICS    ``env/...``: the env's ``metrics``
+NETWORK_METRICS ``net/...``: the network's ``metrics``
+GRAD_NORM      ``grad_norm``: the global gradient norm before clipping
+WEIGHTS        ``weights``: every ``nnx.Param`` entry pooled
+THROUGHPUT     ``throughput/train_sps``, ``throughput/eval_sps``: env steps per second
+============== ================================================================
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jaxtyping import Array, Bool, Float, PyTree, Shaped
+
+from nnx_ppo.algorithms.types import LoggingLevel, RunningEpisodes, Transition
+
+__all__ = [
+    "compute_metrics",
+    "episode_metrics",
+    "log_weight_stats",
+    "summarize",
+    "to_host",
+    "track_episodes",
+]
+
+_LOSS_METRIC_LEVELS: dict[str, LoggingLevel] = {
+    "losses/actor": LoggingLevel.LOSSES,
+    "losses/critic": LoggingLevel.LOSSES,
+    "losses/regularization": LoggingLevel.LOSSES,
+    "losses/total": LoggingLevel.LOSSES,
+    "losses/clipping_fraction": LoggingLevel.ACTOR_EXTRA,
+    "losses/approx_kl": LoggingLevel.ACTOR_EXTRA,
+    "losses/epochs_completed": LoggingLevel.ACTOR_EXTRA,
+    "losses/critic_R^2": LoggingLevel.CRITIC_EXTRA,
+    "losses/advantages": LoggingLevel.CRITIC_EXTRA,
+    "losses/explained_variance": LoggingLevel.CRITIC_EXTRA,
+    "grad_norm": LoggingLevel.GRAD_NORM,
+}
+"""The flag each of the training step's loss metrics is logged under."""
+
+
+def _key_name(key: Any) -> str:
+    for attribute in ("key", "idx", "name"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
+def summarize(
+    name: str,
+    tree: PyTree[Shaped[Array, "..."]],
+    percentiles: tuple[int, ...] | None = None,
+    *,
+    always_moments: bool = False,
+    ignore_nan: bool = False,
+) -> dict[str, Float[Array, ""]]:
+    """Summarise every leaf of ``tree`` under ``name`` plus the leaf's path.
+
+    Args:
+      name: the prefix, e.g. ``"losses/critic"``.
+      tree: a pytree of arrays (or one array).
+      percentiles: report ``p<N>`` for each, instead of ``mean`` and ``std``.
+      always_moments: report ``mean`` and ``std`` even with percentiles.
+      ignore_nan: leave NaN entries out (they mark skipped updates).
+
+    Returns:
+      ``{name/path/mean, name/path/std}`` or ``{name/path/p<N>}`` per leaf; a
+      boolean leaf gives ``{name/path: fraction true}``, a scalar ``{name/path: value}``.
+    """
+    mean, std, percentile = (
+        (jnp.nanmean, jnp.nanstd, jnp.nanpercentile)
+        if ignore_nan
+        else (jnp.mean, jnp.std, jnp.percentile)
+    )
+    summary: dict[str, Float[Array, ""]] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        leaf_name = "/".join([name, *(_key_name(key) for key in path)])
+        leaf = jnp.asarray(leaf)
+        if leaf.dtype == jnp.bool_:
+            summary[leaf_name] = jnp.mean(leaf)
+            continue
+        if leaf.ndim == 0:
+            summary[leaf_name] = leaf.astype(jnp.float32)
+            continue
+        leaf = leaf.astype(jnp.float32)
+        if percentiles is None or always_moments:
+            summary[f"{leaf_name}/mean"] = mean(leaf)
+            summary[f"{leaf_name}/std"] = std(leaf)
+        if percentiles is not None:
+            values = percentile(leaf, jnp.asarray(percentiles, jnp.float32))
+            for level, value in zip(percentiles, values, strict=True):
+                summary[f"{leaf_name}/p{level}"] = value
+    return summary
+
+
+def compute_metrics(
+    loss_metrics: dict[str, PyTree[Shaped[Array, "..."]]],
+    rollout_data: Transition,
+    logging_level: LoggingLevel,
+    percentile_levels: tuple[int, ...] | None = None,
+) -> dict[str, Float[Array, ""]]:
+    """The training step's metrics, as ``logging_level`` asks.
+
+    Args:
+      loss_metrics: name to tree of values (per minibatch update, NaN where an
+        update was skipped by the KL early stop); names in the table above are
+        kept under their flag, other names always.
+      rollout_data: the step's stacked transitions, leaves ``(T, B, ...)``.
+      logging_level: which metrics to compute.
+      percentile_levels: summarise by these percentiles instead of mean and std.
+    """
+    metrics: dict[str, Float[Array, ""]] = {}
+    for name, tree in loss_metrics.items():
+        if _LOSS_METRIC_LEVELS.get(name, logging_level) in logging_level:
+            metrics |= summarize(name, tree, percentile_levels, ignore_nan=True)
+    output = rollout_data.network_output
+    groups: list[tuple[LoggingLevel, str, Any]] = [
+        (LoggingLevel.ENV_METRICS, "env", rollout_data.metrics["env"]),
+        (LoggingLevel.NETWORK_METRICS, "net", rollout_data.metrics["net"]),
+        (LoggingLevel.ROLLOUT_STATS, "rollout_batch/reward", rollout_data.rewards),
+        (LoggingLevel.ROLLOUT_STATS, "rollout_batch/action", output.actions),
+        (LoggingLevel.ROLLOUT_STATS, "rollout_batch/done_rate", rollout_data.done),
+        (LoggingLevel.ROLLOUT_STATS, "rollout_batch/truncation_rate", rollout_data.truncated),
+        (LoggingLevel.ROLLOUT_OBS, "rollout_batch/obs", rollout_data.obs),
+        (LoggingLevel.ACTOR_EXTRA, "loglikelihood", output.loglikelihoods),
+        (LoggingLevel.CRITIC_EXTRA, "losses/predicted_value", output.value_estimates),
+    ]
+    for level, name, tree in groups:
+        if level in logging_level:
+            metrics |= summarize(name, tree, percentile_levels)
+    if LoggingLevel.ACTOR_EXTRA in logging_level:
+        # -E[log pi(a)] over the actions taken: a Monte Carlo estimate of the entropy.
+        entropy = jax.tree.map(lambda ll: -jnp.mean(ll), output.loglikelihoods)
+        metrics |= summarize("policy/entropy", entropy)
+    return metrics
+
+
+def log_weight_stats(
+    metrics: dict[str, Any],
+    networks: nnx.Module,
+    percentile_levels: tuple[int, ...] | None = None,
+) -> None:
+    """Add ``weights/...``: every ``nnx.Param`` entry of ``networks`` pooled, to ``metrics``."""
+    leaves = jax.tree.leaves(nnx.state(networks, nnx.Param))
+    if not leaves:
+        raise ValueError("log_weight_stats: the network has no nnx.Param to summarise")
+    pooled = jnp.concatenate([jnp.ravel(leaf) for leaf in leaves])
+    metrics.update(summarize("weights", pooled, percentile_levels))
+
+
+def track_episodes(
+    running: RunningEpisodes,
+    rewards: PyTree[Float[Array, "T B"]],
+    ended: Bool[Array, "T B"],
+) -> tuple[RunningEpisodes, dict[str, Any]]:
+    """Advance the episodes in progress through a rollout; total those that ended.
+
+    Returns:
+      The episodes still in progress after the rollout, and totals over the
+      episodes that ended in it: ``count``, ``returns`` (summed per reward leaf)
+      and ``lengths`` (summed), for :func:`episode_metrics`.
+    """
+
+    def step(
+        carry: tuple[RunningEpisodes, dict[str, Any]], inputs: tuple[Any, Bool[Array, " B"]]
+    ) -> tuple[tuple[RunningEpisodes, dict[str, Any]], None]:
+        running, totals = carry
+        reward, end = inputs
+        returns = jax.tree.map(jnp.add, running.returns, reward)
+        lengths = running.lengths + 1
+        totals = {
+            "count": totals["count"] + jnp.sum(end),
+            "returns": jax.tree.map(
+                lambda t, g: t + jnp.sum(jnp.where(end, g, 0.0)), totals["returns"], returns
+            ),
+            "lengths": totals["lengths"] + jnp.sum(jnp.where(end, lengths, 0)),
+        }
+        running = RunningEpisodes(
+            returns=jax.tree.map(lambda g: jnp.where(end, 0.0, g), returns),
+            lengths=jnp.where(end, 0, lengths),
+        )
+        return (running, totals), None
+
+    zero_totals = {
+        "count": jnp.zeros((), jnp.int32),
+        "returns": jax.tree.map(lambda g: jnp.zeros((), g.dtype), running.returns),
+        "lengths": jnp.zeros((), jnp.int32),
+    }
+    (running, totals), _ = jax.lax.scan(step, (running, zero_totals), (rewards, ended))
+    return running, totals
+
+
+def episode_metrics(totals: dict[str, Any]) -> dict[str, float]:
+    """Host-side means of :func:`track_episodes`' totals; only the count if none ended."""
+    totals = jax.device_get(totals)
+    count = int(totals["count"])
+    metrics = {"rollout_batch/episodes_completed": float(count)}
+    if count == 0:
+        return metrics
+    returns = totals["returns"]
+    total = functools.reduce(np.add, jax.tree.leaves(returns))
+    metrics["rollout_batch/episode_reward/mean"] = float(total) / count
+    if isinstance(returns, Mapping):
+        for path, value in jax.tree_util.tree_flatten_with_path(returns)[0]:
+            name = "/".join(_key_name(key) for key in path)
+            metrics[f"rollout_batch/episode_reward/{name}/mean"] = float(value) / count
+    metrics["rollout_batch/lifespan/mean"] = float(totals["lengths"]) / count
+    return metrics
+
+
+def to_host(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Fetch device scalars into a plain ``str -> float`` dict (one transfer)."""
+    return {name: float(value) for name, value in jax.device_get(dict(metrics)).items()}

@@ -1,0 +1,859 @@
+"""Proximal Policy Optimization for stateful networks and pytree actions and rewards.
+
+A PPO step reads top to bottom: **collect** a rollout (:func:`unroll_env`),
+**score** it (:func:`compute_advantages`, GAE per reward leaf), **learn** from it
+(epochs of minibatches of whole environments over :func:`ppo_loss`), **fold**
+the rollout into the network's running statistics (``update_statistics``), and
+**advance** the carry, env states and key.
+
+Truncation: an episode cut short by a time limit (``truncated``) bootstraps
+from the value of its true final observation, ``V(next_obs)`` under the carry
+before the reset; a terminated one bootstraps from zero. Either way the GAE
+trace stops at the episode's end.
+
+The step is compiled once per (env, network structure, optimizer, :class:`PPOConfig`):
+:func:`ppo_step` keeps the compiled function and reuses it for every call.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, PyTree, ScalarLike
+
+from nnx_ppo.algorithms import rollout
+from nnx_ppo.algorithms.config import (
+    EvalConfig,
+    PPOConfig,
+    TrainConfig,
+    TrainResult,
+    VideoData,
+)
+from nnx_ppo.algorithms.metrics import (
+    compute_metrics,
+    episode_metrics,
+    log_weight_stats,
+    to_host,
+    track_episodes,
+)
+from nnx_ppo.algorithms.types import (
+    LoggingLevel,
+    RLEnv,
+    RunningEpisodes,
+    TrainingState,
+    Transition,
+)
+from nnx_ppo.networks.types import ModuleState, PPONetworkOutput, StatefulModule
+
+__all__ = [
+    "compute_advantages",
+    "default_config",
+    "gae",
+    "new_training_state",
+    "ppo_loss",
+    "ppo_step",
+    "train_ppo",
+]
+
+_EPSILON = 1e-8
+
+
+# ------------------------------------------------------------------------------ score
+
+
+def gae(
+    rewards: Float[Array, "T B"],
+    values: Float[Array, "T B"],
+    next_values: Float[Array, "T B"],
+    done: Bool[Array, "T B"],
+    truncated: Bool[Array, "T B"],
+    lambda_: ScalarLike,
+    gamma: ScalarLike,
+) -> Float[Array, "T B"]:
+    """Generalised advantage estimates of one reward leaf.
+
+    ``delta_t = r_t + gamma * V(next_obs_t) * (not terminated_t) - V(obs_t)`` with
+    ``terminated = done and not truncated``, and
+    ``A_t = delta_t + gamma * lambda * (not done_t) * A_{t+1}``: termination cuts the
+    bootstrap, truncation keeps it (from the true final observation), and any
+    episode end cuts the trace. The last step's ``A_{T}`` is zero.
+
+    Args:
+      rewards, values: per step, ``(T, B)``.
+      next_values: ``V(next_obs)`` per step, pre-reset (``Transition.next_value_estimates``).
+      done, truncated: episode ends, and which of them were time limits.
+      lambda_, gamma: GAE's lambda and the discount.
+    """
+    terminated = jnp.logical_and(done, jnp.logical_not(truncated))
+    deltas = rewards + gamma * jnp.where(terminated, 0.0, next_values) - values
+
+    def step(
+        later: Float[Array, " B"], inputs: tuple[Float[Array, " B"], Bool[Array, " B"]]
+    ) -> tuple[Float[Array, " B"], Float[Array, " B"]]:
+        delta, ended = inputs
+        advantage = delta + gamma * lambda_ * jnp.where(ended, 0.0, later)
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(step, jnp.zeros_like(deltas[0]), (deltas, done), reverse=True)
+    return jax.lax.stop_gradient(advantages)
+
+
+def _per_reward_leaf(flags: Any, rewards: Any) -> Any:
+    """``done``/``truncated`` as a tree like the rewards: one env-wide flag is shared."""
+    return jax.tree.map(lambda _: flags, rewards) if isinstance(flags, jax.Array) else flags
+
+
+def compute_advantages(
+    rollout_data: Transition, gae_lambda: ScalarLike, discounting_factor: ScalarLike
+) -> tuple[PyTree[Float[Array, "T B"]], PyTree[Float[Array, "T B"]]]:
+    """GAE per reward leaf from the rollout's own value estimates.
+
+    Returns:
+      ``(advantages, value_targets)``, trees like the rewards with ``(T, B)``
+      leaves; ``value_targets = advantages + value_estimates``.
+    """
+    values = rollout_data.network_output.value_estimates
+    advantages = jax.tree.map(
+        functools.partial(gae, lambda_=gae_lambda, gamma=discounting_factor),
+        rollout_data.rewards,
+        values,
+        rollout_data.next_value_estimates,
+        _per_reward_leaf(rollout_data.done, rollout_data.rewards),
+        _per_reward_leaf(rollout_data.truncated, rollout_data.rewards),
+    )
+    return advantages, jax.tree.map(jnp.add, advantages, values)
+
+
+# ------------------------------------------------------------------------------- loss
+
+
+def _replay(
+    networks: StatefulModule, network_state: ModuleState, rollout_data: Transition
+) -> tuple[PPONetworkOutput, Float[Array, " T"]]:
+    """Re-run the network over the stored observations from the rollout's first carry.
+
+    The carry is reset where an episode ended, as in the rollout, and each step
+    is fed its stored ``rollout_extras`` (so samplers score the stored action).
+    """
+
+    def step(
+        networks: StatefulModule, carry: ModuleState, inputs: tuple[Any, Any, Any]
+    ) -> tuple[ModuleState, tuple[Any, Float[Array, ""]]]:
+        obs, ended, extras = inputs
+        out = networks(carry, obs, extras)
+        carry = rollout.tree_where(ended, networks.reset_state(out.next_state), out.next_state)
+        return carry, (out.output, jnp.mean(out.regularization_loss))
+
+    ended = rollout.episode_ended(rollout_data.done)
+    inputs = (rollout_data.obs, ended, rollout_data.rollout_extras)
+    _, (output, regularization) = rollout.scan_module(networks, step, network_state, inputs)
+    return output, regularization
+
+
+def _policy_advantages(advantages: Any, loglikelihoods: Any, combine: bool) -> Any:
+    """One advantage per action leaf.
+
+    ``combine`` trains every action leaf on the sum over reward leaves (a team
+    advantage); a single reward leaf is shared by every action leaf; otherwise
+    the reward and action trees must match leaf for leaf (one agent each).
+    """
+    if combine or isinstance(advantages, jax.Array):
+        shared = functools.reduce(jnp.add, jax.tree.leaves(advantages))
+        return jax.tree.map(lambda _: shared, loglikelihoods)
+    if jax.tree.structure(advantages) == jax.tree.structure(loglikelihoods):
+        return advantages
+    raise ValueError(
+        "ppo_loss: the reward tree "
+        f"{jax.tree.structure(advantages)} and the action tree "
+        f"{jax.tree.structure(loglikelihoods)} differ, so no action leaf has its own "
+        "advantage. Give one reward leaf per action leaf, or set "
+        "PPOConfig.combine_advantages=True to train every action leaf on the summed advantage."
+    )
+
+
+def _standardize(advantages: Any, mode: str) -> Any:
+    if mode == "per_leaf":
+        return jax.tree.map(lambda a: (a - a.mean()) / (a.std() + _EPSILON), advantages)
+    pooled = jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(advantages)])
+    return jax.tree.map(lambda a: (a - pooled.mean()) / (pooled.std() + _EPSILON), advantages)
+
+
+def _clipped_surrogate(
+    log_ratio: Float[Array, "T B"], advantage: Float[Array, "T B"], clip_range: float
+) -> Float[Array, ""]:
+    ratio = jnp.exp(log_ratio)
+    clipped = jnp.clip(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    return -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
+
+
+def _value_loss(
+    value: Float[Array, "T B"],
+    old_value: Float[Array, "T B"],
+    target: Float[Array, "T B"],
+    clip_range: float | None,
+) -> Float[Array, ""]:
+    error = (value - target) ** 2
+    if clip_range is not None:
+        clipped = old_value + jnp.clip(value - old_value, -clip_range, clip_range)
+        error = jnp.maximum(error, (clipped - target) ** 2)
+    return 0.5 * jnp.mean(error)
+
+
+def ppo_loss(
+    networks: StatefulModule,
+    network_state: ModuleState,
+    rollout_data: Transition,
+    advantages: PyTree[Float[Array, "T B"]],
+    value_targets: PyTree[Float[Array, "T B"]],
+    config: PPOConfig,
+) -> tuple[Float[Array, ""], dict[str, Any]]:
+    """The PPO loss of a minibatch of whole environments.
+
+    ``clipped surrogate (per action leaf) + critic_loss_weight * value loss (per
+    reward leaf) + the network's regularization`` (an entropy bonus is a
+    sampler's regularization).
+
+    Args:
+      networks: the network being trained.
+      network_state: the carry the rollout started from, leaves ``(B, ...)``.
+      rollout_data: the minibatch's transitions, leaves ``(T, B, ...)``.
+      advantages, value_targets: from :func:`compute_advantages`, ``(T, B)`` leaves.
+      config: clip ranges, advantage options and the critic weight.
+
+    Returns:
+      The scalar loss, and per-term diagnostics (``losses/...`` names).
+    """
+    rollout_data = jax.lax.stop_gradient(rollout_data)
+    output, regularization = _replay(networks, network_state, rollout_data)
+    old = rollout_data.network_output
+    log_ratios = jax.tree.map(jnp.subtract, output.loglikelihoods, old.loglikelihoods)
+    policy_advantages = _policy_advantages(
+        advantages, output.loglikelihoods, config.combine_advantages
+    )
+    if config.normalize_advantages:
+        policy_advantages = _standardize(policy_advantages, config.advantage_normalization)
+    actor = jax.tree.map(
+        functools.partial(_clipped_surrogate, clip_range=config.clip_range),
+        log_ratios,
+        policy_advantages,
+    )
+    critic = jax.tree.map(
+        functools.partial(_value_loss, clip_range=config.value_clip_range),
+        output.value_estimates,
+        old.value_estimates,
+        value_targets,
+    )
+    total = (
+        sum(jax.tree.leaves(actor))
+        + config.critic_loss_weight * sum(jax.tree.leaves(critic))
+        + jnp.mean(regularization)
+    )
+    diagnostics = {
+        "losses/actor": actor,
+        "losses/critic": critic,
+        "losses/regularization": jnp.mean(regularization),
+        "losses/total": total,
+        "losses/clipping_fraction": jax.tree.map(
+            lambda r: jnp.mean(jnp.abs(jnp.expm1(r)) > config.clip_range), log_ratios
+        ),
+        "losses/approx_kl": jax.tree.map(lambda r: jnp.mean(jnp.expm1(r) - r), log_ratios),
+        "losses/critic_R^2": jax.tree.map(
+            lambda v, t: 1.0 - jnp.mean((v - t) ** 2) / (jnp.var(t) + _EPSILON),
+            output.value_estimates,
+            value_targets,
+        ),
+    }
+    return total, diagnostics
+
+
+# ------------------------------------------------------------------------------ learn
+
+
+def _select_envs(ids: Integer[Array, " b"], data: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The environments ``ids`` of the data: carry leaves ``(B, ...)``, the rest ``(T, B, ...)``."""
+    carry, transitions, *per_step = data
+    transitions = transitions.replace(metrics={})
+
+    def take(x: Array) -> Array:
+        return x[:, ids]
+
+    return (
+        jax.tree.map(lambda x: x[ids], carry),
+        jax.tree.map(take, transitions),
+        *jax.tree.map(take, per_step),
+    )
+
+
+def _minibatch_update(
+    graphdef: nnx.GraphDef[Any], config: PPOConfig, data: tuple[Any, ...]
+) -> Callable[[nnx.State, Integer[Array, " b"]], tuple[nnx.State, dict[str, Any]]]:
+    """One gradient step on a minibatch of environments, on the split (network, optimizer)."""
+
+    def update(state: nnx.State, ids: Integer[Array, " b"]) -> tuple[nnx.State, dict[str, Any]]:
+        networks, optimizer = nnx.merge(graphdef, state)
+        carry, transitions, advantages, targets = _select_envs(ids, data)
+        grads, diagnostics = nnx.grad(
+            lambda n: ppo_loss(n, carry, transitions, advantages, targets, config), has_aux=True
+        )(networks)
+        diagnostics["grad_norm"] = optax.tree.norm(grads)
+        optimizer.update(networks, grads)
+        return nnx.state((networks, optimizer)), diagnostics
+
+    return update
+
+
+def _epochs_until_kl(
+    epoch: Callable[[nnx.State, PRNGKeyArray], tuple[nnx.State, dict[str, Any]]],
+    state: nnx.State,
+    keys: PRNGKeyArray,
+    target_kl: float,
+) -> tuple[nnx.State, dict[str, Any], Bool[Array, " E"]]:
+    """Run epochs until one's mean approximate KL exceeds ``target_kl``; skip the rest.
+
+    Skipped epochs cost no compute (``lax.cond``) and report NaN diagnostics.
+    """
+
+    def guarded(
+        carry: tuple[nnx.State, Bool[Array, ""]], key: PRNGKeyArray
+    ) -> tuple[tuple[nnx.State, Bool[Array, ""]], tuple[dict[str, Any], Bool[Array, ""]]]:
+        state, stopped = carry
+
+        def skip(state: nnx.State) -> tuple[nnx.State, dict[str, Any]]:
+            shapes = jax.eval_shape(epoch, state, key)[1]
+            return state, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
+
+        state, diagnostics = jax.lax.cond(stopped, skip, lambda s: epoch(s, key), state)
+        kl = sum(jnp.mean(kl) for kl in jax.tree.leaves(diagnostics["losses/approx_kl"]))
+        return (state, stopped | (kl > target_kl)), (diagnostics, jnp.logical_not(stopped))
+
+    (state, _), (diagnostics, ran) = jax.lax.scan(guarded, (state, jnp.asarray(False)), keys)
+    return state, diagnostics, ran
+
+
+def _learn(
+    networks: StatefulModule,
+    optimizer: nnx.Optimizer,
+    data: tuple[Any, ...],
+    key: PRNGKeyArray,
+    config: PPOConfig,
+) -> tuple[dict[str, Any], Bool[Array, " E"]]:
+    """Epochs of minibatch updates; each minibatch is a set of whole environments.
+
+    Args:
+      data: ``(first carry, transitions, advantages, value_targets)``.
+
+    Returns:
+      The diagnostics of every update, leaves ``(n_epochs, n_minibatches, ...)``,
+      and which epochs ran (all, unless ``target_kl`` stopped them).
+    """
+    graphdef, state = nnx.split((networks, optimizer))
+    update = _minibatch_update(graphdef, config, data)
+    envs_per_minibatch = config.n_envs // config.n_minibatches
+
+    def epoch(state: nnx.State, key: PRNGKeyArray) -> tuple[nnx.State, dict[str, Any]]:
+        ids = jax.random.permutation(key, config.n_envs)
+        return jax.lax.scan(update, state, ids.reshape(config.n_minibatches, envs_per_minibatch))
+
+    keys = jax.random.split(key, config.n_epochs)
+    if config.target_kl is None:
+        state, diagnostics = jax.lax.scan(epoch, state, keys)
+        ran = jnp.ones(config.n_epochs, bool)
+    else:
+        state, diagnostics, ran = _epochs_until_kl(epoch, state, keys, config.target_kl)
+    nnx.update((networks, optimizer), state)
+    return diagnostics, ran
+
+
+# ------------------------------------------------------------------------------- step
+
+
+def _all_finite(tree: Any) -> Bool[Array, ""]:
+    return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def _train_step(
+    env: RLEnv,
+    config: PPOConfig,
+    networks: StatefulModule,
+    optimizer: nnx.Optimizer,
+    carry: tuple[ModuleState, Any, RunningEpisodes, PRNGKeyArray],
+) -> tuple[
+    tuple[ModuleState, Any, RunningEpisodes, PRNGKeyArray], dict[str, Any], Any, dict[str, Any]
+]:
+    """Collect, score, learn, fold statistics, advance. Traced once per configuration."""
+    network_states, env_states, running, key = carry
+    rollout_key, learn_key, next_key = jax.random.split(key, 3)
+    final_network_states, final_env_states, transitions = rollout.unroll_env(
+        env, env_states, networks, network_states, config.rollout_length, rollout_key
+    )
+    advantages, targets = compute_advantages(
+        transitions, config.gae_lambda, config.discounting_factor
+    )
+    data = (network_states, transitions, advantages, targets)
+    diagnostics, ran = _learn(networks, optimizer, data, learn_key, config)
+    networks.update_statistics(transitions.rollout_extras)
+    running, episodes = track_episodes(
+        running, transitions.rewards, rollout.episode_ended(transitions.done)
+    )
+    metrics = _step_metrics(networks, transitions, advantages, targets, diagnostics, ran, config)
+    health = {
+        "loss_finite": jnp.isfinite(diagnostics["losses/total"]) | ~ran[:, None],
+        "parameters_finite": _all_finite(nnx.state(networks, nnx.Param)),
+    }
+    return (final_network_states, final_env_states, running, next_key), metrics, episodes, health
+
+
+def _step_metrics(
+    networks: StatefulModule,
+    transitions: Transition,
+    advantages: Any,
+    targets: Any,
+    diagnostics: dict[str, Any],
+    ran: Bool[Array, " E"],
+    config: PPOConfig,
+) -> dict[str, Float[Array, ""]]:
+    values = transitions.network_output.value_estimates
+    loss_metrics = diagnostics | {
+        "losses/epochs_completed": jnp.sum(ran),
+        "losses/advantages": advantages,
+        "losses/explained_variance": jax.tree.map(
+            lambda v, t: 1.0 - jnp.var(t - v) / (jnp.var(t) + _EPSILON), values, targets
+        ),
+    }
+    metrics = compute_metrics(
+        loss_metrics, transitions, config.logging_level, config.logging_percentiles
+    )
+    if LoggingLevel.WEIGHTS in config.logging_level:
+        log_weight_stats(metrics, networks, config.logging_percentiles)
+    return metrics
+
+
+class _EnvArgument:
+    """A jit static argument that is an env, equal only to itself (envs need not hash)."""
+
+    def __init__(self, env: RLEnv) -> None:
+        self.env = env
+
+    def __hash__(self) -> int:
+        return id(self.env)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _EnvArgument) and other.env is self.env
+
+
+_OPTIMIZER_FIELDS = frozenset({"total_steps", "learning_rate", "gradient_clipping", "weight_decay"})
+"""PPOConfig fields the compiled step never reads (they shape the run or the optimizer)."""
+
+
+class _ConfigArgument:
+    """A jit static argument holding a snapshot of a (mutable) config.
+
+    Equal to another when every field the step reads is equal, so a run with a
+    different ``total_steps`` or learning rate reuses the compiled step.
+    """
+
+    def __init__(self, config: PPOConfig) -> None:
+        self.config = copy.deepcopy(config)
+        self.key = tuple(
+            getattr(self.config, f.name)
+            for f in dataclasses.fields(self.config)
+            if f.name not in _OPTIMIZER_FIELDS
+        )
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ConfigArgument) and other.key == self.key
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _compiled_step(
+    env: _EnvArgument,
+    config: _ConfigArgument,
+    graphdef: nnx.GraphDef[Any],
+    state: nnx.State,
+    carry: tuple[ModuleState, Any, RunningEpisodes, PRNGKeyArray],
+) -> tuple[nnx.State, Any]:
+    networks, optimizer = nnx.merge(graphdef, state)
+    outputs = _train_step(env.env, config.config, networks, optimizer, carry)
+    return nnx.state((networks, optimizer)), outputs
+
+
+def _on_device(tree: Any) -> Any:
+    """Committed, strongly typed arrays: what the compiled step returns, so it never retraces."""
+
+    def canonical(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not getattr(x, "weak_type", False):
+            return x
+        return jnp.asarray(x, dtype=jnp.asarray(x).dtype)
+
+    return jax.tree.map(canonical, tree)
+
+
+def _no_running_episodes(env_states: Any) -> RunningEpisodes:
+    n_envs = rollout.n_envs_of(env_states)
+    return RunningEpisodes(
+        returns=jax.tree.map(lambda r: jnp.zeros(n_envs, jnp.float32), env_states.reward),
+        lengths=jnp.zeros(n_envs, jnp.int32),
+    )
+
+
+def _raise_if_diverged(health: dict[str, Any], networks: StatefulModule, steps: int) -> None:
+    """Raise ``FloatingPointError`` naming the step and the first non-finite quantity."""
+    health = jax.device_get(health)
+    bad_updates = np.argwhere(~np.asarray(health["loss_finite"]))
+    if bad_updates.size:
+        epoch, minibatch = bad_updates[0]
+        raise FloatingPointError(
+            f"PPO step ending at env step {steps}: the loss is NaN or infinite "
+            f"(epoch {epoch}, minibatch {minibatch})."
+        )
+    if not health["parameters_finite"]:
+        params = jax.tree_util.tree_flatten_with_path(nnx.state(networks, nnx.Param))[0]
+        names = [jax.tree_util.keystr(path) for path, x in params if not np.all(np.isfinite(x))]
+        raise FloatingPointError(
+            f"PPO step ending at env step {steps}: parameters became NaN or infinite: "
+            + ", ".join(names[:5])
+        )
+
+
+def ppo_step(
+    env: RLEnv, training_state: TrainingState, config: PPOConfig
+) -> tuple[TrainingState, dict[str, float]]:
+    """One PPO step: collect ``n_envs * rollout_length`` steps and learn from them.
+
+    Compiled once per (env, network structure, config) and reused. Updates the
+    network and optimizer in place (NNX semantics) and returns the advanced state.
+
+    Returns:
+      The new training state, and the step's metrics as a flat ``str -> float``
+      dict (with ``total_steps``).
+
+    Raises:
+      TypeError: ``config`` is not a :class:`PPOConfig`.
+      ValueError: the state holds a different number of envs than ``config.n_envs``.
+      FloatingPointError: the loss or a parameter became NaN or infinite.
+    """
+    if not isinstance(config, PPOConfig):
+        raise TypeError(f"ppo_step: config must be a PPOConfig, got a {type(config).__name__}")
+    n_envs = rollout.n_envs_of(training_state.env_states)
+    if n_envs != config.n_envs:
+        raise ValueError(
+            f"ppo_step: the training state holds {n_envs} envs, but config.n_envs is "
+            f"{config.n_envs}"
+        )
+    networks, optimizer = training_state.networks, training_state.optimizer
+    graphdef, state = nnx.split((networks, optimizer))
+    running = training_state.running_episodes
+    if running is None:
+        running = _no_running_episodes(training_state.env_states)
+    network_states, env_states, running = _on_device(
+        (training_state.network_states, training_state.env_states, running)
+    )
+    carry = (network_states, env_states, running, training_state.rng_key)
+    new_state, (carry, metrics, episodes, health) = _compiled_step(
+        _EnvArgument(env), _ConfigArgument(config), graphdef, state, carry
+    )
+    nnx.update((networks, optimizer), new_state)
+    steps = training_state.steps_taken + config.steps_per_iteration
+    _raise_if_diverged(health, networks, steps)
+    host_metrics = to_host(metrics) | {"total_steps": float(steps)}
+    if LoggingLevel.ROLLOUT_STATS in config.logging_level:
+        host_metrics |= episode_metrics(episodes)
+    network_states, env_states, running, key = carry
+    return training_state.replace(
+        network_states=network_states,
+        env_states=env_states,
+        rng_key=key,
+        steps_taken=steps,
+        running_episodes=running,
+    ), host_metrics
+
+
+# ------------------------------------------------------------------------------ setup
+
+
+@functools.lru_cache(maxsize=32)
+def _default_optimizer(
+    learning_rate: float | optax.Schedule,
+    gradient_clipping: float | None,
+    weight_decay: float | bool | None,
+) -> optax.GradientTransformation:
+    """Adam(W) after optional clipping; one object per setting, so runs share a compiled step."""
+    links = [] if gradient_clipping is None else [optax.clip_by_global_norm(gradient_clipping)]
+    if weight_decay is None or weight_decay is False:
+        links.append(optax.adam(learning_rate))
+    elif weight_decay is True:
+        links.append(optax.adamw(learning_rate))
+    else:
+        links.append(optax.adamw(learning_rate, weight_decay=weight_decay))
+    return optax.chain(*links)
+
+
+def new_training_state(
+    env: RLEnv,
+    networks: StatefulModule,
+    n_envs: int,
+    seed: int | Integer[Array, ""],
+    learning_rate: float | optax.Schedule = 1e-4,
+    gradient_clipping: float | None = None,
+    weight_decay: float | bool | None = None,
+    *,
+    optimizer: optax.GradientTransformation | None = None,
+) -> TrainingState:
+    """A fresh training state: ``n_envs`` reset envs, fresh carries, an optimizer.
+
+    Args:
+      env: one unbatched environment.
+      networks: the PPO network.
+      n_envs: environments stepped in parallel.
+      seed: seeds the env resets and every later key.
+      learning_rate, gradient_clipping, weight_decay: build the default optimizer,
+        Adam (AdamW with ``weight_decay``; ``True`` for optax's default decay),
+        after global-norm clipping when ``gradient_clipping`` is set. A learning
+        rate may be an ``optax`` schedule.
+      optimizer: any ``optax.GradientTransformation``, used instead of the default.
+    """
+    if isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs <= 0:
+        raise ValueError(f"new_training_state: n_envs must be a positive int, got {n_envs!r}")
+    env_key, training_key = jax.random.split(jax.random.key(seed))
+    env_states = jax.jit(functools.partial(rollout.reset_envs, env))(
+        jax.random.split(env_key, n_envs)
+    )
+    if optimizer is None:
+        optimizer = _default_optimizer(learning_rate, gradient_clipping, weight_decay)
+    return TrainingState(
+        networks=networks,
+        network_states=_on_device(networks.initialize_state(n_envs)),
+        env_states=_on_device(env_states),
+        optimizer=nnx.Optimizer(networks, optimizer, wrt=nnx.Param),
+        rng_key=training_key,
+        steps_taken=0,
+        running_episodes=_on_device(_no_running_episodes(env_states)),
+    )
+
+
+def default_config() -> TrainConfig:
+    """The default :class:`TrainConfig`."""
+    return TrainConfig()
+
+
+# ------------------------------------------------------------------------------ train
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 3, 4, 6, 7))
+def _compiled_eval(
+    env: _EnvArgument,
+    graphdef: nnx.GraphDef[Any],
+    state: nnx.State,
+    n_envs: int,
+    max_episode_length: int,
+    key: PRNGKeyArray,
+    percentiles: tuple[int, ...] | None,
+    logging_level: LoggingLevel,
+) -> dict[str, Float[Array, ""]]:
+    networks = nnx.merge(graphdef, state)
+    return rollout.eval_rollout(
+        env.env, networks, n_envs, max_episode_length, key, percentiles, logging_level
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 3))
+def _compiled_recording(
+    env: _EnvArgument,
+    graphdef: nnx.GraphDef[Any],
+    state: nnx.State,
+    episode_length: int,
+    key: PRNGKeyArray,
+) -> tuple[Any, Float[Array, ""]]:
+    return rollout.record_episode(env.env, nnx.merge(graphdef, state), episode_length, key)
+
+
+def _key_at(seed: int, steps: int) -> PRNGKeyArray:
+    """A key of its own for the evaluation at ``steps`` (exact past 2**32 steps)."""
+    key = jax.random.fold_in(jax.random.key(seed), steps >> 32)
+    return jax.random.fold_in(key, steps & 0xFFFFFFFF)
+
+
+def _evaluate(
+    env: RLEnv, networks: StatefulModule, config: EvalConfig, key: PRNGKeyArray, timed: bool
+) -> dict[str, float]:
+    """One evaluation with the deterministic policy (``networks.eval()``)."""
+    networks.eval()
+    try:
+        start = time.perf_counter()
+        graphdef, state = nnx.split(networks)
+        metrics = to_host(
+            _compiled_eval(
+                _EnvArgument(env),
+                graphdef,
+                state,
+                config.n_envs,
+                config.max_episode_length,
+                key,
+                config.logging_percentiles,
+                config.logging_level,
+            )
+        )
+    finally:
+        networks.train()
+    if timed:
+        elapsed = time.perf_counter() - start
+        metrics["throughput/eval_sps"] = config.n_envs * config.max_episode_length / elapsed
+    return metrics
+
+
+def _record(
+    env: RLEnv,
+    networks: StatefulModule,
+    config: TrainConfig,
+    steps: int,
+    video_fn: Callable[[VideoData], None],
+) -> None:
+    """Record a deterministic episode with ``env.render`` and hand it to ``video_fn``."""
+    render = getattr(env, "render", None)
+    if render is None:
+        raise TypeError(f"train_ppo: video needs an eval env with render(); {type(env).__name__}")
+    networks.eval()
+    try:
+        graphdef, state = nnx.split(networks)
+        length = config.video.episode_length
+        states, episode_reward = jax.device_get(
+            _compiled_recording(
+                _EnvArgument(env), graphdef, state, length, _key_at(config.seed, steps)
+            )
+        )
+    finally:
+        networks.train()
+    trajectory = [jax.tree.map(lambda x, t=t: x[t], states) for t in range(length + 1)]
+    frames = np.stack(render(trajectory, **config.video.render_kwargs))
+    video_fn(VideoData(frames, steps, float(episode_reward), length))
+
+
+def _crossed(previous: int | None, steps: int, every: int) -> bool:
+    """Whether ``steps`` passed a multiple of ``every`` since ``previous`` (always at the start)."""
+    return previous is None or steps // every > previous // every
+
+
+def _with_overrides(
+    config: TrainConfig | None, total_steps: int | None, seed: int | None
+) -> TrainConfig:
+    if config is not None and not isinstance(config, TrainConfig):
+        raise TypeError(
+            f"train_ppo: config must be a TrainConfig, got a {type(config).__name__}; "
+            "wrap a PPOConfig as TrainConfig(ppo=...)"
+        )
+    config = copy.deepcopy(config) if config is not None else default_config()
+    if total_steps is not None:
+        config.ppo.total_steps = total_steps
+    if seed is not None:
+        config.seed = seed
+    config.validate()
+    return config
+
+
+def train_ppo(
+    env: RLEnv,
+    networks: StatefulModule,
+    config: TrainConfig | None = None,
+    *,
+    total_steps: int | None = None,
+    seed: int | None = None,
+    log_fn: Callable[[dict[str, float], int], None] | None = None,
+    video_fn: Callable[[VideoData], None] | None = None,
+    checkpoint_fn: Callable[[TrainingState, int], None] | None = None,
+    eval_env: RLEnv | None = None,
+    initial_state: TrainingState | None = None,
+) -> TrainResult:
+    """Train ``networks`` with PPO on ``env`` until ``config.ppo.total_steps`` env steps.
+
+    Evaluates (if enabled), records video (if enabled and ``video_fn`` is given)
+    and checkpoints (if ``checkpoint_fn`` is given) at the start and whenever the
+    step count passes a multiple of their ``every_steps``.
+
+    Args:
+      env: one unbatched training environment (wrap it in an ``EpisodeWrapper``
+        for a time limit).
+      networks: the PPO network; trained in place.
+      config: the run's configuration; :func:`default_config` when ``None``.
+      total_steps, seed: override ``config.ppo.total_steps`` and ``config.seed``.
+      log_fn: called as ``log_fn(metrics, step)`` after every PPO step (and after
+        the initial evaluation), ``metrics`` a flat ``str -> float`` dict.
+      video_fn: receives a :class:`VideoData` per recording.
+      checkpoint_fn: called as ``checkpoint_fn(training_state, step)``.
+      eval_env: the evaluation environment; ``env`` when ``None``.
+      initial_state: resume from this state (its optimizer included: the config's
+        learning rate, clipping and decay then go unused) instead of a fresh one.
+
+    Returns:
+      A :class:`TrainResult`; ``eval_history`` holds ``{"step": s, **eval_metrics}``
+      per evaluation, with ``episode_reward_mean`` naming ``eval/episode_reward/mean``.
+
+    Raises:
+      TypeError: ``config`` is not a :class:`TrainConfig`, or video is asked of an
+        eval env without ``render``.
+      FloatingPointError: the loss or a parameter became NaN or infinite.
+    """
+    config = _with_overrides(config, total_steps, seed)
+    eval_env = env if eval_env is None else eval_env
+    if initial_state is None:
+        state = new_training_state(
+            env,
+            networks,
+            config.ppo.n_envs,
+            config.seed,
+            config.ppo.learning_rate,
+            config.ppo.gradient_clipping,
+            config.ppo.weight_decay,
+        )
+    else:
+        state = initial_state
+    timed = LoggingLevel.THROUGHPUT in config.ppo.logging_level
+    history: list[dict[str, float]] = []
+    last: dict[str, int | None] = {"eval": None, "video": None, "checkpoint": None}
+
+    def periodic(state: TrainingState) -> dict[str, float]:
+        steps, metrics = state.steps_taken, {}
+        if config.eval.enabled and _crossed(last["eval"], steps, config.eval.every_steps):
+            key = _key_at(config.seed, steps)
+            metrics = _evaluate(eval_env, state.networks, config.eval, key, timed)
+            headline = metrics["eval/episode_reward/mean"]
+            history.append({"step": steps, **metrics, "episode_reward_mean": headline})
+            last["eval"] = steps
+        video_due = _crossed(last["video"], steps, config.video.every_steps)
+        if config.video.enabled and video_fn is not None and video_due:
+            _record(eval_env, state.networks, config, steps, video_fn)
+            last["video"] = steps
+        if checkpoint_fn is not None and _crossed(
+            last["checkpoint"], steps, config.checkpoint_every_steps
+        ):
+            checkpoint_fn(state, steps)
+            last["checkpoint"] = steps
+        return metrics
+
+    metrics = periodic(state)
+    if log_fn is not None and metrics:
+        log_fn(metrics, state.steps_taken)
+    iterations = 0
+    while state.steps_taken < config.ppo.total_steps:
+        start = time.perf_counter()
+        state, metrics = ppo_step(env, state, config.ppo)
+        iterations += 1
+        if timed:
+            elapsed = time.perf_counter() - start
+            metrics["throughput/train_sps"] = config.ppo.steps_per_iteration / elapsed
+        metrics |= periodic(state)
+        if log_fn is not None:
+            log_fn(metrics, state.steps_taken)
+    return TrainResult(state, metrics, history, state.steps_taken, iterations)

@@ -1,0 +1,417 @@
+"""Collecting experience: training rollouts with episode resets, and evaluation episodes.
+
+The library vmaps the env's ``reset`` and ``step`` over ``n_envs`` here, and
+only here. While JAX traces, every state the env returns is checked against the
+env contract (:mod:`nnx_ppo.contract.env_checks`), so an env that changes a
+dtype or returns a batched reward fails with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree, Shaped
+
+from nnx_ppo.algorithms.metrics import summarize
+from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, Shared, Transition
+from nnx_ppo.contract import ContractError, checks_enabled, format_violation
+from nnx_ppo.contract.env_checks import check_action_tree, check_env_state, check_env_unbatched
+from nnx_ppo.networks.types import ModuleState, PPONetworkOutput, StatefulModule
+
+__all__ = [
+    "episode_ended",
+    "episode_flags",
+    "eval_rollout",
+    "n_envs_of",
+    "record_episode",
+    "reset_envs",
+    "scan_module",
+    "tree_where",
+    "unroll_env",
+]
+
+Tree = TypeVar("Tree")
+Carry = TypeVar("Carry")
+
+
+def tree_where(mask: Bool[Array, " B"], on_true: Tree, on_false: Tree) -> Tree:
+    """Per environment, pick ``on_true``'s slice where ``mask`` holds, else ``on_false``'s.
+
+    The rule is explicit: every array leaf leads with the env axis ``B`` and is
+    selected along it; a :class:`~nnx_ppo.algorithms.types.Shared` node carries
+    no env axis and passes through as ``on_false`` has it (the stepped state
+    keeps its shared handles). A leaf that neither leads with ``B`` nor sits in
+    a ``Shared`` node is an error, never silently passed through.
+
+    Raises:
+      ContractError: a leaf does not lead with ``B``; the message names it.
+    """
+
+    def select(path: Any, when_true: Any, when_false: Any) -> Any:
+        if isinstance(when_true, Shared):
+            return when_false
+        shape = getattr(when_true, "shape", None)
+        if shape is None or tuple(shape[:1]) != tuple(mask.shape):
+            raise ContractError(
+                format_violation(
+                    "tree_where",
+                    "a leaf does not lead with the env axis B.",
+                    leaf="state" + jax.tree_util.keystr(path),
+                    expected=f"(B={mask.shape[0]}, ...)",
+                    found="not an array" if shape is None else f"shape {tuple(shape)}",
+                    rule="every per-env leaf leads with B; wrap leaves that carry no env "
+                    "axis in nnx_ppo.algorithms.types.Shared (SPEC section 4)",
+                )
+            )
+        widened = mask.reshape(mask.shape + (1,) * (when_true.ndim - 1))
+        return jnp.where(widened, when_true, when_false)
+
+    return jax.tree_util.tree_map_with_path(
+        select, on_true, on_false, is_leaf=lambda node: isinstance(node, Shared)
+    )
+
+
+def scan_module(
+    module: StatefulModule,
+    body: Callable[[StatefulModule, Carry, Any], tuple[Carry, Any]],
+    init: Carry,
+    xs: Any = None,
+    *,
+    length: int | None = None,
+) -> tuple[Carry, Any]:
+    """``jax.lax.scan`` of ``body(module, carry, x)``, the module's variables held fixed.
+
+    Forward passes never write NNX variables (SPEC section 1), so the module's
+    state is closed over rather than carried; gradients still flow through it.
+    """
+    graphdef, state = nnx.split(module)
+
+    def step(carry: Carry, x: Any) -> tuple[Carry, Any]:
+        return body(nnx.merge(graphdef, state), carry, x)
+
+    return jax.lax.scan(step, init, xs, length=length)
+
+
+def episode_flags(state: EnvState) -> tuple[PyTree[Bool[Array, "..."]], PyTree[Bool[Array, "..."]]]:
+    """``(done, truncated)`` of a (batched) env state, as ``bool`` trees shaped like ``done``.
+
+    Truncation is read from ``info["truncated"]`` (this library) and
+    ``info["truncation"]`` (MuJoCo Playground), either of which may be absent,
+    and only counts where ``done`` holds.
+    """
+    done = jax.tree.map(lambda d: jnp.asarray(d).astype(bool), state.done)
+    truncated = jax.tree.map(jnp.zeros_like, done)
+    for name in ("truncated", "truncation"):
+        if name not in state.info:
+            continue
+        mark = state.info[name]
+        if hasattr(mark, "shape"):
+            mark = jax.tree.map(lambda _, m=mark: m, done)
+        truncated = jax.tree.map(lambda t, m: t | jnp.asarray(m).astype(bool), truncated, mark)
+    return done, jax.tree.map(jnp.logical_and, truncated, done)
+
+
+def episode_ended(done: PyTree[Bool[Array, "..."]]) -> Bool[Array, "..."]:
+    """Whether the environment's episode ended: every leaf of ``done`` holds.
+
+    With one ``done`` per reward leaf (per-agent ends), the episode, and so the
+    env reset, waits for the last agent.
+    """
+    return functools.reduce(jnp.logical_and, jax.tree.leaves(done))
+
+
+class _BatchedEnv:
+    """``env.reset`` and ``env.step`` vmapped over envs, checked while JAX traces."""
+
+    def __init__(self, env: RLEnv) -> None:
+        self.env = env
+        self.name = type(env).__name__
+        self.reference = check_env_unbatched(env) if checks_enabled() else None
+
+    def reset(self, keys: Key[Array, " B"]) -> EnvState:
+        def reset_one(key: PRNGKeyArray) -> EnvState:
+            state = self.env.reset(key)
+            check_env_state(state, where=f"{self.name}.reset", reference=self.reference)
+            return state
+
+        return jax.vmap(reset_one)(keys)
+
+    def step(self, state: EnvState, actions: Any) -> EnvState:
+        check_action_tree(actions, self.env, where=f"{self.name}.step", batch_size=n_envs_of(state))
+
+        def step_one(one_state: EnvState, action: Any) -> EnvState:
+            stepped = self.env.step(one_state, action)
+            check_env_state(stepped, where=f"{self.name}.step", reference=self.reference)
+            return stepped
+
+        return jax.vmap(step_one)(state, actions)
+
+
+def reset_envs(env: RLEnv, keys: Key[Array, " B"]) -> EnvState:
+    """``env.reset`` vmapped over ``keys``, one env per key, checked while JAX traces."""
+    return _BatchedEnv(env).reset(keys)
+
+
+def n_envs_of(env_state: EnvState) -> int:
+    """The number of environments in a batched env state (the leading axis of ``done``)."""
+    return int(jax.tree.leaves(env_state.done)[0].shape[0])
+
+
+def _network_output(out: Any, where: str) -> PPONetworkOutput:
+    if not isinstance(out.output, PPONetworkOutput):
+        raise ContractError(
+            format_violation(
+                where,
+                f"the network returned a {type(out.output).__name__}, not a PPONetworkOutput.",
+                expected="output=PPONetworkOutput(actions, loglikelihoods, value_estimates)",
+                rule="a PPO network ends in a PPOAdapter (or builds PPONetworkOutput itself)",
+            )
+        )
+    return out.output
+
+
+def _check_values_match_rewards(values: Any, rewards: Any) -> None:
+    same_tree = jax.tree.structure(values) == jax.tree.structure(rewards)
+    if same_tree and all(
+        v.shape == r.shape
+        for v, r in zip(jax.tree.leaves(values), jax.tree.leaves(rewards), strict=True)
+    ):
+        return
+    raise ContractError(
+        format_violation(
+            "unroll_env",
+            "the network's value estimates are not shaped like the env's rewards.",
+            leaf="network_output.value_estimates",
+            expected="one (B,) value per reward leaf: "
+            + str(jax.tree.map(lambda r: tuple(r.shape), rewards)),
+            found=str(jax.tree.map(lambda v: tuple(v.shape), values)),
+            rule="PPO fits one value per reward leaf (SPEC section 5)",
+        )
+    )
+
+
+def _flatten_time(tree: Any) -> Any:
+    return jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), tree)
+
+
+def _values_after_steps(
+    networks: StatefulModule, carries: ModuleState, next_obs: Any, time_and_envs: tuple[int, int]
+) -> PyTree[Float[Array, "T B"]]:
+    """The value of every ``next_obs`` under its pre-reset carry, in one flat batch.
+
+    Rows are independent (forward passes are per-sample pure), so the ``(T, B)``
+    steps are folded into one batch of ``T * B`` rather than scanned.
+    """
+    out = networks(_flatten_time(carries), _flatten_time(next_obs))
+    values = _network_output(out, "unroll_env").value_estimates
+    return jax.tree.map(lambda v: v.reshape(time_and_envs), values)
+
+
+def unroll_env(
+    env: RLEnv,
+    env_state: EnvState,
+    networks: StatefulModule,
+    network_state: ModuleState,
+    unroll_length: int,
+    rng_key: PRNGKeyArray,
+) -> tuple[ModuleState, EnvState, Transition]:
+    """Step ``n_envs`` environments ``unroll_length`` times with the network acting.
+
+    Where an episode ends, that env is swapped for a fresh one and its carry for
+    ``networks.reset_state`` of it. The fresh states come from **one** vmapped
+    ``reset`` at the start of the rollout (keys from ``rng_key``), so a step
+    costs no reset; an env that ends twice in a rollout restarts from the same
+    fresh state both times.
+
+    Args:
+      env: one unbatched environment (vmapped here).
+      env_state: the batched env states, leaves ``(B, ...)``.
+      networks: the PPO network, called with ``rollout_extras=None``.
+      network_state: its carry, leaves ``(B, ...)``.
+      unroll_length: the number of steps ``T``.
+      rng_key: the key of the fresh reset states.
+
+    Returns:
+      ``(final carry, final env state, transitions)``; the transitions are
+      stacked, leaves ``(T, B, ...)``, with ``next_obs`` the pre-reset
+      observations and ``next_value_estimates`` their values.
+    """
+    batched = _BatchedEnv(env)
+    n_envs = n_envs_of(env_state)
+    fresh_states = batched.reset(jax.random.split(rng_key, n_envs))
+
+    def step(
+        networks: StatefulModule, carry: tuple[ModuleState, EnvState], _: None
+    ) -> tuple[tuple[ModuleState, EnvState], tuple[Transition, ModuleState]]:
+        network_state, env_state = carry
+        out = networks(network_state, env_state.obs)
+        output = _network_output(out, "unroll_env")
+        stepped = batched.step(env_state, output.actions)
+        _check_values_match_rewards(output.value_estimates, stepped.reward)
+        done, truncated = episode_flags(stepped)
+        transition = Transition(
+            obs=env_state.obs,
+            network_output=output,
+            rewards=stepped.reward,
+            done=done,
+            truncated=truncated,
+            next_obs=stepped.obs,
+            metrics={"env": stepped.metrics, "net": out.metrics},
+            rollout_extras=out.rollout_extras,
+        )
+        ended = episode_ended(done)
+        next_env_state = tree_where(ended, fresh_states, stepped)
+        reset_carry = networks.reset_state(out.next_state)
+        next_network_state = tree_where(ended, reset_carry, out.next_state)
+        return (next_network_state, next_env_state), (transition, out.next_state)
+
+    (final_carry, final_env_state), (transitions, pre_reset_carries) = scan_module(
+        networks, step, (network_state, env_state), length=unroll_length
+    )
+    next_values = _values_after_steps(
+        networks, pre_reset_carries, transitions.next_obs, (unroll_length, n_envs)
+    )
+    return final_carry, final_env_state, transitions.replace(next_value_estimates=next_values)
+
+
+def _per_env(leaf: Shaped[Array, "..."], n_envs: int) -> Shaped[Array, "B ..."]:
+    """A metric leaf as ``(B, ...)``: scalars (shared by every env) are broadcast."""
+    return jnp.broadcast_to(leaf, (n_envs,)) if leaf.ndim == 0 else leaf
+
+
+def _masked(alive: Bool[Array, " B"], leaf: Shaped[Array, "B ..."]) -> Array:
+    widened = alive.reshape(alive.shape + (1,) * (leaf.ndim - 1))
+    return jnp.where(widened, leaf, jnp.zeros_like(leaf))
+
+
+def eval_rollout(
+    env: RLEnv,
+    networks: StatefulModule,
+    n_envs: int,
+    max_episode_length: int,
+    key: PRNGKeyArray,
+    logging_percentiles: tuple[int, ...] | None = None,
+    logging_level: LoggingLevel = LoggingLevel.NONE,
+) -> dict[str, Float[Array, ""]]:
+    """Run one episode in each of ``n_envs`` environments and summarise them.
+
+    The policy is whatever mode ``networks`` is in: call ``networks.eval()``
+    first for a deterministic policy (``train_ppo`` does). No env is reset: an
+    episode counts the steps up to and including the one that ended it
+    (``max_episode_length`` if none did), and nothing after.
+
+    Returns:
+      ``eval/episode_reward/{mean,std}`` of the return summed over reward
+      leaves, and per reward leaf ``eval/episode_reward/<leaf>/...`` when the
+      reward is a tree; ``eval/lifespan/{mean,std}``; ``p<N>`` entries for each
+      of ``logging_percentiles``; with ``ENV_METRICS``/``NETWORK_METRICS`` in
+      ``logging_level``, ``eval/env/...``/``eval/net/...``: each env's metric
+      averaged over its episode, then summarised over envs.
+    """
+    batched = _BatchedEnv(env)
+    env_states = batched.reset(jax.random.split(key, n_envs))
+    network_state = networks.initialize_state(n_envs)
+    log_env = LoggingLevel.ENV_METRICS in logging_level
+    log_net = LoggingLevel.NETWORK_METRICS in logging_level
+
+    def step_metrics(env_metrics: Any, net_metrics: Any) -> dict[str, Any]:
+        logged = {"env": env_metrics} if log_env else {}
+        if log_net:
+            logged["net"] = net_metrics
+        return jax.tree.map(lambda m: _per_env(m, n_envs), logged)
+
+    def step(networks: StatefulModule, carry: tuple[Any, ...], _: None) -> tuple[Any, None]:
+        network_state, env_state, finished, returns, lifespan, sums = carry
+        out = networks(network_state, env_state.obs)
+        stepped = batched.step(env_state, _network_output(out, "eval_rollout").actions)
+        alive = jnp.logical_not(finished)
+        returns = jax.tree.map(lambda g, r: g + _masked(alive, r), returns, stepped.reward)
+        metrics = step_metrics(stepped.metrics, out.metrics)
+        sums = jax.tree.map(lambda s, m: s + _masked(alive, m), sums, metrics)
+        finished = finished | episode_ended(episode_flags(stepped)[0])
+        carry = (out.next_state, stepped, finished, returns, lifespan + alive, sums)
+        return carry, None
+
+    def first_metrics() -> dict[str, Any]:
+        return step_metrics(env_states.metrics, networks(network_state, env_states.obs).metrics)
+
+    zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(first_metrics))
+    init = (
+        network_state,
+        env_states,
+        jnp.zeros(n_envs, bool),
+        jax.tree.map(jnp.zeros_like, env_states.reward),
+        jnp.zeros(n_envs, jnp.int32),
+        zero_sums,
+    )
+    (_, _, _, returns, lifespan, sums), _ = scan_module(
+        networks, step, init, length=max_episode_length
+    )
+    return _eval_summary(returns, lifespan, sums, logging_percentiles)
+
+
+def record_episode(
+    env: RLEnv, networks: StatefulModule, episode_length: int, key: PRNGKeyArray
+) -> tuple[EnvState, Float[Array, ""]]:
+    """Run one env for ``episode_length`` steps, for rendering; restart it where it ends.
+
+    Returns:
+      The ``episode_length + 1`` states visited, stacked (leaves ``(T + 1, ...)``,
+      no env axis), and the return of the first episode (reward leaves summed).
+    """
+    batched = _BatchedEnv(env)
+    start_key, fresh_key = jax.random.split(key)
+    fresh_state = batched.reset(fresh_key[None])
+
+    def step(networks: StatefulModule, carry: tuple[Any, ...], _: None) -> tuple[Any, EnvState]:
+        network_state, env_state, finished, total = carry
+        out = networks(network_state, env_state.obs)
+        stepped = batched.step(env_state, _network_output(out, "record_episode").actions)
+        reward = functools.reduce(jnp.add, jax.tree.leaves(stepped.reward))
+        total = total + jnp.where(finished, 0.0, reward)
+        ended = episode_ended(episode_flags(stepped)[0])
+        next_network_state = tree_where(ended, networks.reset_state(out.next_state), out.next_state)
+        carry = (
+            next_network_state,
+            tree_where(ended, fresh_state, stepped),
+            finished | ended,
+            total,
+        )
+        return carry, env_state
+
+    init = (
+        networks.initialize_state(1),
+        batched.reset(start_key[None]),
+        jnp.zeros(1, bool),
+        jnp.zeros(1),
+    )
+    (_, last_state, _, total), states = scan_module(networks, step, init, length=episode_length)
+    trajectory = jax.tree.map(
+        lambda visited, last: jnp.concatenate([visited[:, 0], last], axis=0), states, last_state
+    )
+    return trajectory, total[0]
+
+
+def _eval_summary(
+    returns: PyTree[Float[Array, " B"]],
+    lifespan: Shaped[Array, " B"],
+    sums: dict[str, Any],
+    percentiles: tuple[int, ...] | None,
+) -> dict[str, Float[Array, ""]]:
+    total = functools.reduce(jnp.add, jax.tree.leaves(returns))
+    metrics = summarize("eval/episode_reward", total, percentiles, always_moments=True)
+    if not isinstance(returns, jax.Array):
+        metrics |= summarize("eval/episode_reward", returns, percentiles, always_moments=True)
+    metrics |= summarize("eval/lifespan", lifespan, percentiles, always_moments=True)
+    steps = jnp.maximum(lifespan, 1)
+    averages = jax.tree.map(lambda s: s / steps.reshape((-1,) + (1,) * (s.ndim - 1)), sums)
+    for group, tree in averages.items():
+        if isinstance(tree, Mapping) and not tree:
+            continue
+        metrics |= summarize(f"eval/{group}", tree, percentiles)
+    return metrics

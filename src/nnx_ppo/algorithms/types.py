@@ -1,0 +1,199 @@
+"""The data the PPO engine passes around: environments, transitions, training state.
+
+Axes follow the contract (SPEC section 1): ``B`` is the environment axis
+(``n_envs``), ``T`` the time axis of a rollout. A :class:`Transition` holds one
+step, leaves ``(B, ...)``, or a whole rollout stacked by the scan, leaves
+``(T, B, ...)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
+
+from nnx_ppo.networks.types import ModuleState, PPONetworkOutput
+
+__all__ = [
+    "EnvState",
+    "LoggingLevel",
+    "RLEnv",
+    "RunningEpisodes",
+    "Shared",
+    "TrainingState",
+    "Transition",
+]
+
+
+@runtime_checkable
+class EnvState(Protocol):
+    """One environment's state, as in MuJoCo Playground (SPEC section 4).
+
+    The fields are read-only properties so that frozen dataclasses (Playground's
+    ``State``, :class:`nnx_ppo.envs.State`) satisfy the protocol. ``done`` is a
+    scalar (``float`` in Playground, ``bool`` elsewhere) or one scalar per reward
+    leaf; ``info["truncated"]`` (ours) or ``info["truncation"]`` (Playground)
+    marks an episode cut short by a time limit.
+    """
+
+    @property
+    def obs(self) -> Any: ...
+    @property
+    def reward(self) -> Any: ...
+    @property
+    def done(self) -> Any: ...
+    @property
+    def metrics(self) -> dict[str, Any]: ...
+    @property
+    def info(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class RLEnv(Protocol):
+    """One unbatched environment; the library vmaps ``reset`` and ``step`` over envs."""
+
+    def reset(self, rng: PRNGKeyArray, /) -> EnvState: ...
+    def step(self, state: Any, action: Any, /) -> EnvState: ...
+
+
+@jax.tree_util.register_pytree_node_class
+class Shared:
+    """Marks a part of an env state that carries no per-env axis.
+
+    :func:`nnx_ppo.algorithms.rollout.tree_where`, which swaps finished
+    environments for fresh ones, passes a ``Shared`` node through unchanged (it
+    keeps the stepped state's value) instead of selecting along a leading env
+    axis. Wrap shared model handles or buffers in it, e.g.
+    ``info={"model": Shared(handle)}``.
+    """
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def tree_flatten(self) -> tuple[tuple[Any], None]:
+        return (self.value,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux: None, children: tuple[Any]) -> Shared:
+        del aux
+        return cls(children[0])
+
+
+class _Replaceable:
+    def replace(self, **changes: Any) -> Any:
+        """Return a copy with the given fields replaced."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Transition(_Replaceable):
+    """One step of experience for every env, or a rollout of them stacked over time.
+
+    Per step every array leaf is ``(B, ...)``; :func:`~nnx_ppo.algorithms.rollout.unroll_env`
+    stacks ``T`` steps into ``(T, B, ...)``. ``*T`` below is that optional axis.
+
+    Attributes:
+      obs: what the network saw before acting.
+      network_output: what it returned (actions, their log-likelihoods, values).
+      rewards: the reward of the step, a pytree of ``(*T, B)`` leaves.
+      done: the episode ended at this step (terminated or truncated).
+      truncated: the episode was cut short by a time limit at this step; implies
+        ``done``. Read from ``info["truncated"]`` or ``info["truncation"]``.
+      next_obs: the observation the step produced, **before** any reset: the true
+        final observation of an episode that ended here.
+      metrics: ``{"env": env metrics, "net": network metrics}``.
+      rollout_extras: what the network's modules emitted for replay and statistics.
+      next_value_estimates: the value of ``next_obs`` under the pre-reset carry,
+        leaves like ``network_output.value_estimates``; GAE bootstraps truncated
+        episodes from it.
+    """
+
+    obs: PyTree[Shaped[Array, "*T B ..."]]
+    network_output: PPONetworkOutput
+    rewards: PyTree[Float[Array, "*T B"]]
+    done: Bool[Array, "*T B"] | PyTree[Bool[Array, "*T B"]]
+    truncated: Bool[Array, "*T B"] | PyTree[Bool[Array, "*T B"]]
+    next_obs: PyTree[Shaped[Array, "*T B ..."]]
+    metrics: dict[str, Any]
+    rollout_extras: Any = None
+    next_value_estimates: PyTree[Float[Array, "*T B"]] = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RunningEpisodes(_Replaceable):
+    """The episodes in progress in the training envs, carried across training steps.
+
+    Attributes:
+      returns: the undiscounted return so far, a pytree like the reward, ``(B,)`` leaves.
+      lengths: the steps taken so far, ``(B,)``.
+    """
+
+    returns: PyTree[Float[Array, " B"]]
+    lengths: Int[Array, " B"]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainingState(_Replaceable):
+    """Everything a training run carries from one PPO step to the next.
+
+    ``steps_taken`` is a Python ``int`` kept on the host (a static pytree field):
+    exact at any count, unlike a ``float32`` counter that stops counting at 2**24.
+    The compiled step never sees it; :func:`~nnx_ppo.algorithms.ppo.ppo_step`
+    advances it.
+
+    Attributes:
+      networks: the PPO network (a ``StatefulModule`` emitting ``PPONetworkOutput``).
+      network_states: the carry of every training env, leaves ``(n_envs, ...)``.
+      env_states: the batched env states, leaves ``(n_envs, ...)``.
+      optimizer: an ``nnx.Optimizer`` over the network's ``nnx.Param`` s.
+      rng_key: the key the next step splits.
+      steps_taken: env steps taken so far (``n_envs * rollout_length`` per PPO step).
+      running_episodes: returns and lengths of the episodes in progress; ``None``
+        until the first step fills it.
+    """
+
+    networks: Any
+    network_states: ModuleState
+    env_states: Any
+    optimizer: Any
+    rng_key: PRNGKeyArray
+    steps_taken: int = dataclasses.field(default=0, metadata={"static": True})
+    running_episodes: RunningEpisodes | None = None
+
+
+class LoggingLevel(enum.Flag):
+    """Which metrics a training or evaluation step computes and logs.
+
+    ``ROLLOUT_OBS`` (the whole observation tree) stays out of ``ALL``: cheap for
+    small observations, very costly for images, so it is opt-in.
+    """
+
+    LOSSES = enum.auto()
+    CRITIC_EXTRA = enum.auto()
+    ACTOR_EXTRA = enum.auto()
+    ROLLOUT_STATS = enum.auto()
+    ROLLOUT_OBS = enum.auto()
+    ENV_METRICS = enum.auto()
+    NETWORK_METRICS = enum.auto()
+    GRAD_NORM = enum.auto()
+    WEIGHTS = enum.auto()
+    THROUGHPUT = enum.auto()
+    BASIC = LOSSES
+    ALL = (
+        LOSSES
+        | ACTOR_EXTRA
+        | CRITIC_EXTRA
+        | ROLLOUT_STATS
+        | ENV_METRICS
+        | NETWORK_METRICS
+        | GRAD_NORM
+        | WEIGHTS
+        | THROUGHPUT
+    )
+    NONE = 0

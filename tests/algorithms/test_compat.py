@@ -1,0 +1,62 @@
+"""nnx-ppo 0.3.0's README quick example runs unchanged, on built-in envs and a tiny budget.
+
+The example loaded Playground's ``CartpoleBalance`` (continuous actions). Here the
+env comes from :func:`nnx_ppo.envs.make`: ``pendulum`` keeps the example's
+continuous ``make_mlp_actor_critic``; our ``cartpole`` has discrete actions and
+so takes ``make_discrete_mlp_actor_critic``. Only the env line, the factory for
+the discrete env, and the budget numbers differ from the README; ``log_fn`` and
+the ``THROUGHPUT`` flag are added, as a 0.3.0 training script would use them.
+"""
+
+import pytest
+from flax import nnx
+
+from nnx_ppo import envs
+from nnx_ppo.algorithms import ppo
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.types import LoggingLevel
+from nnx_ppo.networks.factories import make_discrete_mlp_actor_critic, make_mlp_actor_critic
+from nnx_ppo.wrappers import episode_wrapper
+
+
+@pytest.mark.parametrize(
+    ("name", "factory"),
+    [("pendulum", make_mlp_actor_critic), ("cartpole", make_discrete_mlp_actor_critic)],
+)
+def test_readme_quick_example(name, factory, capsys):
+    env = envs.make(name)
+    train_env = episode_wrapper.EpisodeWrapper(env, 1000)
+
+    rngs = nnx.Rngs(0)
+    nets = factory(
+        env.observation_size,
+        env.action_size,
+        actor_hidden_sizes=[64] * 4,
+        critic_hidden_sizes=[256] * 2,
+        rngs=rngs,
+        normalize_obs=True,
+    )
+
+    logged = []
+    result = ppo.train_ppo(
+        train_env,
+        nets,
+        TrainConfig(
+            ppo=PPOConfig(
+                n_envs=8,
+                rollout_length=30,
+                total_steps=480,
+                logging_level=LoggingLevel.BASIC | LoggingLevel.THROUGHPUT,
+            ),
+            eval=EvalConfig(enabled=True, every_steps=240, n_envs=4, max_episode_length=20),
+        ),
+        eval_env=env,
+        log_fn=lambda metrics, step: logged.append((step, metrics)),
+    )
+    print(f"Final eval reward: {result.eval_history[-1]['episode_reward_mean']}")
+
+    assert capsys.readouterr().out.startswith("Final eval reward: ")
+    assert [entry["step"] for entry in result.eval_history] == [0, 240, 480]
+    assert [step for step, _ in logged] == [0, 240, 480]
+    assert {"losses/actor/mean", "losses/critic/mean", "throughput/train_sps"} <= set(logged[-1][1])
+    assert {"eval/episode_reward/mean", "throughput/eval_sps"} <= set(logged[-1][1])

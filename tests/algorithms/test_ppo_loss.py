@@ -1,0 +1,159 @@
+"""ppo_loss and its gradient against a NumPy computation of the same tiny case."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from nnx_ppo.algorithms.config import PPOConfig
+from nnx_ppo.algorithms.ppo import ppo_loss
+from nnx_ppo.algorithms.types import Transition
+from nnx_ppo.networks.types import PPONetworkOutput
+
+T, B = 5, 3
+W, V = 0.3, 0.5
+
+
+def make_case(seed: int, agents: tuple[str, ...]):
+    """Random rollout data for ScriptedNetwork; old log-likelihoods near the current ones."""
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(0, 3, (T, B))
+    done = rng.random((T, B)) < 0.3
+    start = rng.uniform(0, 2, B)
+    scales = {a: i + 1.0 for i, a in enumerate(agents)} or {None: 1.0}
+    loglik, value = replay(W, V, base, done, start)
+    noisy = {a: s * loglik + rng.normal(0, 0.3, (T, B)) for a, s in scales.items()}
+    old_values = {a: s * value + rng.normal(0, 0.5, (T, B)) for a, s in scales.items()}
+    advantages = {a: rng.normal(1, 2, (T, B)) for a in scales}
+    targets = {a: rng.normal(0, 2, (T, B)) for a in scales}
+    return base, done, start, noisy, old_values, advantages, targets
+
+
+def replay(w, v, base, done, start):
+    """The network's outputs over the rollout, the carry reset after each done step."""
+    carry = start.copy()
+    loglik, value = np.zeros((T, B)), np.zeros((T, B))
+    for t in range(T):
+        loglik[t] = w * (carry + base[t])
+        value[t] = v * base[t] + carry
+        carry = np.where(done[t], 0.0, carry + 1)
+    return loglik, value
+
+
+def reference_loss(w, v, case, config: PPOConfig):
+    base, done, start, old_loglik, old_values, advantages, targets = case
+    loglik, value = replay(w, v, base, done, start)
+    scales = {a: i + 1.0 for i, a in enumerate(old_loglik)}
+    policy_adv = dict(advantages)
+    if config.combine_advantages:
+        team = sum(advantages.values())
+        policy_adv = {a: team for a in advantages}
+    if config.normalize_advantages:
+        if config.advantage_normalization == "global":
+            pooled = np.concatenate([a.ravel() for a in policy_adv.values()])
+            policy_adv = {
+                k: (a - pooled.mean()) / (pooled.std() + 1e-8) for k, a in policy_adv.items()
+            }
+        else:
+            policy_adv = {k: (a - a.mean()) / (a.std() + 1e-8) for k, a in policy_adv.items()}
+    eps = config.clip_range
+    actor = 0.0
+    for a, s in scales.items():
+        ratio = np.exp(s * loglik - old_loglik[a])
+        adv = policy_adv[a]
+        actor += -np.mean(np.minimum(ratio * adv, np.clip(ratio, 1 - eps, 1 + eps) * adv))
+    critic = 0.0
+    for a, s in scales.items():
+        error = (s * value - targets[a]) ** 2
+        if config.value_clip_range is not None:
+            c = config.value_clip_range
+            clipped = old_values[a] + np.clip(s * value - old_values[a], -c, c)
+            error = np.maximum(error, (clipped - targets[a]) ** 2)
+        critic += 0.5 * np.mean(error)
+    return actor + config.critic_loss_weight * critic + 0.5 * w**2
+
+
+def as_inputs(case, agents):
+    base, done, start, old_loglik, old_values, advantages, targets = case
+    pick = (
+        (lambda d: {a: jnp.asarray(d[a], jnp.float32) for a in agents})
+        if agents
+        else (lambda d: jnp.asarray(d[None], jnp.float32))
+    )
+    obs = jnp.asarray(np.stack([base, np.zeros_like(base)], -1), jnp.float32)
+    actions = jnp.zeros((T, B, 1))
+    transitions = Transition(
+        obs=obs,
+        network_output=PPONetworkOutput(
+            {a: actions for a in agents} if agents else actions, pick(old_loglik), pick(old_values)
+        ),
+        rewards=pick(targets),
+        done=jnp.asarray(done),
+        truncated=jnp.zeros((T, B), bool),
+        next_obs=obs,
+        metrics={},
+    )
+    return jnp.asarray(start, jnp.float32), transitions, pick(advantages), pick(targets)
+
+
+CONFIGS = {
+    "plain": PPOConfig(n_envs=B, n_minibatches=1, clip_range=0.1, normalize_advantages=False),
+    "normalized": PPOConfig(n_envs=B, n_minibatches=1, clip_range=0.1, critic_loss_weight=0.5),
+    "value_clip": PPOConfig(n_envs=B, n_minibatches=1, clip_range=0.15, value_clip_range=0.2),
+}
+AGENT_CONFIGS = {
+    "per_agent": PPOConfig(n_envs=B, n_minibatches=1, clip_range=0.1),
+    "global": PPOConfig(
+        n_envs=B, n_minibatches=1, clip_range=0.1, advantage_normalization="global"
+    ),
+    "team": PPOConfig(n_envs=B, n_minibatches=1, clip_range=0.1, combine_advantages=True),
+}
+CASES = [(name, config, ()) for name, config in CONFIGS.items()] + [
+    (name, config, ("a", "b")) for name, config in AGENT_CONFIGS.items()
+]
+
+
+@pytest.mark.parametrize(("name", "config", "agents"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_loss_and_gradient_match_numpy(name, config, agents, seed, scripted_network):
+    case = make_case(seed, agents)
+    network = scripted_network(W, V, agents=agents)
+    inputs = as_inputs(case, agents)
+
+    loss, grads = nnx.value_and_grad(lambda n: ppo_loss(n, *inputs, config)[0])(network)
+    grad_w, grad_v = grads["w"][...], grads["v"][...]
+    expected = reference_loss(W, V, case, config)
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    step = 1e-5
+    numeric_w = (
+        reference_loss(W + step, V, case, config) - reference_loss(W - step, V, case, config)
+    ) / (2 * step)
+    numeric_v = (
+        reference_loss(W, V + step, case, config) - reference_loss(W, V - step, case, config)
+    ) / (2 * step)
+    np.testing.assert_allclose([grad_w, grad_v], [numeric_w, numeric_v], rtol=2e-3, atol=1e-4)
+
+
+def test_diagnostics_at_unchanged_parameters(scripted_network):
+    # With the rollout's own log-likelihoods every ratio is 1: no clipping, zero KL.
+    case = list(make_case(3, ()))
+    base, done, start = case[:3]
+    case[3] = {None: replay(W, V, base, done, start)[0]}
+    _, diagnostics = ppo_loss(scripted_network(W, V), *as_inputs(case, ()), CONFIGS["plain"])
+    np.testing.assert_allclose(diagnostics["losses/approx_kl"], 0.0, atol=1e-7)
+    assert float(diagnostics["losses/clipping_fraction"]) == 0.0
+
+
+def test_mismatched_reward_and_action_trees_are_explained(scripted_network):
+    case = make_case(0, ("a", "b"))
+    start, transitions, advantages, targets = as_inputs(case, ("a", "b"))
+    three = {**advantages, "c": advantages["a"]}
+    with pytest.raises(ValueError, match="combine_advantages=True"):
+        ppo_loss(
+            scripted_network(agents=("a", "b")),
+            start,
+            transitions,
+            three,
+            {**targets, "c": targets["a"]},
+            AGENT_CONFIGS["per_agent"],
+        )

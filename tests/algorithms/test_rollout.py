@@ -1,0 +1,201 @@
+"""unroll_env, eval_rollout and tree_where against step-by-step NumPy simulations."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nnx_ppo import ContractError
+from nnx_ppo.algorithms.rollout import (
+    episode_flags,
+    eval_rollout,
+    reset_envs,
+    tree_where,
+    unroll_env,
+)
+from nnx_ppo.algorithms.types import LoggingLevel, Shared
+from nnx_ppo.envs import State
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+
+W, V = 0.3, 0.5
+
+
+def horizons_of(states) -> np.ndarray:
+    return np.asarray(states.data["horizon"])
+
+
+def simulate(start_horizons, fresh_horizons, steps):
+    """CountingEnv and ScriptedNetwork, one env at a time, in plain Python."""
+    envs = len(start_horizons)
+    record = {k: np.zeros((steps, envs)) for k in ("t", "loglik", "value", "reward", "next_value")}
+    record |= {k: np.zeros((steps, envs), bool) for k in ("done", "truncated")}
+    final = []
+    for env in range(envs):
+        t, horizon, carry = 0, start_horizons[env], 0.0
+        for step in range(steps):
+            record["t"][step, env] = t
+            record["loglik"][step, env] = W * (carry + t)
+            record["value"][step, env] = V * t + carry
+            t, carry = t + 1, carry + 1
+            done = t >= horizon
+            record["reward"][step, env] = t
+            record["done"][step, env] = done
+            record["truncated"][step, env] = done and horizon % 2 == 0
+            record["next_value"][step, env] = V * t + carry
+            if done:
+                t, horizon, carry = 0, fresh_horizons[env], 0.0
+        final.append((t, horizon, carry))
+    return record, np.asarray(final)
+
+
+@pytest.fixture(scope="module")
+def compiled_unroll():
+    return jax.jit(unroll_env, static_argnums=(0, 4))
+
+
+@given(envs=st.sampled_from([1, 3, 5]), seed=st.integers(0, 2**31 - 1))
+def test_unroll_matches_simulation(envs, seed, counting_env, scripted_network, compiled_unroll):
+    steps = 7
+    network = scripted_network(W, V)
+    start_key, reset_key = jax.random.split(jax.random.key(seed))
+    env_state = reset_envs(counting_env, jax.random.split(start_key, envs))
+    fresh_horizons = horizons_of(reset_envs(counting_env, jax.random.split(reset_key, envs)))
+    carry, final_state, transitions = compiled_unroll(
+        counting_env, env_state, network, network.initialize_state(envs), steps, reset_key
+    )
+    record, final = simulate(horizons_of(env_state), fresh_horizons, steps)
+    output = transitions.network_output
+    np.testing.assert_allclose(transitions.obs[..., 0], record["t"])
+    np.testing.assert_allclose(output.loglikelihoods, record["loglik"], rtol=1e-6)
+    np.testing.assert_allclose(output.value_estimates, record["value"], rtol=1e-6)
+    np.testing.assert_allclose(transitions.rewards, record["reward"])
+    np.testing.assert_array_equal(transitions.done, record["done"])
+    np.testing.assert_array_equal(transitions.truncated, record["truncated"])
+    # next_obs is the true final observation, before the reset.
+    np.testing.assert_allclose(transitions.next_obs[..., 0], record["t"] + 1)
+    np.testing.assert_allclose(transitions.next_value_estimates, record["next_value"], rtol=1e-6)
+    np.testing.assert_allclose(final_state.data["t"], final[:, 0])
+    np.testing.assert_allclose(final_state.data["horizon"], final[:, 1])
+    np.testing.assert_allclose(carry, final[:, 2])
+
+
+def test_unroll_stacks_time_then_envs(counting_env, scripted_network, compiled_unroll):
+    network = scripted_network()
+    env_state = reset_envs(counting_env, jax.random.split(jax.random.key(0), 3))
+    _, _, transitions = compiled_unroll(
+        counting_env, env_state, network, network.initialize_state(3), 7, jax.random.key(1)
+    )
+    assert transitions.obs.shape == (7, 3, 2)
+    assert transitions.network_output.actions.shape == (7, 3, 1)
+    assert transitions.metrics["env"]["t"].shape == (7, 3)
+    assert transitions.done.dtype == jnp.bool_
+
+
+def test_tree_where_selects_per_env_and_passes_shared_through():
+    mask = jnp.array([True, False, True])
+    on_true = {"a": jnp.ones((3, 2)), "s": Shared(jnp.full((5,), 7.0)), "b": jnp.ones(3, int)}
+    on_false = {"a": jnp.zeros((3, 2)), "s": Shared(jnp.full((5,), 9.0)), "b": jnp.zeros(3, int)}
+    picked = tree_where(mask, on_true, on_false)
+    np.testing.assert_array_equal(picked["a"], [[1, 1], [0, 0], [1, 1]])
+    np.testing.assert_array_equal(picked["b"], [1, 0, 1])
+    np.testing.assert_array_equal(picked["s"].value, np.full(5, 9.0))
+
+
+def test_tree_where_rejects_a_leaf_without_the_env_axis():
+    mask = jnp.array([True, False, True])
+    with pytest.raises(ContractError, match=r"state\['handle'\]"):
+        tree_where(mask, {"handle": jnp.ones(5)}, {"handle": jnp.zeros(5)})
+
+
+@pytest.mark.parametrize("key", ["truncated", "truncation"])
+def test_episode_flags_read_both_truncation_conventions(key):
+    state = State(
+        obs=jnp.zeros((3, 1)),
+        reward=jnp.zeros(3),
+        done=jnp.array([1.0, 0.0, 1.0]),
+        metrics={},
+        info={key: jnp.array([1.0, 1.0, 0.0])},
+    )
+    done, truncated = episode_flags(state)
+    np.testing.assert_array_equal(done, [True, False, True])
+    # Truncation counts only where the episode ended.
+    np.testing.assert_array_equal(truncated, [True, False, False])
+
+
+@pytest.mark.parametrize("max_length", [3, 10])
+def test_eval_rollout_returns_and_lifespans(counting_env, scripted_network, max_length):
+    key = jax.random.key(4)
+    metrics = jax.jit(eval_rollout, static_argnums=(0, 2, 3, 5))(
+        counting_env, scripted_network(), 16, max_length, key, (0, 50, 100)
+    )
+    horizons = horizons_of(reset_envs(counting_env, jax.random.split(key, 16)))
+    lifespans = np.minimum(horizons, max_length)
+    returns = lifespans * (lifespans + 1) / 2
+    for name, values in (("episode_reward", returns), ("lifespan", lifespans)):
+        np.testing.assert_allclose(metrics[f"eval/{name}/mean"], values.mean(), rtol=1e-6)
+        np.testing.assert_allclose(metrics[f"eval/{name}/std"], values.std(), rtol=1e-5)
+        for level in (0, 50, 100):
+            expected = np.percentile(values, level)
+            np.testing.assert_allclose(metrics[f"eval/{name}/p{level}"], expected, rtol=1e-6)
+
+
+def test_eval_rollout_averages_env_metrics_over_each_episode(counting_env, scripted_network):
+    key = jax.random.key(5)
+    metrics = eval_rollout(
+        counting_env, scripted_network(), 8, 10, key, logging_level=LoggingLevel.ENV_METRICS
+    )
+    horizons = horizons_of(reset_envs(counting_env, jax.random.split(key, 8)))
+    # metric t after each step is 1..h: its episode average is (h + 1) / 2.
+    np.testing.assert_allclose(metrics["eval/env/t/mean"], np.mean((horizons + 1) / 2), rtol=1e-6)
+
+
+class DtypeChangingEnv:
+    """Resets with a float ``done`` but steps with a bool one: breaks the scan carry."""
+
+    def reset(self, key):
+        del key
+        return State(jnp.zeros(2), jnp.zeros(()), jnp.zeros(()), {}, {})
+
+    def step(self, state, action):
+        del action
+        return state.replace(done=jnp.ones((), bool))
+
+
+def test_env_breaking_the_contract_fails_at_trace_time(scripted_network):
+    env = DtypeChangingEnv()
+    network = scripted_network()
+    env_state = reset_envs(env, jax.random.split(jax.random.key(0), 2))
+    with pytest.raises(ContractError, match=r"state\.done"):
+        unroll_env(env, env_state, network, network.initialize_state(2), 3, jax.random.key(1))
+
+
+class Rewired(StatefulModule):
+    """The wrapped network with its output passed through ``rewire``."""
+
+    def __init__(self, inner: StatefulModule, rewire) -> None:
+        self.inner = inner
+        self.rewire = nnx.static(rewire)
+
+    def __call__(self, state, x, rollout_extras=None) -> StatefulModuleOutput:
+        out = self.inner(state, x, rollout_extras)
+        return out.replace(output=self.rewire(out.output))
+
+
+def test_network_without_ppo_output_is_named(counting_env, scripted_network):
+    network = Rewired(scripted_network(), lambda output: output.actions)
+    env_state = reset_envs(counting_env, jax.random.split(jax.random.key(0), 2))
+    with pytest.raises(ContractError, match="not a PPONetworkOutput"):
+        unroll_env(counting_env, env_state, network, jnp.zeros(2), 3, jax.random.key(1))
+
+
+def test_values_must_match_the_reward_tree(counting_env, scripted_network):
+    network = Rewired(
+        scripted_network(),
+        lambda out: out.replace(value_estimates={"a": out.value_estimates}),
+    )
+    env_state = reset_envs(counting_env, jax.random.split(jax.random.key(0), 2))
+    with pytest.raises(ContractError, match="value estimates are not shaped like"):
+        unroll_env(counting_env, env_state, network, jnp.zeros(2), 3, jax.random.key(1))

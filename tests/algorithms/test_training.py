@@ -1,0 +1,237 @@
+"""The training loop: compiles once, counts exactly, stops on NaN, calls its hooks on time."""
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig, VideoConfig
+from nnx_ppo.algorithms.ppo import new_training_state, ppo_step, train_ppo
+from nnx_ppo.algorithms.types import LoggingLevel
+from nnx_ppo.envs import make
+from nnx_ppo.networks.adapter import PPOAdapter
+from nnx_ppo.networks.containers import Sequential
+from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.normalizer import Normalizer
+from nnx_ppo.networks.recurrent import LSTM
+from nnx_ppo.networks.sampling_layers import CategoricalSampler
+from nnx_ppo.networks.types import StatefulModuleOutput
+
+N_ENVS, LENGTH = 4, 5
+STEP = N_ENVS * LENGTH
+
+
+def ppo_config(**changes) -> PPOConfig:
+    base = {"n_envs": N_ENVS, "rollout_length": LENGTH, "n_minibatches": 2, "n_epochs": 2}
+    return PPOConfig(**(base | changes))
+
+
+def train_config(total_steps: int, eval_every: int | None = None, **ppo_changes) -> TrainConfig:
+    evaluation = EvalConfig(
+        enabled=eval_every is not None,
+        every_steps=eval_every or 1,
+        n_envs=3,
+        max_episode_length=6,
+    )
+    return TrainConfig(ppo=ppo_config(total_steps=total_steps, **ppo_changes), eval=evaluation)
+
+
+@pytest.fixture
+def traced_env(counting_env):
+    """The counting env, counting how often JAX traces its step."""
+
+    class Traced(type(counting_env)):
+        traces = 0
+
+        def step(self, state, action):
+            Traced.traces += 1
+            return super().step(state, action)
+
+    return Traced()
+
+
+def test_training_step_compiles_once(traced_env, scripted_network):
+    config = ppo_config()
+    state = new_training_state(traced_env, scripted_network(), N_ENVS, seed=0)
+    state, _ = ppo_step(traced_env, state, config)
+    traces = traced_env.traces
+    assert traces > 0
+    for _ in range(3):
+        state, _ = ppo_step(traced_env, state, config)
+    assert traced_env.traces == traces
+    # A fresh run of the same configuration reuses the compiled step as well.
+    train_ppo(traced_env, scripted_network(), train_config(3 * STEP))
+    assert traced_env.traces == traces
+
+
+def test_step_counter_is_exact_beyond_float_precision(counting_env, scripted_network):
+    state = new_training_state(counting_env, scripted_network(), N_ENVS, seed=0)
+    start = 10**12 + 3
+    state, metrics = ppo_step(counting_env, state.replace(steps_taken=start), ppo_config())
+    assert state.steps_taken == start + STEP
+    assert isinstance(state.steps_taken, int)
+    assert metrics["total_steps"] == float(start + STEP)
+
+
+def test_nan_loss_stops_training_naming_the_step(poisoned_env, scripted_network):
+    with pytest.raises(FloatingPointError, match=r"env step \d+: the loss is NaN.*epoch 0"):
+        train_ppo(poisoned_env, scripted_network(), train_config(50 * STEP))
+
+
+def test_nan_parameters_stop_training_naming_them(counting_env, scripted_network):
+    network = scripted_network()
+    state = new_training_state(
+        counting_env, network, N_ENVS, seed=0, optimizer=optax.sgd(float("inf"))
+    )
+    config = ppo_config(n_epochs=1, n_minibatches=1)
+    with pytest.raises(FloatingPointError, match=rf"env step {STEP}: parameters .*'w'"):
+        ppo_step(counting_env, state, config)
+
+
+def test_replay_at_unchanged_parameters_reproduces_the_rollout(counting_env, scripted_network):
+    # With a zero step size every minibatch (a set of whole envs, replayed from the
+    # rollout's first carry with resets) must reproduce the rollout's log-likelihoods.
+    state = new_training_state(counting_env, scripted_network(), N_ENVS, 0, optimizer=optax.sgd(0))
+    config = ppo_config(logging_level=LoggingLevel.ALL)
+    for _ in range(3):
+        state, metrics = ppo_step(counting_env, state, config)
+        assert metrics["losses/approx_kl/mean"] == 0.0
+        assert metrics["losses/clipping_fraction/mean"] == 0.0
+
+
+def test_hooks_and_history(counting_env, scripted_network):
+    logged, checkpoints = [], []
+    config = train_config(6 * STEP, eval_every=2 * STEP)
+    config.checkpoint_every_steps = 3 * STEP
+    result = train_ppo(
+        counting_env,
+        scripted_network(),
+        config,
+        log_fn=lambda metrics, step: logged.append((step, metrics)),
+        checkpoint_fn=lambda state, step: checkpoints.append((step, state.steps_taken)),
+    )
+    assert result.total_steps == 6 * STEP
+    assert result.total_iterations == 6
+    assert [entry["step"] for entry in result.eval_history] == [0, 2 * STEP, 4 * STEP, 6 * STEP]
+    for entry in result.eval_history:
+        assert entry["episode_reward_mean"] == entry["eval/episode_reward/mean"]
+        assert {"eval/episode_reward/std", "eval/lifespan/mean", "eval/lifespan/p50"} <= set(entry)
+    assert checkpoints == [(0, 0), (3 * STEP, 3 * STEP), (6 * STEP, 6 * STEP)]
+    assert [step for step, _ in logged] == [0] + [k * STEP for k in range(1, 7)]
+    assert all(isinstance(v, float) for _, metrics in logged for v in metrics.values())
+    assert logged[-1][1] == result.final_metrics
+    assert "losses/actor/mean" in result.final_metrics
+
+
+def test_resume_continues_counting(counting_env, scripted_network):
+    first = train_ppo(counting_env, scripted_network(), train_config(2 * STEP))
+    second = train_ppo(
+        counting_env,
+        first.training_state.networks,
+        train_config(5 * STEP),
+        initial_state=first.training_state,
+    )
+    assert second.total_steps == 5 * STEP
+    assert second.total_iterations == 3
+
+
+def test_kl_early_stop_ends_the_epoch_loop(counting_env, scripted_network):
+    config = ppo_config(n_epochs=4, learning_rate=1e-2, logging_level=LoggingLevel.ACTOR_EXTRA)
+    state = new_training_state(counting_env, scripted_network(), N_ENVS, seed=0)
+    _, metrics = ppo_step(counting_env, state, config)
+    assert metrics["losses/epochs_completed"] == 4.0
+    state = new_training_state(counting_env, scripted_network(), N_ENVS, seed=0)
+    stopped = ppo_config(
+        n_epochs=4, learning_rate=1e-2, target_kl=1e-9, logging_level=config.logging_level
+    )
+    _, metrics = ppo_step(counting_env, state, stopped)
+    assert metrics["losses/epochs_completed"] == 1.0
+    assert np.isfinite(metrics["losses/approx_kl/mean"])
+
+
+def test_learning_rate_schedule_and_throughput(counting_env, scripted_network):
+    schedule = optax.linear_schedule(1e-3, 0.0, 10)
+    config = train_config(2 * STEP, learning_rate=schedule, logging_level=LoggingLevel.THROUGHPUT)
+    result = train_ppo(counting_env, scripted_network(), config)
+    assert result.final_metrics["throughput/train_sps"] > 0
+
+
+def test_statistics_are_folded_once_per_step_with_the_whole_rollout(counting_env, scripted_network):
+    class Counter(nnx.Variable):
+        pass
+
+    class WithStatistics(scripted_network):
+        def __init__(self):
+            super().__init__()
+            self.calls = Counter(jnp.zeros((), jnp.int32))
+            self.seen = Counter(jnp.zeros((), jnp.int32))
+
+        def __call__(self, state, x, rollout_extras=None) -> StatefulModuleOutput:
+            return super().__call__(state, x).replace(rollout_extras=x[:, 0])
+
+        def update_statistics(self, rollout_extras):
+            self.calls[...] += 1
+            self.seen[...] += rollout_extras.size
+
+    network = WithStatistics()
+    train_ppo(counting_env, network, train_config(3 * STEP))
+    assert int(network.calls[...]) == 3
+    assert int(network.seen[...]) == 3 * STEP
+
+
+def test_config_and_state_must_agree_on_the_number_of_envs(counting_env, scripted_network):
+    state = new_training_state(counting_env, scripted_network(), 2, seed=0)
+    with pytest.raises(ValueError, match=r"holds 2 envs, but config\.n_envs is 4"):
+        ppo_step(counting_env, state, ppo_config())
+
+
+def test_recurrent_sampling_policy_replays_its_rollout_exactly():
+    # An LSTM policy whose sampler draws from per-env keys in carry, on episodes that
+    # end mid-rollout: replaying minibatches of envs at unchanged parameters scores
+    # the stored actions with the rollout's own log-likelihoods.
+    env = make("memory")
+    rngs = nnx.Rngs(0)
+    network = Sequential(
+        [
+            Normalizer(env.observation_size),
+            LSTM(env.observation_size, 8, rngs),
+            PPOAdapter(
+                action=Sequential([Dense(8, 2, rngs), CategoricalSampler(rngs, 0.01)]),
+                value=Dense(8, 1, rngs),
+            ),
+        ]
+    )
+    state = new_training_state(env, network, 4, seed=0, optimizer=optax.sgd(0.0))
+    config = ppo_config(rollout_length=9, logging_level=LoggingLevel.ALL)
+    for _ in range(2):
+        state, metrics = ppo_step(env, state, config)
+        assert metrics["rollout_batch/done_rate"] > 0
+        assert metrics["losses/approx_kl/mean"] < 1e-6
+        assert metrics["losses/clipping_fraction/mean"] == 0.0
+
+
+def test_video_records_a_deterministic_episode(counting_env, scripted_network):
+    class Rendered(type(counting_env)):
+        def render(self, trajectory, height, width):
+            return [np.full((height, width, 3), s.data["t"], np.uint8) for s in trajectory]
+
+    videos = []
+    config = train_config(2 * STEP)
+    config.video = VideoConfig(enabled=True, every_steps=STEP, episode_length=6)
+    config.video.render_kwargs = {"height": 2, "width": 3}
+    train_ppo(Rendered(), scripted_network(), config, video_fn=videos.append)
+    assert [video.step for video in videos] == [0, STEP, 2 * STEP]
+    video = videos[0]
+    assert video.frames.shape == (7, 2, 3, 3) and video.frames.dtype == np.uint8
+    # Frame k shows the step counter: 0, 1, ... up to the episode's horizon, then 0 again.
+    counters = video.frames[:, 0, 0, 0].tolist()
+    horizon = counters.index(0, 1)
+    assert counters[:horizon] == list(range(horizon))
+    assert video.episode_reward == sum(range(1, horizon + 1))
+    assert video.episode_length == 6
+
+
+def test_config_types_are_checked(counting_env, scripted_network):
+    with pytest.raises(TypeError, match=r"wrap a PPOConfig as TrainConfig\(ppo=\.\.\.\)"):
+        train_ppo(counting_env, scripted_network(), ppo_config())  # type: ignore[arg-type]
