@@ -775,6 +775,7 @@ def train_ppo(
     checkpoint_fn: Callable[[TrainingState, int], None] | None = None,
     eval_env: RLEnv | None = None,
     initial_state: TrainingState | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
     """Train ``networks`` with PPO on ``env`` until ``config.ppo.total_steps`` env steps.
 
@@ -795,6 +796,9 @@ def train_ppo(
       eval_env: the evaluation environment; ``env`` when ``None``.
       initial_state: resume from this state (its optimizer included: the config's
         learning rate, clipping and decay then go unused) instead of a fresh one.
+      should_stop: polled after every PPO step; when it returns ``True`` (e.g. a
+        signal handler saw Ctrl-C), training stops early and ``checkpoint_fn``, if
+        given, writes a final checkpoint of the state reached.
 
     Returns:
       A :class:`TrainResult`; ``eval_history`` holds ``{"step": s, **eval_metrics}``
@@ -856,4 +860,8 @@ def train_ppo(
         metrics |= periodic(state)
         if log_fn is not None:
             log_fn(metrics, state.steps_taken)
+        if should_stop is not None and should_stop():
+            if checkpoint_fn is not None and last["checkpoint"] != state.steps_taken:
+                checkpoint_fn(state, state.steps_taken)
+            break
     return TrainResult(state, metrics, history, state.steps_taken, iterations)

@@ -329,55 +329,84 @@ def _width(owner: str, size: Any) -> int:
     return require_int(owner, "observation_size", size)
 
 
-def make_default_network(env: Any, rngs: nnx.Rngs) -> StatefulModule:
+def make_default_network(
+    env: Any,
+    rngs: nnx.Rngs,
+    *,
+    kind: str = "auto",
+    hidden_sizes: Sequence[int] = (64, 64),
+    activation: Activation | str = nnx.tanh,
+) -> StatefulModule:
     """The preset network for an environment, chosen from its observation and action spec.
 
-    - ``env.requires_memory`` (the built-in ``memory`` task): an LSTM actor-critic
-      (:func:`make_lstm_actor_critic`, 64 units);
+    - ``kind="lstm"``, or ``"auto"`` for an env with ``requires_memory`` (the
+      built-in ``memory`` task): :func:`make_lstm_actor_critic` with
+      ``hidden_sizes[0]`` units;
     - dict actions (one entry per agent, e.g. ``two_agent``): one MLP actor and one
       MLP critic per entry, on that entry's observation, so values are per agent;
     - ``env.discrete_actions``: :func:`make_discrete_mlp_actor_critic`;
     - otherwise (Playground envs included): :func:`make_mlp_actor_critic`.
 
-    The MLPs have two hidden layers of 64 units and normalise observations.
+    The MLPs use ``hidden_sizes`` for actor and critic alike, and every preset
+    normalises observations.
     """
     owner = "make_default_network"
+    if kind not in ("auto", "mlp", "lstm"):
+        raise ValueError(f"{owner}: kind must be 'auto', 'mlp' or 'lstm', got {kind!r}")
+    hidden = [require_int(owner, "hidden_sizes entry", size) for size in hidden_sizes]
+    if not hidden:
+        raise ValueError(f"{owner}: hidden_sizes is empty")
     obs_size, action_size = env.observation_size, env.action_size
     discrete = bool(getattr(env, "discrete_actions", False))
-    hidden = [64, 64]
-    if getattr(env, "requires_memory", False):
+    if kind == "lstm" or (kind == "auto" and getattr(env, "requires_memory", False)):
         return make_lstm_actor_critic(
-            _width(owner, obs_size), action_size, 64, rngs, discrete=discrete
+            _width(owner, obs_size),
+            action_size,
+            hidden[0],
+            rngs,
+            discrete=discrete,
+            activation=activation,
         )
     if isinstance(action_size, Mapping):
-        if not isinstance(obs_size, Mapping) or set(obs_size) != set(action_size):
-            raise ValueError(
-                f"{owner}: dict actions {sorted(action_size)} need dict observations with the "
-                f"same keys, got observation_size={obs_size!r}"
-            )
-        actors: dict[str, StatefulModule] = {}
-        critics: dict[str, StatefulModule] = {}
-        for key, size in action_size.items():
-            width = _width(owner, obs_size[key])
-            sampler = (
-                CategoricalSampler(rngs, entropy_weight=1e-2)
-                if discrete
-                else NormalTanhSampler(rngs, entropy_weight=1e-2)
-            )
-            n_out = size if discrete else 2 * size
-            actors[key] = Sequential(
-                [
-                    *make_mlp_layers([width, *hidden, n_out], rngs, activation_last_layer=False),
-                    sampler,
-                ]
-            )
-            critics[key] = make_mlp([width, *hidden, 1], rngs, activation_last_layer=False)
-        widths = {key: _width(owner, size) for key, size in obs_size.items()}
-        return Sequential([Normalizer(widths), PPOAdapter(action=Map(actors), value=Map(critics))])
+        return _per_agent_actor_critic(
+            owner, obs_size, action_size, hidden, rngs, discrete, activation
+        )
     if isinstance(obs_size, Mapping):
         obs_size = {key: _width(owner, size) for key, size in obs_size.items()}
     else:
         obs_size = _width(owner, obs_size)
     if discrete:
-        return make_discrete_mlp_actor_critic(obs_size, action_size, hidden, hidden, rngs)
-    return make_mlp_actor_critic(obs_size, action_size, hidden, hidden, rngs)
+        return make_discrete_mlp_actor_critic(
+            obs_size, action_size, hidden, hidden, rngs, activation=activation
+        )
+    return make_mlp_actor_critic(obs_size, action_size, hidden, hidden, rngs, activation=activation)
+
+
+def _per_agent_actor_critic(
+    owner: str,
+    obs_size: Any,
+    action_size: Mapping[str, int],
+    hidden: list[int],
+    rngs: nnx.Rngs,
+    discrete: bool,
+    activation: Activation | str,
+) -> StatefulModule:
+    if not isinstance(obs_size, Mapping) or set(obs_size) != set(action_size):
+        raise ValueError(
+            f"{owner}: dict actions {sorted(action_size)} need dict observations with the "
+            f"same keys, got observation_size={obs_size!r}"
+        )
+    activation = _resolve_activation(owner, activation)
+    widths = {key: _width(owner, size) for key, size in obs_size.items()}
+    actors: dict[str, StatefulModule] = {}
+    critics: dict[str, StatefulModule] = {}
+    for key, size in action_size.items():
+        sampler: ActionSampler
+        if discrete:
+            sampler, n_out = CategoricalSampler(rngs, entropy_weight=1e-2), size
+        else:
+            sampler, n_out = NormalTanhSampler(rngs, entropy_weight=1e-3), 2 * size
+        layers = make_mlp_layers([widths[key], *hidden, n_out], rngs, activation, False)
+        actors[key] = Sequential([*layers, sampler])
+        critics[key] = make_mlp([widths[key], *hidden, 1], rngs, activation, False)
+    return Sequential([Normalizer(widths), PPOAdapter(action=Map(actors), value=Map(critics))])

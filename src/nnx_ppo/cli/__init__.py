@@ -1,0 +1,1 @@
+"""The ``nnx-ppo`` command line: training runs, their directories, progress and plots."""
