@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import jax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
 
+from nnx_ppo.envs.state import EnvState, RLEnv
 from nnx_ppo.networks.types import ModuleState, PPONetworkOutput
 
 __all__ = [
@@ -26,37 +27,6 @@ __all__ = [
     "TrainingState",
     "Transition",
 ]
-
-
-@runtime_checkable
-class EnvState(Protocol):
-    """One environment's state, as in MuJoCo Playground (SPEC section 4).
-
-    The fields are read-only properties so that frozen dataclasses (Playground's
-    ``State``, :class:`nnx_ppo.envs.State`) satisfy the protocol. ``done`` is a
-    scalar (``float`` in Playground, ``bool`` elsewhere) or one scalar per reward
-    leaf; ``info["truncated"]`` (ours) or ``info["truncation"]`` (Playground)
-    marks an episode cut short by a time limit.
-    """
-
-    @property
-    def obs(self) -> Any: ...
-    @property
-    def reward(self) -> Any: ...
-    @property
-    def done(self) -> Any: ...
-    @property
-    def metrics(self) -> dict[str, Any]: ...
-    @property
-    def info(self) -> dict[str, Any]: ...
-
-
-@runtime_checkable
-class RLEnv(Protocol):
-    """One unbatched environment; the library vmaps ``reset`` and ``step`` over envs."""
-
-    def reset(self, rng: PRNGKeyArray, /) -> EnvState: ...
-    def step(self, state: Any, action: Any, /) -> EnvState: ...
 
 
 @jax.tree_util.register_pytree_node_class

@@ -241,7 +241,8 @@ def _list_envs(console: Console) -> int:
         kind = "discrete" if discrete else "continuous"
         if getattr(env, "requires_memory", False):
             kind += ", needs memory"
-        table.add_row(name, str(env.observation_size), str(env.action_size), kind)
+        spec = [str(getattr(env, attr, "?")) for attr in ("observation_size", "action_size")]
+        table.add_row(name, *spec, kind)
     console.print(table)
     return 0
 

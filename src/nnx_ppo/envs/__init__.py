@@ -23,14 +23,14 @@ from typing import Any
 from nnx_ppo.envs.cartpole import CartPole
 from nnx_ppo.envs.memory import MemoryTask
 from nnx_ppo.envs.pendulum import Pendulum
-from nnx_ppo.envs.state import Environment, State, time_limit
+from nnx_ppo.envs.state import RLEnv, State, time_limit
 from nnx_ppo.envs.two_agent import TwoAgentReach
 
 __all__ = [
     "CartPole",
-    "Environment",
     "MemoryTask",
     "Pendulum",
+    "RLEnv",
     "State",
     "TwoAgentReach",
     "make",
@@ -38,7 +38,7 @@ __all__ = [
     "time_limit",
 ]
 
-_BUILT_IN: dict[str, Callable[..., Environment]] = {
+_BUILT_IN: dict[str, Callable[..., RLEnv]] = {
     "cartpole": CartPole,
     "pendulum": Pendulum,
     "memory": MemoryTask,
@@ -61,7 +61,7 @@ def names() -> tuple[str, ...]:
     return (*_BUILT_IN, *playground)
 
 
-def make(name: str, **kwargs: Any) -> Environment:
+def make(name: str, **kwargs: Any) -> RLEnv:
     """Build an environment by name.
 
     Args:

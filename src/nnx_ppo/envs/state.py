@@ -23,13 +23,13 @@ Conventions shared by the built-in environments:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
 
-__all__ = ["Environment", "State", "time_limit"]
+__all__ = ["EnvState", "RLEnv", "State", "time_limit"]
 
 
 @jax.tree_util.register_dataclass
@@ -60,20 +60,38 @@ class State:
         return dataclasses.replace(self, **changes)
 
 
-class Environment(Protocol):
-    """What the library needs of an environment: one env, reset and stepped.
+@runtime_checkable
+class EnvState(Protocol):
+    """One environment's state, as in MuJoCo Playground (SPEC section 4).
 
-    The parameters are positional-only, so an env may name them as it likes
-    (Playground's and the built-ins' ``reset`` take ``rng``).
+    The fields are read-only properties so that frozen dataclasses (Playground's
+    ``State``, :class:`nnx_ppo.envs.State`) satisfy the protocol. ``done`` is a
+    scalar (``float`` in Playground, ``bool`` elsewhere) or one scalar per reward
+    leaf; ``info["truncated"]`` (ours) or ``info["truncation"]`` (Playground)
+    marks an episode cut short by a time limit.
     """
 
-    def reset(self, rng: PRNGKeyArray, /) -> Any:
-        """The first state of an episode of one environment."""
+    @property
+    def obs(self) -> Any: ...
+    @property
+    def reward(self) -> Any: ...
+    @property
+    def done(self) -> Any: ...
+    @property
+    def metrics(self) -> dict[str, Any]: ...
+    @property
+    def info(self) -> dict[str, Any]: ...
+    def replace(self, **changes: Any) -> Any:
+        """A copy with the given fields replaced (Playground's and our ``State`` have it)."""
         ...
 
-    def step(self, state: Any, action: Any, /) -> Any:
-        """The next state of one environment after ``action``."""
-        ...
+
+@runtime_checkable
+class RLEnv(Protocol):
+    """One unbatched environment; the library vmaps ``reset`` and ``step`` over envs."""
+
+    def reset(self, rng: PRNGKeyArray, /) -> EnvState: ...
+    def step(self, state: Any, action: Any, /) -> EnvState: ...
 
 
 def time_limit(

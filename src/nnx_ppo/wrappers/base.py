@@ -6,7 +6,7 @@ from typing import Any
 
 from jaxtyping import PRNGKeyArray
 
-from nnx_ppo.envs.state import Environment
+from nnx_ppo.envs.state import RLEnv
 
 __all__ = ["Wrapper"]
 
@@ -20,7 +20,7 @@ class Wrapper:
     wherever the env itself could.
     """
 
-    def __init__(self, env: Environment) -> None:
+    def __init__(self, env: RLEnv) -> None:
         for method in ("reset", "step"):
             if not callable(getattr(env, method, None)):
                 raise TypeError(

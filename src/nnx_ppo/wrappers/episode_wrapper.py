@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
 from nnx_ppo.contract.arguments import require_int
-from nnx_ppo.envs.state import Environment
+from nnx_ppo.envs.state import RLEnv
 from nnx_ppo.wrappers.base import Wrapper
 
 __all__ = ["EpisodeWrapper"]
@@ -41,9 +41,7 @@ class EpisodeWrapper(Wrapper):
         split, one half for the counter.
     """
 
-    def __init__(
-        self, env: Environment, max_len: int, *, random_initial_step: bool = False
-    ) -> None:
+    def __init__(self, env: RLEnv, max_len: int, *, random_initial_step: bool = False) -> None:
         super().__init__(env)
         self.max_len = require_int("EpisodeWrapper", "max_len", max_len, 1)
         self.random_initial_step = random_initial_step

@@ -8,7 +8,7 @@ import jax
 from jaxtyping import PRNGKeyArray
 
 from nnx_ppo.contract.arguments import require_number
-from nnx_ppo.envs.state import Environment
+from nnx_ppo.envs.state import RLEnv
 from nnx_ppo.wrappers.base import Wrapper
 
 __all__ = ["RewardScalingWrapper"]
@@ -25,7 +25,7 @@ class RewardScalingWrapper(Wrapper):
       reward_scale: a finite number.
     """
 
-    def __init__(self, env: Environment, reward_scale: float) -> None:
+    def __init__(self, env: RLEnv, reward_scale: float) -> None:
         super().__init__(env)
         require_number("RewardScalingWrapper", "reward_scale", reward_scale)
         self.reward_scale = float(reward_scale)
