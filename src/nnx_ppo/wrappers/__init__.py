@@ -1,4 +1,4 @@
-"""RLEnv wrappers: each wraps one unbatched env and forwards its attributes."""
+"""Environment wrappers: each wraps one unbatched env and forwards its attributes."""
 
 from nnx_ppo.wrappers.base import Wrapper
 from nnx_ppo.wrappers.episode_wrapper import EpisodeWrapper
