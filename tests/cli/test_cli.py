@@ -1,0 +1,193 @@
+"""The nnx-ppo command end to end: run directory, resume, interruption, broken checkpoints."""
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from nnx_ppo.algorithms.checkpointing import CheckpointError, find_checkpoint, load_checkpoint
+from nnx_ppo.cli.main import main
+from nnx_ppo.cli.run_dir import read_metrics
+from nnx_ppo.envs import make
+from nnx_ppo.networks.factories import make_default_network
+
+# 8 envs x 16 steps per iteration: 128 env steps per PPO step.
+TINY = [
+    "--set", "ppo.n_envs=8",
+    "--set", "ppo.rollout_length=16",
+    "--set", "ppo.n_minibatches=2",
+    "--set", "ppo.n_epochs=2",
+    "--set", "eval.n_envs=4",
+    "--set", "eval.every_steps=512",
+    "--set", "eval.max_episode_length=50",
+    "--set", "checkpoint_every_steps=512",
+    "--set", "network.hidden_sizes=[16]",
+]  # fmt: skip
+
+
+def train(run_dir: Path, steps: int, *extra: str) -> int:
+    return main(["train", "--steps", str(steps), "--run-dir", str(run_dir), *TINY, *extra])
+
+
+def parameters(run_dir: Path) -> list[np.ndarray]:
+    """The network parameters of a run's latest checkpoint."""
+    env = make("cartpole")
+    network = make_default_network(env, nnx.Rngs(0), hidden_sizes=[16])
+    load_checkpoint(run_dir, network)
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(nnx.state(network, nnx.Param))]
+
+
+def test_train_writes_a_complete_run_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert train(run_dir, 1024) == 0
+
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["env"] == "cartpole"
+    assert config["train"]["ppo"]["n_envs"] == 8
+    records = read_metrics(run_dir / "metrics.jsonl")
+    steps = [r["step"] for r in records]
+    assert steps == sorted(steps) and steps[-1] == 1024
+    assert any("eval/episode_reward/mean" in r for r in records)
+    assert any("losses/total/mean" in r for r in records)
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    png = (run_dir / "learning_curve.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+    assert find_checkpoint(run_dir) == (run_dir / "checkpoints", 1024)
+
+
+def test_resuming_gives_the_parameters_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert train(straight, 1024) == 0
+    assert train(resumed, 512) == 0
+    assert main(["train", "--resume", str(resumed), "--steps", "1024"]) == 0
+
+    assert find_checkpoint(resumed)[1] == 1024
+    for a, b in zip(parameters(straight), parameters(resumed), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    resumed_steps = [r["step"] for r in read_metrics(resumed / "metrics.jsonl")]
+    assert resumed_steps[-1] == 1024 and 640 in resumed_steps
+
+
+def test_sigint_writes_a_checkpoint_and_the_run_resumes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "nnx_ppo", "train", "--steps", "100000000"]
+    process = subprocess.Popen(
+        [*command, "--run-dir", str(run_dir), *TINY],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=os.environ | {"JAX_PLATFORMS": "cpu"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert process.poll() is None, process.communicate()[0].decode()
+            assert time.monotonic() < deadline, "training did not start within 2 minutes"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=120)[0].decode()
+    finally:
+        process.kill()
+    assert process.returncode == 0, output
+    assert "stopped by" in output and "SIGINT" in output
+
+    _, step = find_checkpoint(run_dir)
+    last_logged = read_metrics(run_dir / "metrics.jsonl")[-1]["step"]
+    assert step == last_logged and 0 < step < 100_000_000
+    assert main(["train", "--resume", str(run_dir), "--steps", str(step + 256)]) == 0
+    assert find_checkpoint(run_dir)[1] == step + 256
+
+
+def test_a_different_architecture_is_refused_with_the_paths_that_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    assert train(run_dir, 256) == 0
+    env = make("cartpole")
+    wider = make_default_network(env, nnx.Rngs(0), hidden_sizes=[32])
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(run_dir, wider)
+    message = str(error.value)
+    assert "does not fit this network" in message
+    assert "['linear']['bias'].value is shape (16,) float32 in the checkpoint" in message
+    assert "but shape (32,) float32 here" in message
+
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "--set", "network.hidden_sizes=[16,16]"]) == 2
+    assert "missing from the checkpoint" in capsys.readouterr().out
+
+
+def test_broken_checkpoints_are_named(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert train(run_dir, 512) == 0
+    network = make_default_network(make("cartpole"), nnx.Rngs(0), hidden_sizes=[16])
+    checkpoints, latest = find_checkpoint(run_dir)
+
+    # A crash mid-write leaves Orbax's temporary directory: the previous checkpoint stays latest.
+    (checkpoints / f"{latest + 128}.orbax-checkpoint-tmp-1").mkdir()
+    assert find_checkpoint(run_dir) == (checkpoints, latest)
+
+    manifest = next((checkpoints / str(latest) / "manifest").iterdir())
+    manifest.write_text("{ truncated")
+    with pytest.raises(CheckpointError, match="corrupted: its manifest is not valid JSON"):
+        load_checkpoint(run_dir, network)
+
+    previous = sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())[-2]
+    for item in (checkpoints / str(previous) / "arrays").rglob("*"):
+        if item.is_file():
+            item.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="could not be read"):
+        load_checkpoint(checkpoints / str(previous), network)
+
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nowhere", network)
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
+        load_checkpoint(tmp_path, network)
+
+
+def test_envs_lists_the_built_ins(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["envs"]) == 0
+    listed = capsys.readouterr().out
+    for name in ("cartpole", "pendulum", "memory", "two_agent"):
+        assert name in listed
+
+
+def test_eval_reports_returns_of_the_latest_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    assert train(run_dir, 256) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "4"]) == 0
+    shown = capsys.readouterr().out
+    assert "checkpoint at step 256" in shown and "eval/episode_reward/mean" in shown
+
+
+def test_unknown_env_and_bad_overrides_are_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    if importlib.util.find_spec("mujoco_playground") is None:
+        assert main(["train", "--env", "CartpoleBalance"]) == 2
+        assert "nnx-ppo[playground]" in capsys.readouterr().out
+    assert main(["train", "--set", "ppo.n_envz=3"]) == 2
+    assert "unknown config key 'train.ppo.n_envz'" in capsys.readouterr().out
+    assert main(["train", "--set", "ppo.n_envs=10", "--set", "ppo.n_minibatches=4"]) == 2
+    assert "n_minibatches" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mujoco_playground") is None,
+    reason="MuJoCo Playground is not installed (pip install 'nnx-ppo[playground]')",
+)
+def test_playground_cartpole_balance_trains_through_the_cli(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert main(["train", "--env", "CartpoleBalance", "--steps", "512", "--run-dir", str(run_dir),
+                 *TINY]) == 0  # fmt: skip
+    assert read_metrics(run_dir / "metrics.jsonl")[-1]["step"] >= 512
