@@ -16,7 +16,7 @@ import jax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo.envs.state import EnvState, RLEnv
-from nnx_ppo.networks.types import ModuleState, PPONetworkOutput
+from nnx_ppo.networks.types import ModuleState, PPONetworkOutput, Replaceable
 
 __all__ = [
     "EnvState",
@@ -52,15 +52,9 @@ class Shared:
         return cls(children[0])
 
 
-class _Replaceable:
-    def replace(self, **changes: Any) -> Any:
-        """Return a copy with the given fields replaced."""
-        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
-
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Transition(_Replaceable):
+class Transition(Replaceable):
     """One step of experience for every env, or a rollout of them stacked over time.
 
     Per step every array leaf is ``(B, ...)``; :func:`~nnx_ppo.algorithms.rollout.unroll_env`
@@ -95,7 +89,7 @@ class Transition(_Replaceable):
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class RunningEpisodes(_Replaceable):
+class RunningEpisodes(Replaceable):
     """The episodes in progress in the training envs, carried across training steps.
 
     Attributes:
@@ -109,7 +103,7 @@ class RunningEpisodes(_Replaceable):
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class TrainingState(_Replaceable):
+class TrainingState(Replaceable):
     """Everything a training run carries from one PPO step to the next.
 
     ``steps_taken`` is a Python ``int`` kept on the host (a static pytree field):

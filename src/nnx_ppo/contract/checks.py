@@ -402,7 +402,16 @@ def _bound_arguments(
     return list(bound.arguments.items())
 
 
-def _check_call(fn: Callable[..., Any], output_type: type) -> Callable[..., Any]:
+_Arguments = list[tuple[str, Any]]
+"""A call's arguments after ``self``, as (parameter name, value) pairs."""
+
+_Check = Callable[[_Site, _Arguments, Callable[[], Any]], Any]
+"""Checks one call: given where it runs, its arguments, and the (annotation-checked)
+method to run, it returns the method's result or raises ``ContractError``."""
+
+
+def _checked(fn: Callable[..., Any], method: str, check: _Check) -> Callable[..., Any]:
+    """``fn`` wrapped so that, when checks are on, ``check`` runs it."""
     typed = _annotation_checked(fn)
     signature = inspect.signature(fn)
 
@@ -411,52 +420,58 @@ def _check_call(fn: Callable[..., Any], output_type: type) -> Callable[..., Any]
         if not checks_enabled():
             return fn(self, *args, **kwargs)
         arguments = _bound_arguments(signature, (self, *args), kwargs)[1:]
-        if len(arguments) < 2:
-            raise TypeError(f"{type(self).__name__}.__call__ takes (state, x, rollout_extras)")
-        (state_name, state), (x_name, x) = arguments[0], arguments[1]
-        given_extras_name, given_extras = arguments[2] if len(arguments) > 2 else ("", None)
-        site = _Site(self, "__call__")
-        batch = _Axis("B")
+        site = _Site(self, method)
         with _entered(self):
-            _check_leading(site, (batch,), x_name, x, _RULE_ONE_B, "argument")
-            _check_leading(site, (batch,), state_name, state, _RULE_ONE_B, "argument")
-            _check_leading(site, (batch,), given_extras_name, given_extras, _RULE_ONE_B, "argument")
-            result = _call_annotated(site, typed, self, *args, **kwargs)
-            if not isinstance(result, output_type):
-                raise _violation(
-                    site,
-                    f"returned a {type(result).__name__}, not a {output_type.__name__}.",
-                    rule="__call__ returns StatefulModuleOutput(next_state, output, "
-                    "regularization_loss, metrics, rollout_extras)",
-                )
-            _check_same_tree(
-                site, state_name, state, "next_state", result.next_state, _RULE_CARRY, batch
-            )
-            _check_leading(site, (batch,), "output", result.output, _RULE_ONE_B, "returned")
-            _check_leading(
-                site,
-                (batch,),
-                "rollout_extras",
-                result.rollout_extras,
-                _RULE_ONE_B,
-                "returned",
-            )
-            if given_extras is not None:
-                _check_same_tree(
-                    site,
-                    given_extras_name,
-                    given_extras,
-                    "returned rollout_extras",
-                    result.rollout_extras,
-                    _RULE_REPLAY,
-                    batch,
-                    compare_dtype=False,
-                )
-            _check_regularization(site, result.regularization_loss, batch)
-            _check_metrics(site, result.metrics, batch)
-        return result
+            run = functools.partial(_call_annotated, site, typed, self, *args, **kwargs)
+            return check(site, arguments, run)
 
+    setattr(checked, _CHECKED_MARK, method)
     return checked
+
+
+def _check_call(
+    output_type: type, site: _Site, arguments: _Arguments, call: Callable[[], Any]
+) -> Any:
+    if len(arguments) < 2:
+        raise TypeError(f"{describe_module(site.module)}.__call__ takes (state, x, rollout_extras)")
+    (state_name, state), (x_name, x) = arguments[0], arguments[1]
+    given_extras_name, given_extras = arguments[2] if len(arguments) > 2 else ("", None)
+    batch = _Axis("B")
+    _check_leading(site, (batch,), x_name, x, _RULE_ONE_B, "argument")
+    _check_leading(site, (batch,), state_name, state, _RULE_ONE_B, "argument")
+    _check_leading(site, (batch,), given_extras_name, given_extras, _RULE_ONE_B, "argument")
+    result = call()
+    if not isinstance(result, output_type):
+        raise _violation(
+            site,
+            f"returned a {type(result).__name__}, not a {output_type.__name__}.",
+            rule="__call__ returns StatefulModuleOutput(next_state, output, "
+            "regularization_loss, metrics, rollout_extras)",
+        )
+    _check_same_tree(site, state_name, state, "next_state", result.next_state, _RULE_CARRY, batch)
+    _check_leading(site, (batch,), "output", result.output, _RULE_ONE_B, "returned")
+    _check_leading(
+        site,
+        (batch,),
+        "rollout_extras",
+        result.rollout_extras,
+        _RULE_ONE_B,
+        "returned",
+    )
+    if given_extras is not None:
+        _check_same_tree(
+            site,
+            given_extras_name,
+            given_extras,
+            "returned rollout_extras",
+            result.rollout_extras,
+            _RULE_REPLAY,
+            batch,
+            compare_dtype=False,
+        )
+    _check_regularization(site, result.regularization_loss, batch)
+    _check_metrics(site, result.metrics, batch)
+    return result
 
 
 def _check_regularization(site: _Site, loss: Any, batch: _Axis) -> None:
@@ -488,78 +503,42 @@ def _check_metrics(site: _Site, metrics: Any, batch: _Axis) -> None:
         )
 
 
-def _check_initialize_state(fn: Callable[..., Any]) -> Callable[..., Any]:
-    typed = _annotation_checked(fn)
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not checks_enabled():
-            return fn(self, *args, **kwargs)
-        (size_name, batch_size), *_ = _bound_arguments(signature, (self, *args), kwargs)[1:]
-        site = _Site(self, "initialize_state")
-        with _entered(self):
-            if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-                raise _violation(
-                    site,
-                    f"{size_name} must be a positive int.",
-                    leaf=size_name,
-                    found=repr(batch_size),
-                )
-            state = _call_annotated(site, typed, self, *args, **kwargs)
-            batch = _Axis("B", batch_size, size_name)
-            _check_leading(site, (batch,), "state", state, _RULE_INIT, "returned")
-        return state
-
-    return checked
+def _check_initialize_state(site: _Site, arguments: _Arguments, call: Callable[[], Any]) -> Any:
+    (size_name, batch_size), *_ = arguments
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise _violation(
+            site, f"{size_name} must be a positive int.", leaf=size_name, found=repr(batch_size)
+        )
+    state = call()
+    batch = _Axis("B", batch_size, size_name)
+    _check_leading(site, (batch,), "state", state, _RULE_INIT, "returned")
+    return state
 
 
-def _check_reset_state(fn: Callable[..., Any]) -> Callable[..., Any]:
-    typed = _annotation_checked(fn)
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not checks_enabled():
-            return fn(self, *args, **kwargs)
-        (prev_name, prev), *_ = _bound_arguments(signature, (self, *args), kwargs)[1:]
-        site = _Site(self, "reset_state")
-        with _entered(self):
-            state = _call_annotated(site, typed, self, *args, **kwargs)
-            _check_same_tree(site, prev_name, prev, "returned state", state, _RULE_RESET, None)
-        return state
-
-    return checked
+def _check_reset_state(site: _Site, arguments: _Arguments, call: Callable[[], Any]) -> Any:
+    (prev_name, prev), *_ = arguments
+    state = call()
+    _check_same_tree(site, prev_name, prev, "returned state", state, _RULE_RESET, None)
+    return state
 
 
-def _check_update_statistics(fn: Callable[..., Any]) -> Callable[..., Any]:
-    typed = _annotation_checked(fn)
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not checks_enabled():
-            return fn(self, *args, **kwargs)
-        (extras_name, extras), *_ = _bound_arguments(signature, (self, *args), kwargs)[1:]
-        site = _Site(self, "update_statistics")
-        reached = _STATS_REACHED.get()
-        token = _STATS_REACHED.set(set()) if reached is None else None
-        try:
-            with _entered(self):
-                reached_now = _STATS_REACHED.get()
-                assert reached_now is not None
-                reached_now.add(id(self))
-                history_axes = (_Axis("T"), _Axis("B"))
-                _check_leading(site, history_axes, extras_name, extras, _RULE_HISTORY, "argument")
-                result = _call_annotated(site, typed, self, *args, **kwargs)
-                if token is not None:
-                    _check_all_reached(site, self, reached_now)
-        finally:
-            if token is not None:
-                _STATS_REACHED.reset(token)
-        return result
-
-    return checked
+def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[[], Any]) -> Any:
+    (extras_name, extras), *_ = arguments
+    reached = _STATS_REACHED.get()
+    token = _STATS_REACHED.set(set()) if reached is None else None
+    try:
+        reached_now = _STATS_REACHED.get()
+        assert reached_now is not None
+        reached_now.add(id(site.module))
+        history_axes = (_Axis("T"), _Axis("B"))
+        _check_leading(site, history_axes, extras_name, extras, _RULE_HISTORY, "argument")
+        result = call()
+        if token is not None:
+            _check_all_reached(site, site.module, reached_now)
+    finally:
+        if token is not None:
+            _STATS_REACHED.reset(token)
+    return result
 
 
 # ----------------------------------------------------------------- statistics routing
@@ -626,7 +605,7 @@ def _check_all_reached(site: _Site, root: Any, reached: set[int]) -> None:
 
 # ----------------------------------------------------------------------- installation
 
-_CHECKERS: dict[str, Callable[..., Callable[..., Any]]] = {
+_CHECKS: dict[str, _Check] = {
     "initialize_state": _check_initialize_state,
     "reset_state": _check_reset_state,
     "update_statistics": _check_update_statistics,
@@ -640,10 +619,8 @@ def install_checks(cls: type, output_type: type) -> None:
     parent are already wrapped there.
     """
     cls.__nnx_ppo_contract__ = True  # type: ignore[attr-defined]
-    for name in ("__call__", *_CHECKERS):
+    checks = {"__call__": functools.partial(_check_call, output_type), **_CHECKS}
+    for name, check in checks.items():
         fn = cls.__dict__.get(name)
-        if fn is None or getattr(fn, _CHECKED_MARK, None) is not None:
-            continue
-        wrapped = _check_call(fn, output_type) if name == "__call__" else _CHECKERS[name](fn)
-        setattr(wrapped, _CHECKED_MARK, name)
-        setattr(cls, name, wrapped)
+        if fn is not None and getattr(fn, _CHECKED_MARK, None) is None:
+            setattr(cls, name, _checked(fn, name, check))

@@ -20,6 +20,7 @@ __all__ = [
     "CarryOrSlice",
     "ModuleState",
     "PPONetworkOutput",
+    "Replaceable",
     "StatefulModule",
     "StatefulModuleOutput",
 ]
@@ -32,8 +33,8 @@ CarryOrSlice: TypeAlias = PyTree[Shaped[Array, "..."]]
 without the batch axis. Annotate ``reset_state`` with this, not with :data:`ModuleState`."""
 
 
-class _Replaceable:
-    """``replace`` for frozen dataclasses."""
+class Replaceable:
+    """Gives frozen dataclasses a ``replace(**changes)`` method."""
 
     def replace(self, **changes: Any) -> Any:
         """Return a copy with the given fields replaced."""
@@ -42,7 +43,7 @@ class _Replaceable:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class StatefulModuleOutput(_Replaceable):
+class StatefulModuleOutput(Replaceable):
     """What a :class:`StatefulModule` call returns. A frozen pytree dataclass.
 
     Attributes:
@@ -65,7 +66,7 @@ class StatefulModuleOutput(_Replaceable):
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class PPONetworkOutput(_Replaceable):
+class PPONetworkOutput(Replaceable):
     """What a PPO network's ``output`` is: built by ``PPOAdapter``.
 
     Attributes:
