@@ -21,6 +21,22 @@ EXPECTED_OUTPUT = {
         "(Normalizer)",
         "(ForgetfulResidual)",
     ],
+    "testing_kit_tutorial.py": [
+        "DecayingTrace passes every property.",
+        "check_module(BatchCentredTrace): property 'batch-of-one agreement' fails at B=2, T=1",
+        "leaf:     output at step 0, env 0",
+        "check_module(EagerTrace): property 'no variable written in the forward path' fails "
+        "at B=1, T=1: __call__ wrote the NNX variable mean (at step 0).",
+        "leaf:     EagerTrace.mean",
+        "check_module(Residual): property 'update_statistics routing' fails at B=1, T=1: "
+        "update_statistics never reaches Residual.inner (DecayingTrace)",
+        "found:    Residual inherits the no-op default",
+    ],
+    "testing_kit_env.py": [
+        "Drift passes every property.",
+        "check_env(ForgetfulDrift): property 'truncation signal' fails at n_envs=4, steps=5",
+        "leaf:     state.info['truncated'] at step 2, env 0",
+    ],
 }
 
 

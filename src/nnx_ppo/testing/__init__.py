@@ -1,11 +1,32 @@
-"""The contract test kit: Hypothesis strategies and example modules for your own CI.
+"""The contract test kit: run the contract's property checks on your own modules and envs.
 
+* :func:`check_module`: every property of the module contract (per-sample purity,
+  carry preservation, reset, replay, statistics routing, no writes in the
+  forward path), checked with Hypothesis on random batch sizes, rollout lengths
+  and inputs. Fails with :class:`ContractPropertyError`, an ``AssertionError``.
+* :func:`check_env`: the env contract (one unbatched env, vmappable, jittable,
+  deterministic given the key, a well-formed truncation signal).
+* :mod:`nnx_ppo.testing.pytest_plugin`: the same two as pytest fixtures,
+  ``check_module`` and ``check_env``.
 * :mod:`nnx_ppo.testing.strategies`: batch sizes, time lengths, batched pytree
   observations, and random nestings of the containers over leaf modules.
 * :mod:`nnx_ppo.testing.modules`: small leaf modules, one stateless, one with a
   carry, one that keeps running statistics, to nest your own module among.
+
+Install with ``pip install nnx-ppo[testing]`` (Hypothesis and pytest).
 """
 
 from nnx_ppo.testing import modules, strategies
+from nnx_ppo.testing.check_env import EnvProperty, check_env, random_action
+from nnx_ppo.testing.check_module import ContractPropertyError, ModuleProperty, check_module
 
-__all__ = ["modules", "strategies"]
+__all__ = [
+    "ContractPropertyError",
+    "EnvProperty",
+    "ModuleProperty",
+    "check_env",
+    "check_module",
+    "modules",
+    "random_action",
+    "strategies",
+]

@@ -1,0 +1,377 @@
+"""``check_env``: the environment side of the contract, checked on a short rollout.
+
+The library vmaps one unbatched environment over ``n_envs`` and compiles its
+steps (SPEC section 4). :func:`check_env` does the same on a short rollout with
+random actions and checks what the library relies on; the shape checks are
+those of :mod:`nnx_ppo.contract.env_checks`, run while JAX traces.
+
+Example::
+
+    from nnx_ppo.testing import check_env
+
+    def test_my_env():
+        check_env(MyEnv(max_steps=5), n_envs=4, steps=8)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, PRNGKeyArray, PyTree, Shaped
+
+from nnx_ppo.contract import checks
+from nnx_ppo.contract.checks import _leaves
+from nnx_ppo.contract.env_checks import (
+    _is_size,
+    check_action_tree,
+    check_env_state,
+    check_env_unbatched,
+)
+from nnx_ppo.testing.check_module import (
+    ContractPropertyError,
+    as_numpy,
+    contract_leaf,
+    fast_compile_options,
+    property_failure,
+    show_values,
+)
+
+__all__ = ["TRUNCATION_KEYS", "EnvProperty", "check_env", "random_action"]
+
+TRUNCATION_KEYS = ("truncated", "truncation")
+"""The ``info`` entries that mark a time-limit end: this library's and MuJoCo Playground's."""
+
+
+class EnvProperty(enum.StrEnum):
+    """The properties :func:`check_env` checks, in the order it checks them."""
+
+    RESET = "single-env reset"
+    STEP = "single-env step"
+    VMAP_JIT = "vmappable and jittable"
+    DETERMINISM = "deterministic given the key"
+    TRUNCATION = "truncation signal"
+
+
+_RULES: dict[EnvProperty, str] = {
+    EnvProperty.RESET: "env.reset(key) takes one key and returns one environment's state: "
+    "scalar done, a scalar or pytree of scalars for reward, obs a pytree of arrays, "
+    "metrics and info dicts (SPEC section 4)",
+    EnvProperty.STEP: "env.step(state, action) returns one environment's state with exactly "
+    "the tree, shapes and dtypes env.reset returned (SPEC section 4)",
+    EnvProperty.VMAP_JIT: "the library runs jax.jit(jax.vmap(env.reset)) and "
+    "jax.jit(jax.vmap(env.step)) over n_envs (SPEC section 4)",
+    EnvProperty.DETERMINISM: "an environment is a pure function of its key, state and action: "
+    "no Python-side state or NumPy randomness, which jax.jit would freeze at trace time",
+    EnvProperty.TRUNCATION: "info['truncated'] (or Playground's info['truncation']) is a "
+    "bool-like flag shaped like done, and a truncated step is a done step (SPEC section 5)",
+}
+
+
+def _action_size(env: Any) -> Any:
+    action_size = getattr(env, "action_size", None)
+    if action_size is None:
+        raise TypeError(
+            f"{type(env).__name__} has no action_size to draw random actions from; pass "
+            "action_fn=lambda key: ... (one environment's action) to check_env"
+        )
+    return action_size
+
+
+def _shape(size: int | tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(d) for d in size) if isinstance(size, tuple) else (int(size),)
+
+
+def random_action(env: Any, key: PRNGKeyArray) -> PyTree[Shaped[Array, "..."]]:
+    """One environment's uniformly random action, from ``env.action_size``.
+
+    An ``int`` or shape leaf of ``action_size`` gives floats uniform in ``[-1, 1]``
+    of that shape, or, where ``env.discrete_actions`` is ``True``, one ``int32``
+    index below the leaf's value.
+
+    Raises:
+      TypeError: ``env`` has no ``action_size``.
+    """
+    action_size = _action_size(env)
+    sizes, treedef = jax.tree.flatten(action_size, is_leaf=_is_size)
+    keys = jax.random.split(key, len(sizes))
+    if getattr(env, "discrete_actions", False):
+        leaves = [
+            jax.random.randint(k, (), 0, int(n), jnp.int32)
+            for k, n in zip(keys, sizes, strict=True)
+        ]
+    else:
+        leaves = [
+            jax.random.uniform(k, _shape(n), minval=-1, maxval=1)
+            for k, n in zip(keys, sizes, strict=True)
+        ]
+    return jax.tree.unflatten(treedef, leaves)
+
+
+class _EnvKit:
+    """One environment, the rollout it is checked on, and the failures it reports."""
+
+    def __init__(
+        self,
+        env: Any,
+        n_envs: int,
+        steps: int,
+        key: PRNGKeyArray,
+        action_fn: Callable[[PRNGKeyArray], Any],
+    ) -> None:
+        self.env, self.n_envs, self.steps, self.key = env, n_envs, steps, key
+        self.action_fn = action_fn
+        self.name = type(env).__name__
+        self.reference: Any = None
+
+    def fail(self, prop: EnvProperty, sentence: str, **details: Any) -> ContractPropertyError:
+        sizes = {"n_envs": self.n_envs, "steps": self.steps}
+        return property_failure(
+            "check_env", prop, self.name, sizes, sentence, rule=_RULES[prop], **details
+        )
+
+    def failed_call(self, prop: EnvProperty, what: str, error: Exception) -> ContractPropertyError:
+        sentence = f"{what} raised {type(error).__name__}."
+        return self.fail(prop, sentence, leaf=contract_leaf(error), cause=error)
+
+    # ------------------------------------------------------------------------- checks
+
+    def check_single_env(self) -> None:
+        reset_key, action_key = jax.random.split(self.key)
+        try:
+            self.reference = check_env_unbatched(self.env, reset_key)
+        except Exception as error:
+            raise self.failed_call(EnvProperty.RESET, "env.reset on one key", error) from error
+        try:
+            # Shapes suffice here; the rollout below draws actual actions.
+            action = jax.eval_shape(self.action_fn, action_key)
+            check_action_tree(action, self.env, where=f"{self.name}.step")
+            stepped = jax.eval_shape(self.env.step, self.reference, action)
+            check_env_state(stepped, where=f"{self.name}.step", reference=self.reference)
+        except Exception as error:
+            raise self.failed_call(
+                EnvProperty.STEP, "env.step on one environment's state", error
+            ) from error
+
+    def rollout(self) -> jax.stages.Wrapped:
+        """A freshly traced ``jit(key -> (reset states, stepped states))`` over ``n_envs``.
+
+        Each call of this method traces anew, so two rollouts compare two traces.
+        """
+        env, reference, name = self.env, self.reference, self.name
+
+        def reset_one(key: PRNGKeyArray) -> Any:
+            state = env.reset(key)
+            check_env_state(state, where=f"{name}.reset", reference=reference)
+            return state
+
+        def step_one(state: Any, action: Any) -> Any:
+            stepped = env.step(state, action)
+            check_env_state(stepped, where=f"{name}.step", reference=reference)
+            return stepped
+
+        def step_all(states: Any, keys: PRNGKeyArray) -> tuple[Any, Any]:
+            actions = jax.vmap(self.action_fn)(keys)
+            check_action_tree(actions, env, where=f"{name}.step", batch_size=self.n_envs)
+            stepped = jax.vmap(step_one)(states, actions)
+            return stepped, stepped
+
+        def run(key: PRNGKeyArray) -> tuple[Any, Any]:
+            reset_keys = jax.random.split(jax.random.fold_in(key, 0), self.n_envs)
+            action_keys = jax.random.split(jax.random.fold_in(key, 1), (self.steps, self.n_envs))
+            states = jax.vmap(reset_one)(reset_keys)
+            _, trajectory = jax.lax.scan(step_all, states, action_keys)
+            return states, trajectory
+
+        return jax.jit(run, compiler_options=fast_compile_options())
+
+    def check_batched(self) -> tuple[Any, Any]:
+        """Run the rollout; return its ``(reset states, stepped states)`` on the host."""
+        first = self.rollout()
+        try:
+            lowered = first.lower(self.key)
+            result = jax.device_get(lowered.compile()(self.key))
+        except Exception as error:
+            raise self.failed_call(
+                EnvProperty.VMAP_JIT,
+                f"jax.jit of env.reset and env.step vmapped over {self.n_envs} envs",
+                error,
+            ) from error
+        # A pure env traces to the same program twice; only if it does not are both run
+        # (compiling is what costs). Programs may also differ harmlessly (a host
+        # callback's id), so it is the states that decide.
+        second = self.rollout()
+        if second.lower(self.key).as_text() != lowered.as_text():
+            self._compare_runs(result, jax.device_get(second(self.key)))
+        return result
+
+    def _compare_runs(self, first: Any, second: Any) -> None:
+        for stage, index, a_states, b_states in (
+            ("env.reset", "(env, ...)", first[0], second[0]),
+            ("env.step", "(step, env, ...)", first[1], second[1]),
+        ):
+            for (name, a), (_, b) in zip(
+                _leaves("state", a_states), _leaves("state", b_states), strict=True
+            ):
+                a, b = as_numpy(a), as_numpy(b)
+                if a.shape == b.shape and np.array_equal(a, b, equal_nan=True):
+                    continue
+                raise self.fail(
+                    EnvProperty.DETERMINISM,
+                    f"two runs from the same key, each traced anew, give different states from "
+                    f"{stage}.",
+                    leaf=f"{_where(name, a, b)} of {index}",
+                    expected="the same values in both runs",
+                    found=f"first run {show_values(a)}, second run {show_values(b)}",
+                )
+
+    def check_truncation(self, states: Any, trajectory: Any) -> None:
+        for stage, batch, lead in (
+            ("reset", states, (self.n_envs,)),
+            ("step", trajectory, (self.steps, self.n_envs)),
+        ):
+            for key in TRUNCATION_KEYS:
+                if key in batch.info:
+                    self._check_flag(stage, f"state.info[{key!r}]", batch.info[key], batch, lead)
+
+    def _check_flag(
+        self, stage: str, name: str, flag: Any, batch: Any, lead: tuple[int, ...]
+    ) -> None:
+        flags = _leaves(name, flag)
+        done = _leaves("state.done", batch.done)
+        if len(flags) != 1 and [n.removeprefix(name) for n, _ in flags] != [
+            n.removeprefix("state.done") for n, _ in done
+        ]:
+            raise self.fail(
+                EnvProperty.TRUNCATION,
+                f"{name} is neither one flag nor one flag per leaf of state.done.",
+                leaf=name,
+                expected=f"the tree of state.done: {jax.tree.structure(batch.done)}",
+                found=f"{jax.tree.structure(flag)}",
+            )
+        for flag_name, leaf in flags:
+            values = np.asarray(leaf)
+            if values.shape != lead:
+                raise self.fail(
+                    EnvProperty.TRUNCATION,
+                    f"{flag_name} from env.{stage} is not one scalar per environment.",
+                    leaf=flag_name,
+                    expected="shape () per environment",
+                    found=f"shape {values.shape[len(lead) :]} per environment",
+                )
+            if values.dtype != np.bool_ and not np.isin(values, (0, 1)).all():
+                odd = values[~np.isin(values, (0, 1))]
+                raise self.fail(
+                    EnvProperty.TRUNCATION,
+                    f"{flag_name} from env.{stage} is not bool-like.",
+                    leaf=flag_name,
+                    expected="a bool, or 0 and 1",
+                    found=f"{values.dtype} values such as {odd.flat[0]}",
+                )
+        # One flag for a tree of done means the whole episode was cut: every leaf ends.
+        pairs = (
+            [(flags[0], d) for d in done]
+            if len(flags) == 1
+            else list(zip(flags, done, strict=True))
+        )
+        for (flag_name, leaf), (done_name, done_leaf) in pairs:
+            undone = np.argwhere(
+                np.asarray(leaf).astype(bool) & ~np.asarray(done_leaf).astype(bool)
+            )
+            if undone.size:
+                at = undone[0]
+                step = f"step {at[0]}, " if stage == "step" else ""
+                raise self.fail(
+                    EnvProperty.TRUNCATION,
+                    f"{flag_name} marks a truncation where {done_name} is not set.",
+                    leaf=f"{flag_name} at {step}env {at[-1]}",
+                    expected=f"{done_name} set wherever {flag_name} is",
+                    found=f"{flag_name} = {np.asarray(leaf)[tuple(at)]}, "
+                    f"{done_name} = {np.asarray(done_leaf)[tuple(at)]}",
+                )
+
+
+def _where(name: str, a: np.ndarray, b: np.ndarray) -> str:
+    """``name``, and the index of the first entry where ``a`` and ``b`` differ."""
+    if a.shape != b.shape or a.ndim == 0:
+        return name
+    differ = a != b
+    if np.issubdtype(a.dtype, np.inexact):
+        differ &= ~(np.isnan(a) & np.isnan(b))
+    first = np.argwhere(differ)
+    return name if not first.size else f"{name} at index {tuple(int(i) for i in first[0])}"
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"check_env: {name} must be a positive int, got {value!r}")
+    return value
+
+
+def check_env(
+    env: Any,
+    *,
+    n_envs: int = 4,
+    steps: int = 8,
+    key: PRNGKeyArray | None = None,
+    action_fn: Callable[[PRNGKeyArray], Any] | None = None,
+) -> None:
+    """Check an environment against the env side of the contract (SPEC section 4).
+
+    Checks, in this order (the names are :class:`EnvProperty` values):
+
+    1. ``single-env reset``: ``env.reset`` takes one key and returns one
+       environment's state: ``done`` a scalar (or one per reward leaf), ``reward``
+       a scalar or a pytree of scalars, ``obs`` a pytree of arrays, ``metrics``
+       and ``info`` dicts (traced with ``jax.eval_shape``, nothing computed).
+    2. ``single-env step``: one random action fits ``env.action_size``, and
+       ``env.step`` returns exactly the tree, shapes and dtypes ``reset`` returned
+       (the obs structure included).
+    3. ``vmappable and jittable``: ``jax.jit`` of ``reset`` and of ``steps`` steps,
+       both ``jax.vmap``-ed over ``n_envs``, runs, with the checks of 1 and 2
+       repeated on every state while JAX traces.
+    4. ``deterministic given the key``: a second, freshly traced run from the same
+       key gives bitwise the same states (an env that keeps Python-side state or
+       draws with NumPy freezes different numbers into each trace).
+    5. ``truncation signal``: ``info["truncated"]`` and Playground's
+       ``info["truncation"]``, where present, are bool-like (bool, or 0 and 1),
+       one flag per environment (or per ``done`` leaf), and set only where
+       ``done`` is.
+
+    Environments are stepped on after their episode ends (no reset in between):
+    choose ``steps`` and the env's time limit so the rollout shows what you want
+    checked, e.g. a time limit below ``steps`` to see truncations.
+
+    Args:
+      env: one unbatched environment with ``reset(key)`` and ``step(state, action)``.
+      n_envs: the number of environments vmapped.
+      steps: the number of steps of the rollout.
+      key: the PRNG key of the rollout; ``jax.random.key(0)`` if not given.
+      action_fn: ``key -> action`` for one environment; by default
+        :func:`random_action` from ``env.action_size`` and ``env.discrete_actions``.
+
+    Raises:
+      ContractPropertyError: a property failed; the message names it, the leaf,
+        and quotes the error of the contract check (or of the env) that caused it.
+      TypeError, ValueError: the arguments are malformed.
+    """
+    for method in ("reset", "step"):
+        if not callable(getattr(env, method, None)):
+            raise TypeError(f"check_env: {type(env).__name__} has no {method} method")
+    kit = _EnvKit(
+        env,
+        _positive("n_envs", n_envs),
+        _positive("steps", steps),
+        jax.random.key(0) if key is None else key,
+        (lambda k: random_action(env, k)) if action_fn is None else action_fn,
+    )
+    if action_fn is None:
+        _action_size(env)  # a missing action_size is a usage error, raised now
+    with checks(True):
+        kit.check_single_env()
+        states, trajectory = kit.check_batched()
+        kit.check_truncation(states, trajectory)

@@ -1,0 +1,149 @@
+"""check_env: its arguments, its random actions, and the properties beyond the shape checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import nnx_ppo
+from nnx_ppo import envs
+from nnx_ppo.envs import State
+from nnx_ppo.testing import ContractPropertyError, EnvProperty, check_env, random_action
+
+
+class Walker:
+    """A Playground-style env: dict observations, no ``action_size``, and Playground's
+    float ``info["truncation"]`` (1.0 at the time limit)."""
+
+    def __init__(self, max_steps: int = 2) -> None:
+        self.max_steps = max_steps
+
+    def reset(self, rng: jax.Array) -> State:
+        position = jax.random.uniform(rng, (2,))
+        return State(
+            obs={"position": position, "velocity": jnp.zeros(2)},
+            reward=jnp.zeros(()),
+            done=jnp.zeros(()),
+            metrics={},
+            info={"truncation": jnp.zeros(()), "steps": jnp.zeros((), jnp.int32)},
+        )
+
+    def step(self, state: State, action: jax.Array) -> State:
+        steps = state.info["steps"] + 1
+        velocity = jnp.clip(action, -1.0, 1.0)
+        position = state.obs["position"] + 0.1 * velocity
+        limit = (steps >= self.max_steps).astype(jnp.float32)
+        return State(
+            obs={"position": position, "velocity": velocity},
+            reward=-jnp.sum(position**2),
+            done=limit,
+            metrics={},
+            info={"truncation": limit, "steps": steps},
+        )
+
+
+def walker_action(key: jax.Array) -> jax.Array:
+    return jax.random.normal(key, (2,))
+
+
+def test_an_env_without_action_size_is_checked_with_an_action_function() -> None:
+    check_env(Walker(), n_envs=3, steps=4, key=jax.random.key(5), action_fn=walker_action)
+
+
+def test_an_env_without_action_size_needs_an_action_function() -> None:
+    with pytest.raises(TypeError, match=r"Walker has no action_size.*pass action_fn"):
+        check_env(Walker())
+
+
+class DoneTooEarly(Walker):
+    """Per-agent ends (a done per reward leaf) and one truncation flag for the episode,
+    set at the time limit whether or not every agent is done."""
+
+    def reset(self, rng: jax.Array) -> State:
+        state = super().reset(rng)
+        flags = {"a": jnp.zeros(()), "b": jnp.zeros(())}
+        return state.replace(reward=flags, done=flags)
+
+    def step(self, state: State, action: jax.Array) -> State:
+        stepped = super().step(state.replace(reward=jnp.zeros(()), done=jnp.zeros(())), action)
+        return stepped.replace(
+            reward={"a": stepped.reward, "b": stepped.reward},
+            done={"a": stepped.done, "b": jnp.zeros(())},
+        )
+
+
+def test_one_truncation_flag_for_a_tree_of_done_needs_every_leaf_done() -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_env(DoneTooEarly(), n_envs=2, steps=3, action_fn=walker_action)
+    assert caught.value.property == EnvProperty.TRUNCATION
+    assert "state.done['b'] is not set" in str(caught.value)
+    assert caught.value.leaf == "state.info['truncation'] at step 1, env 0"
+
+
+class TruncationPerCoordinate(Walker):
+    """Reports Playground's truncation once per coordinate instead of once per env."""
+
+    def reset(self, rng: jax.Array) -> State:
+        state = super().reset(rng)
+        return state.replace(info={**state.info, "truncation": jnp.zeros(2)})
+
+    def step(self, state: State, action: jax.Array) -> State:
+        stepped = super().step(state, action)
+        flags = jnp.broadcast_to(stepped.info["truncation"], (2,))
+        return stepped.replace(info={**stepped.info, "truncation": flags})
+
+
+def test_a_truncation_flag_with_a_stray_axis_is_named() -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_env(TruncationPerCoordinate(), n_envs=2, steps=2, action_fn=walker_action)
+    assert caught.value.property == EnvProperty.TRUNCATION
+    assert "state.info['truncation'] from env.reset is not one scalar per environment" in str(
+        caught.value
+    )
+    assert "found:    shape (2,) per environment" in str(caught.value)
+
+
+def test_the_checks_run_even_when_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    class BatchedDone(envs.Pendulum):
+        def reset(self, rng: Any) -> State:
+            return super().reset(rng).replace(done=jnp.zeros((3,)))
+
+    monkeypatch.setenv(nnx_ppo.CHECKS_ENV_VAR, "0")
+    with pytest.raises(ContractPropertyError) as caught:
+        check_env(BatchedDone())
+    assert isinstance(caught.value.__cause__, nnx_ppo.ContractError)
+    assert "as if the env held 3 environments" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "error", "message"),
+    [
+        ({"n_envs": 0}, ValueError, "n_envs must be a positive int"),
+        ({"steps": True}, ValueError, "steps must be a positive int"),
+    ],
+)
+def test_bad_arguments_are_named(keywords: dict[str, Any], error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        check_env(envs.make("cartpole"), **keywords)
+
+
+def test_an_object_without_reset_and_step_is_refused() -> None:
+    with pytest.raises(TypeError, match="has no reset method"):
+        check_env(object())
+
+
+def test_random_actions_follow_action_size_and_discrete_actions() -> None:
+    keys = jax.random.split(jax.random.key(0), 64)
+    cartpole = jax.vmap(lambda k: random_action(envs.make("cartpole"), k))(keys)
+    assert cartpole.shape == (64,) and cartpole.dtype == jnp.int32
+    assert set(np.unique(cartpole)) == {0, 1}
+    pendulum = jax.vmap(lambda k: random_action(envs.make("pendulum"), k))(keys)
+    assert pendulum.shape == (64, 1) and jnp.issubdtype(pendulum.dtype, jnp.floating)
+    assert float(pendulum.min()) >= -1.0 and float(pendulum.max()) <= 1.0
+    assert float(pendulum.std()) > 0.3
+    two_agent = random_action(envs.make("two_agent"), keys[0])
+    assert jax.tree.map(jnp.shape, two_agent) == {"agent_0": (2,), "agent_1": (2,)}

@@ -1,0 +1,229 @@
+"""check_module: what it accepts, what its errors carry, that it compiles little and
+changes nothing, and the pytest plugin that serves it as a fixture."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jaxtyping import Array
+
+import nnx_ppo
+from nnx_ppo.networks.containers import Sequential
+from nnx_ppo.networks.normalizer import Normalizer
+from nnx_ppo.networks.sampling_layers import CategoricalSampler
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.testing import ContractPropertyError, ModuleProperty, check_module
+from nnx_ppo.testing.modules import Linear, RunningSum, StatsRecorder
+
+
+class Accumulator(StatefulModule):
+    """A correct module over a dict input with a float, an int and a bool leaf."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return {"sum": jnp.zeros((batch_size, 2)), "count": jnp.zeros((batch_size,), jnp.int32)}
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return jax.tree.map(jnp.zeros_like, prev_state)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        gate = jnp.where(x["on"], 1.0, -1.0)[:, None]
+        total = state["sum"] + gate * x["value"] * x["scale"][:, None]
+        count = state["count"] + 1
+        return StatefulModuleOutput(
+            {"sum": total, "count": count}, total, jnp.zeros(()), {"count": count}, None
+        )
+
+
+ACCUMULATOR_INPUT = {
+    "value": jax.ShapeDtypeStruct((2,), jnp.float32),
+    "scale": jax.ShapeDtypeStruct((), jnp.int32),
+    "on": jax.ShapeDtypeStruct((), jnp.bool_),
+}
+
+
+def test_modules_and_factories_with_pytree_inputs_pass() -> None:
+    check_module(Accumulator(), ACCUMULATOR_INPUT, max_examples=5)
+    check_module(lambda: Linear(6, 2, rngs=nnx.Rngs(0)), jnp.zeros((2, 3)), max_examples=5)
+    check_module(
+        Sequential([RunningSum(3), StatsRecorder(3)]), np.zeros(3, np.float32), max_examples=5
+    )
+
+
+def test_the_checked_module_is_left_unchanged() -> None:
+    recorder = StatsRecorder(3)
+    sampler = CategoricalSampler(nnx.Rngs(0), 0.01)
+    before = [
+        jax.tree.map(np.asarray, nnx.state(m, nnx.Not(nnx.RngKey))) for m in (recorder, sampler)
+    ]
+
+    check_module(recorder, jnp.zeros(3), max_examples=3)
+    check_module(sampler, jnp.zeros(3), max_examples=3, stochastic=True)
+
+    after = [
+        jax.tree.map(np.asarray, nnx.state(m, nnx.Not(nnx.RngKey))) for m in (recorder, sampler)
+    ]
+    jax.tree.map(np.testing.assert_array_equal, before, after)
+    assert int(recorder.updates[...]) == 0
+
+
+class TraceCounter(RunningSum):
+    """Counts how often JAX traces its __call__ (a Python side effect runs once per trace)."""
+
+    traces: ClassVar[int] = 0
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        TraceCounter.traces += 1
+        return super().__call__(state, x, rollout_extras)
+
+
+def test_the_step_compiles_once_per_batch_size_and_mode() -> None:
+    TraceCounter.traces = 0
+    check_module(TraceCounter(2), jnp.zeros(2), batch_sizes=(1, 2), max_examples=12)
+    # Two batch sizes, each in rollout (extras None) and in replay (extras given).
+    assert 1 <= TraceCounter.traces <= 4
+
+
+class SmallLeak(RunningSum):
+    """Leaks a thousandth of the batch mean into every row."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return super().__call__(state, x + 1e-3 * x.mean(axis=0), rollout_extras)
+
+
+def test_the_tolerance_is_the_callers() -> None:
+    with pytest.raises(ContractPropertyError):
+        check_module(SmallLeak(2), jnp.zeros(2), max_examples=5)
+    check_module(SmallLeak(2), jnp.zeros(2), max_examples=5, rtol=0.0, atol=0.1)
+
+
+class HalfPrecisionCarry(RunningSum):
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        out = super().__call__(state, x, rollout_extras)
+        return out.replace(
+            next_state={**out.next_state, "total": out.next_state["total"].astype(jnp.float16)}
+        )
+
+
+def test_a_contract_error_is_wrapped_with_its_cause_even_with_checks_switched_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(nnx_ppo.CHECKS_ENV_VAR, "0")
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(HalfPrecisionCarry(2), jnp.zeros(2), max_examples=3)
+    error = caught.value
+    assert isinstance(error, AssertionError)
+    assert isinstance(error.__cause__, nnx_ppo.ContractError)
+    assert error.property == ModuleProperty.CARRY_PRESERVATION
+    assert error.leaf == "next_state['total']"
+    assert error.sizes == {"B": 1, "T": 1}
+    assert "changed the dtype from float32 to float16" in str(error)
+    # Hypothesis adds the failing example; it shows the sizes, not the arrays.
+    assert any("Example(B=1, T=1" in note for note in getattr(error, "__notes__", []))
+
+
+def test_stochastic_requires_keys_in_the_carry() -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(RunningSum(2), jnp.zeros(2), stochastic=True, max_examples=3)
+    assert caught.value.property == ModuleProperty.PER_ENV_KEYS
+    assert "holds no typed PRNG keys" in str(caught.value)
+
+
+def test_an_error_inside_the_module_is_reported_with_the_property() -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(Normalizer(3), jnp.zeros(4), max_examples=3)
+    assert caught.value.property == ModuleProperty.CHECKED_CALL
+    assert isinstance(caught.value.__cause__, ValueError)
+    assert "Normalizer.__call__: x has shape (1, 4), expected (B, 3)" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "message"),
+    [
+        ((object(), jnp.zeros(2)), TypeError, "needs a StatefulModule"),
+        ((lambda: "not a module", jnp.zeros(2)), TypeError, "got str"),
+        ((RunningSum(2), {"x": 2.0}), TypeError, "example_input['x'] is a float"),
+        ((RunningSum(2), {}), ValueError, "no array leaves"),
+    ],
+)
+def test_bad_arguments_are_named(arguments: tuple[Any, Any], error: type, message: str) -> None:
+    with pytest.raises(error, match=message.replace("[", r"\[").replace("]", r"\]")):
+        check_module(*arguments)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "error", "message"),
+    [
+        ({"batch_sizes": ()}, TypeError, "batch_sizes must be a non-empty sequence"),
+        ({"batch_sizes": 3}, TypeError, "batch_sizes must be a non-empty sequence"),
+        ({"time_lengths": (0, 2)}, ValueError, "time_lengths must hold positive ints"),
+        ({"max_examples": 0}, ValueError, "max_examples must be a positive int"),
+    ],
+)
+def test_bad_keywords_are_named(keywords: dict[str, Any], error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        check_module(RunningSum(2), jnp.zeros(2), **keywords)
+
+
+# ------------------------------------------------------------------------------ plugin
+
+USER_TESTS = """
+import jax.numpy as jnp
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.testing.modules import RunningSum
+
+
+class Batchy(RunningSum):
+    def __call__(self, state, x, rollout_extras=None):
+        return super().__call__(state, x - x.mean(axis=0), rollout_extras)
+
+
+def test_good_cell(check_module):
+    check_module(RunningSum(2), jnp.zeros(2))
+
+
+def test_bad_cell(check_module):
+    check_module(Batchy(2), jnp.zeros(2))
+
+
+def test_env(check_env):
+    from nnx_ppo import envs
+    check_env(envs.make("pendulum"), n_envs=2, steps=2)
+
+
+def test_option(check_module):
+    assert check_module.keywords == {"max_examples": 3}
+"""
+
+
+def test_the_pytest_plugin_serves_the_kit_as_fixtures(tmp_path: Path) -> None:
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TESTS))
+    installed = any(
+        entry.value == "nnx_ppo.testing.pytest_plugin"
+        for entry in importlib.metadata.entry_points(group="pytest11")
+    )
+    load = [] if installed else ["-p", "nnx_ppo.testing.pytest_plugin"]
+    command = [sys.executable, "-m", "pytest", *load, "--nnx-ppo-max-examples=3"]
+    command += ["-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path), "test_user.py"]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        timeout=300,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert "1 failed, 3 passed" in output, output
+    assert "check_module(Batchy): property 'batch-of-one agreement' fails at B=2" in output

@@ -1,0 +1,494 @@
+"""A gallery of classic bugs in modules and environments, each caught by the kit.
+
+Every entry below is a small, deliberately broken module or environment with one
+mistake that users make; its test asserts which property of the contract the kit
+reports and that the message names the leaf (or variable) at fault.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+from jaxtyping import Array
+
+from nnx_ppo import envs
+from nnx_ppo.networks.normalizer import Normalizer
+from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalSampler
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.utils import new_env_keys, split_env_keys
+from nnx_ppo.testing import (
+    ContractPropertyError,
+    EnvProperty,
+    ModuleProperty,
+    check_env,
+    check_module,
+)
+from nnx_ppo.testing.modules import RunningSum
+
+FEATURES = 3
+
+
+def _out(next_state: Any, output: Any, extras: Any = None) -> StatefulModuleOutput:
+    return StatefulModuleOutput(next_state, output, jnp.zeros(()), {}, extras)
+
+
+class Leaky(StatefulModule):
+    """A correct leaky integrator, ``h <- 0.5 h + x``; the bugs below each change one thing."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return {"h": jnp.zeros((batch_size, FEATURES))}
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        h = 0.5 * state["h"] + x
+        return _out({"h": h}, h)
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return jax.tree.map(jnp.zeros_like, prev_state)
+
+
+# ------------------------------------------------------------------------------ modules
+
+
+class BatchMeanInForward(Leaky):
+    """Centres its input on the batch mean: each env's output depends on the others."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        h = 0.5 * state["h"] + x - x.mean(axis=0)
+        return _out({"h": h}, h)
+
+
+class ScansTheBatchAsTime(Leaky):
+    """Written for (T, feat) sequences, it scans its leading axis: the batch, not time."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        def cell(carry: Array, x_t: Array) -> tuple[Array, Array]:
+            carry = 0.5 * carry + x_t
+            return carry, carry
+
+        _, outputs = jax.lax.scan(cell, jnp.zeros(FEATURES), x)
+        return _out(state, outputs)
+
+
+class ChangesCarryDtype(Leaky):
+    """Saves memory by storing the carry in float16; the carry's dtype changes."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        h = 0.5 * state["h"] + x
+        return _out({"h": h.astype(jnp.float16)}, h)
+
+
+class HardCodedBatch(Leaky):
+    """Built for the training run's 16 envs: the carry ignores the batch size asked for."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return {"h": jnp.zeros((16, FEATURES))}
+
+
+class ResetDropsTheBatchAxis(Leaky):
+    """Resets to a fresh one-env carry, dropping the batch axis of a batched carry."""
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return {"h": jnp.zeros(FEATURES)}
+
+
+class ResetAssumesABatchAxis(Leaky):
+    """Reads the batch size off the carry: under vmap, on one env's slice, there is none."""
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return {"h": jnp.zeros((prev_state["h"].shape[0], FEATURES))}
+
+
+class ResamplesInReplay(NormalSampler):
+    """Ignores the stored action in replay and samples again: PPO scores the wrong action."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return super().__call__(state, x, None)
+
+
+class ModuleLevelRng(Leaky):
+    """Adds noise from an ``nnx.Rngs`` it holds, advanced in every call."""
+
+    def __init__(self) -> None:
+        self.rngs = nnx.Rngs(0)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        h = 0.5 * state["h"] + x + 0.1 * jax.random.normal(self.rngs.noise(), x.shape)
+        return _out({"h": h}, h)
+
+
+class RunningMeanInCall(Leaky):
+    """Updates its running mean in the forward pass instead of in update_statistics."""
+
+    def __init__(self) -> None:
+        self.mean = nnx.BatchStat(jnp.zeros(FEATURES))
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        self.mean[...] = 0.99 * self.mean[...] + 0.01 * x.mean(axis=0)
+        h = 0.5 * state["h"] + x - self.mean[...]
+        return _out({"h": h}, h)
+
+
+class LastStepStatistics(StatefulModule):
+    """Keeps the mean of the last step of each rollout: it folds time as if it were order."""
+
+    def __init__(self) -> None:
+        self.mean = nnx.BatchStat(jnp.zeros(FEATURES))
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return _out((), x - self.mean[...], x)
+
+    def update_statistics(self, rollout_extras: Array) -> None:
+        self.mean[...] = rollout_extras[-1].mean(axis=0)
+
+
+class ReplaySkipsTheCarry(Leaky):
+    """In replay, keeps the carry it was given instead of advancing it."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        h = 0.5 * state["h"] + x
+        next_h = state["h"] if rollout_extras is not None else h
+        return _out({"h": next_h}, h, x)
+
+
+class Pair(StatefulModule):
+    """A correct container: runs ``first`` then ``second``, routing everything per child."""
+
+    def __init__(self, first: StatefulModule, second: StatefulModule) -> None:
+        self.first = first
+        self.second = second
+
+    def initialize_state(self, batch_size: int) -> dict[str, Any]:
+        return {
+            "first": self.first.initialize_state(batch_size),
+            "second": self.second.initialize_state(batch_size),
+        }
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return {
+            "first": self.first.reset_state(prev_state["first"]),
+            "second": self.second.reset_state(prev_state["second"]),
+        }
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        extras = rollout_extras or {"first": None, "second": None}
+        a = self.first(state["first"], x, extras["first"])
+        b = self.second(state["second"], a.output, extras["second"])
+        return StatefulModuleOutput(
+            {"first": a.next_state, "second": b.next_state},
+            b.output,
+            a.regularization_loss + b.regularization_loss,
+            {"first": a.metrics, "second": b.metrics},
+            {"first": a.rollout_extras, "second": b.rollout_extras},
+        )
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        self.first.update_statistics(rollout_extras["first"])
+        self.second.update_statistics(rollout_extras["second"])
+
+
+class ForgetsOneChildsState(Pair):
+    """Reassembles the next carry from its first child alone."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        out = super().__call__(state, x, rollout_extras)
+        return out.replace(next_state={"first": out.next_state["first"]})
+
+
+class ForgetsUpdateStatistics(Pair):
+    """Routes everything but update_statistics: the normaliser inside never learns."""
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        self.first.update_statistics(rollout_extras["first"])
+
+
+class Residual(StatefulModule):
+    """``x + inner(x)``: routes the carry and the extras, inherits the no-op update_statistics."""
+
+    def __init__(self, inner: StatefulModule) -> None:
+        self.inner = inner
+
+    def initialize_state(self, batch_size: int) -> Any:
+        return self.inner.initialize_state(batch_size)
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return self.inner.reset_state(prev_state)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        out = self.inner(state, x, rollout_extras)
+        return out.replace(output=x + out.output)
+
+
+class KeysNeverSplit(Leaky):
+    """Draws noise from per-env keys in its carry, but hands the same keys on."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return {"keys": new_env_keys(nnx.Rngs(0), batch_size)}
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return prev_state
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        _, step_keys = split_env_keys(state["keys"])
+        noise = jax.vmap(lambda key: jax.random.normal(key, (FEATURES,)))(step_keys)
+        return _out(state, x + noise)
+
+
+class OneKeyForAllEnvs(KeysNeverSplit):
+    """Seeds every env with the same key: all envs draw the same noise."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return {"keys": jnp.broadcast_to(jax.random.key(0), (batch_size,))}
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        next_keys, step_keys = split_env_keys(state["keys"])
+        noise = jax.vmap(lambda key: jax.random.normal(key, (FEATURES,)))(step_keys)
+        return _out({"keys": next_keys}, x + noise)
+
+
+MODULE_BUGS: dict[
+    str, tuple[Any, dict[str, Any], ModuleProperty | tuple[ModuleProperty, ...], str]
+] = {
+    # name: (factory, check_module keywords, the property reported, a leaf it names)
+    "batch mean in forward": (
+        BatchMeanInForward,
+        {},
+        (ModuleProperty.PERMUTATION, ModuleProperty.BATCH_OF_ONE),
+        "output",
+    ),
+    "time axis leaking into __call__": (
+        ScansTheBatchAsTime,
+        {},
+        (ModuleProperty.PERMUTATION, ModuleProperty.BATCH_OF_ONE),
+        "output",
+    ),
+    "carry dtype change": (
+        ChangesCarryDtype,
+        {},
+        ModuleProperty.CARRY_PRESERVATION,
+        "next_state['h']",
+    ),
+    "carry shape from a hard-coded batch": (
+        HardCodedBatch,
+        {},
+        ModuleProperty.INITIALIZE_STATE,
+        "state['h']",
+    ),
+    "reset that drops the leading axis": (
+        ResetDropsTheBatchAxis,
+        {},
+        ModuleProperty.RESET_STATE,
+        "returned state['h']",
+    ),
+    "reset that assumes a leading axis": (
+        ResetAssumesABatchAxis,
+        {},
+        ModuleProperty.RESET_STATE,
+        "returned state['h']",
+    ),
+    "sampler that resamples in replay": (
+        lambda: ResamplesInReplay(nnx.Rngs(0), 0.01),
+        {"example_input": jnp.zeros(4)},
+        ModuleProperty.STORED_ACTION,
+        "output['action']",
+    ),
+    "RNG held as a module variable advanced in __call__": (
+        ModuleLevelRng,
+        {},
+        ModuleProperty.NO_WRITES,
+        "ModuleLevelRng.rngs.default.count",
+    ),
+    "running statistic written in __call__": (
+        RunningMeanInCall,
+        {},
+        ModuleProperty.NO_WRITES,
+        "RunningMeanInCall.mean",
+    ),
+    "statistics that depend on the order of the samples": (
+        LastStepStatistics,
+        {},
+        ModuleProperty.STATISTICS_ORDER,
+        "LastStepStatistics.mean",
+    ),
+    "replay that does not advance the carry": (
+        ReplaySkipsTheCarry,
+        {"time_lengths": (2,)},
+        ModuleProperty.REPLAY,
+        "next_state['h']",
+    ),
+    "container that forgets one child's state": (
+        lambda: ForgetsOneChildsState(RunningSum(FEATURES), RunningSum(FEATURES)),
+        {},
+        ModuleProperty.CARRY_PRESERVATION,
+        "next_state",
+    ),
+    "container that forgets update_statistics": (
+        lambda: ForgetsUpdateStatistics(Leaky(), Normalizer(FEATURES)),
+        {},
+        ModuleProperty.STATISTICS,
+        "ForgetsUpdateStatistics.second (Normalizer)",
+    ),
+    "container that inherits the no-op update_statistics": (
+        lambda: Residual(Normalizer(FEATURES)),
+        {},
+        ModuleProperty.STATISTICS,
+        "Residual.inner (Normalizer)",
+    ),
+    "per-env keys never split": (
+        KeysNeverSplit,
+        {"stochastic": True},
+        ModuleProperty.PER_ENV_KEYS,
+        "next_state['keys']",
+    ),
+    "one key shared by every env": (
+        OneKeyForAllEnvs,
+        {"stochastic": True},
+        ModuleProperty.PER_ENV_KEYS,
+        "state['keys']",
+    ),
+}
+
+
+@pytest.mark.parametrize("bug", list(MODULE_BUGS))
+def test_module_bug_is_caught_and_named(bug: str) -> None:
+    factory, keywords, expected, leaf = MODULE_BUGS[bug]
+    keywords = {"example_input": jnp.zeros(FEATURES), **keywords}
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(factory, **keywords, max_examples=8)
+    error = caught.value
+    properties = expected if isinstance(expected, tuple) else (expected,)
+    assert error.property in properties, str(error)
+    assert error.leaf is not None and error.leaf.startswith(leaf), str(error)
+    assert f"property '{error.property}' fails at B=" in str(error)
+    assert error.subject in str(error)
+
+
+def test_the_correct_versions_pass() -> None:
+    check_module(Leaky, jnp.zeros(FEATURES), max_examples=5)
+    check_module(lambda: Pair(Leaky(), Normalizer(FEATURES)), jnp.zeros(FEATURES), max_examples=5)
+    check_module(lambda: CategoricalSampler(nnx.Rngs(0), 0.0), jnp.zeros(2), stochastic=True)
+
+
+def test_purity_bugs_are_reported_at_the_smallest_batch_that_shows_them() -> None:
+    # A batch mean is invisible in a batch of one: Hypothesis shrinks to B=2.
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(BatchMeanInForward, jnp.zeros(FEATURES), batch_sizes=(1, 2, 3, 5))
+    assert caught.value.sizes == {"B": 2, "T": 1}
+
+
+# ------------------------------------------------------------------------- environments
+
+
+class BatchedRewardEnv(envs.CartPole):
+    """Returns its reward with a stray axis, as if it held a batch of one env."""
+
+    def reset(self, rng: Any) -> envs.State:
+        return super().reset(rng).replace(reward=jnp.zeros((1,)))
+
+    def step(self, state: envs.State, action: Any) -> envs.State:
+        return super().step(state, action).replace(reward=jnp.ones((1,)))
+
+
+class ObsStructureChangesEnv(envs.CartPole):
+    """Adds a velocity entry to the observation after the first step."""
+
+    def reset(self, rng: Any) -> envs.State:
+        state = super().reset(rng)
+        return state.replace(obs={"position": state.obs})
+
+    def step(self, state: envs.State, action: Any) -> envs.State:
+        stepped = super().step(state.replace(obs=state.obs["position"]), action)
+        return stepped.replace(obs={"position": stepped.obs, "velocity": stepped.obs[1::2]})
+
+
+class TruncatedButNotDoneEnv(envs.CartPole):
+    """Marks the time limit in info but forgets to end the episode there."""
+
+    def step(self, state: envs.State, action: Any) -> envs.State:
+        stepped = super().step(state, action)
+        truncated = stepped.data["steps"] >= self.max_steps
+        return stepped.replace(done=jnp.zeros(()), info={**stepped.info, "truncated": truncated})
+
+
+class NumberedTruncationEnv(envs.CartPole):
+    """Counts the steps left in Playground's ``truncation`` entry instead of a flag."""
+
+    def reset(self, rng: Any) -> envs.State:
+        state = super().reset(rng)
+        return state.replace(info={**state.info, "truncation": jnp.asarray(self.max_steps, float)})
+
+    def step(self, state: envs.State, action: Any) -> envs.State:
+        stepped = super().step(state, action)
+        left = jnp.asarray(self.max_steps, float) - stepped.data["steps"]
+        return stepped.replace(info={**stepped.info, "truncation": left})
+
+
+class PythonCounterEnv(envs.CartPole):
+    """Counts resets in a Python attribute: each trace freezes a different count."""
+
+    calls: ClassVar[int] = 0
+
+    def reset(self, rng: Any) -> envs.State:
+        PythonCounterEnv.calls += 1
+        state = super().reset(rng)
+        return state.replace(obs=state.obs + PythonCounterEnv.calls)
+
+
+class PythonBranchEnv(envs.CartPole):
+    """Branches in Python on the pole angle: fine eagerly, impossible to trace."""
+
+    def step(self, state: envs.State, action: Any) -> envs.State:
+        stepped = super().step(state, action)
+        if stepped.obs[2] > 0.1:
+            return stepped.replace(reward=jnp.zeros(()))
+        return stepped
+
+
+ENV_BUGS: dict[str, tuple[Any, EnvProperty, str]] = {
+    # name: (env, the property reported, a leaf it names)
+    "env that returns a batched reward": (BatchedRewardEnv(), EnvProperty.RESET, "state.reward"),
+    "env whose obs structure changes after reset": (
+        ObsStructureChangesEnv(),
+        EnvProperty.STEP,
+        "state.obs",
+    ),
+    "truncation without done": (
+        TruncatedButNotDoneEnv(max_steps=2),
+        EnvProperty.TRUNCATION,
+        "state.info['truncated'] at step 1",
+    ),
+    "truncation that is not bool-like": (
+        NumberedTruncationEnv(max_steps=2),
+        EnvProperty.TRUNCATION,
+        "state.info['truncation']",
+    ),
+    "env with Python-side state": (PythonCounterEnv(), EnvProperty.DETERMINISM, "state.obs"),
+    "env that branches in Python on a traced value": (
+        PythonBranchEnv(),
+        EnvProperty.STEP,
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("bug", list(ENV_BUGS))
+def test_env_bug_is_caught_and_named(bug: str) -> None:
+    env, expected, leaf = ENV_BUGS[bug]
+    with pytest.raises(ContractPropertyError) as caught:
+        check_env(env, n_envs=2, steps=3)
+    error = caught.value
+    assert error.property == expected, str(error)
+    if leaf is not None:
+        assert error.leaf is not None and error.leaf.startswith(leaf), str(error)
+    assert error.sizes == {"n_envs": 2, "steps": 3}
+    assert f"check_env({type(env).__name__})" in str(error)
+
+
+def test_a_traced_branch_is_reported_with_jax_s_own_error() -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_env(PythonBranchEnv(), n_envs=2, steps=3)
+    assert isinstance(caught.value.__cause__, jax.errors.TracerBoolConversionError)
+    assert "TracerBoolConversionError" in str(caught.value)
