@@ -12,5 +12,7 @@ extensions = [
 autodoc_typehints = "none"
 autodoc_member_order = "bysource"
 napoleon_google_docstring = True
+# jaxtyping shape strings ("*T B") are not reStructuredText; docstrings state shapes instead.
+napoleon_attr_annotations = False
 exclude_patterns = ["_build"]
 html_theme = "alabaster"

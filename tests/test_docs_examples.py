@@ -28,14 +28,95 @@ EXPECTED_OUTPUT = {
         "check_module(EagerTrace): property 'no variable written in the forward path' fails "
         "at B=1, T=1: __call__ wrote the NNX variable mean (at step 0).",
         "leaf:     EagerTrace.mean",
-        "check_module(Residual): property 'update_statistics routing' fails at B=1, T=1: "
-        "update_statistics never reaches Residual.inner (DecayingTrace)",
+        "check_module(Residual): property 'update_statistics routing' fails at B=1, T=1",
+        "update_statistics never reached Residual.inner (DecayingTrace)",
         "found:    Residual inherits the no-op default",
     ],
     "testing_kit_env.py": [
         "Drift passes every property.",
         "check_env(ForgetfulDrift): property 'truncation signal' fails at n_envs=4, steps=5",
         "leaf:     state.info['truncated'] at step 2, env 0",
+    ],
+    "layers_dense_recurrent.py": [
+        "Dense: (5, 8) carry ()",
+        "LSTM: (5, 4), carry cell (5, 4) and hidden (5, 4)",
+        "LSTM output is the new hidden state: True",
+        "GRU reset: batched (5, 4), one env (4,)",
+    ],
+    "layers_normalizer.py": [
+        "before any data, x / 10: [0.1 0.2]",
+        "mean: [2. 4.] samples: 6.0",
+        "trainable leaves: 0",
+    ],
+    "layers_delay.py": ["outputs [-1.0, -1.0, 0.0, 1.0]", "after a reset: -1.0"],
+    "layers_variational.py": [
+        "z: (3, 2) regularization: (3,)",
+        "replay reproduces z: True",
+        "l2_diff on the first step: [0. 0. 0.]",
+        "l2_diff on the second step > 0: True",
+    ],
+    "layers_samplers.py": [
+        "action (4, 2), log-likelihood (4,)",
+        "replay scores the same action: True",
+        "eval action is tanh(mean): True",
+        "most likely class: [1 1 1 1]",
+    ],
+    "layers_adapter.py": [
+        "actions: {'arm': (5, 3), 'gripper': (5,)}",
+        "log-likelihoods: {'arm': (5,), 'gripper': (5,)}",
+        "values: (5,)",
+    ],
+    "layers_utils.py": [
+        "Flattener(): (2, 18)",
+        "Flattener(preserve_levels=1): {'camera': (2, 9), 'proprio': (2, 8), 'task_id': (2, 1)}",
+        "Filter: {'image': (2, 3, 3), 'n': (2, 1), 'speed': (2, 4)}",
+        "Map: {'image': (2, 8), 'speed': (2, 8)}",
+        "Merge: {'extra': (2, 1), 'policy': (2, 4)}",
+    ],
+    "layers_factories.py": [
+        "memory    actions (3,)",
+        "two_agent actions {'agent_0': (3, 2), 'agent_1': (3, 2)}",
+        "make_lstm_actor_critic holds an LSTM: True",
+    ],
+    "layers_recurrent_actor_critic.py": [
+        "done at step: [3 3 3]",
+        "LSTM carry after the reset is zero: True",
+    ],
+    "envs_registry.py": [
+        "built-in: ('cartpole', 'pendulum', 'memory', 'two_agent')",
+        "after 3 of 3 steps: done 1.0, truncated True",
+        "Unknown environment 'cartpol'.",
+    ],
+    "envs_wrappers.py": [
+        "step 2: reward 0.1, done 0.0, truncated False",
+        "step 3: reward 0.1, done 1.0, truncated True",
+    ],
+    "envs_custom.py": [
+        "rewards: (6, 4)",
+        "next_obs keeps the final observation of an ended episode: True",
+    ],
+    "envs_contract_error.py": [
+        "SelfBatched.reset: state.reward has shape (8,), not a scalar",
+        "IntegerStep.step: state.obs changed shape or dtype from what env.reset returned.",
+        "found:    shape (1,) int32",
+    ],
+    "training_quickstart.py": ["PPO steps: 8 env steps: 2048", "evaluations at: [0, 1024, 2048]"],
+    "training_truncation.py": ["2.3000", "0.5000", "2.9165"],
+    "training_optimizer.py": ["200 env steps, ", "trained to 1000 env steps in 4 more steps"],
+    "training_multi_agent.py": [
+        "values per agent: {'agent_0': (2,), 'agent_1': (2,)}",
+        "losses/actor/agent_0/mean",
+        "rollout_batch/episode_reward/agent_1/mean",
+    ],
+    "training_video.py": ["step 0: (21, 8, 8, 3) uint8 frames", "step 128: (21, 8, 8, 3) uint8"],
+    "training_divergence.py": [
+        "PPO step ending at env step 64: the loss is NaN or infinite (epoch 0, minibatch 0).",
+    ],
+    "checkpoint_resume.py": [
+        "stopped early at 192 of 320",
+        "steps on disk: [0, 128, 192]",
+        "loaded step 192 and its config: True",
+        "resumed run ended at 320 after 2 steps",
     ],
 }
 

@@ -7,25 +7,25 @@ array by the fraction that holds; a scalar is logged as it is.
 
 Which metrics a training step computes follows the :class:`LoggingLevel` flags:
 
-============== ================================================================
-flag           metrics
-============== ================================================================
-LOSSES         ``losses/actor``, ``losses/critic`` (per leaf), ``losses/regularization``,
-               ``losses/total``: over the step's minibatch updates
-ACTOR_EXTRA    ``losses/clipping_fraction``, ``losses/approx_kl`` (per action leaf),
-               ``losses/epochs_completed``, ``loglikelihood``, ``policy/entropy``
-CRITIC_EXTRA   ``losses/predicted_value``, ``losses/advantages``, ``losses/critic_R^2``,
-               ``losses/explained_variance`` (per reward leaf)
-ROLLOUT_STATS  ``rollout_batch/{reward,action,done_rate,truncation_rate}``, and for
-               episodes that ended in the rollout ``rollout_batch/episode_reward/mean``,
-               ``rollout_batch/lifespan/mean``, ``rollout_batch/episodes_completed``
-ROLLOUT_OBS    ``rollout_batch/obs``
-ENV_METRICS    ``env/...``: the env's ``metrics``
+=============== ================================================================
+flag            metrics
+=============== ================================================================
+LOSSES          ``losses/actor``, ``losses/critic`` (per leaf), ``losses/regularization``,
+                ``losses/total``: over the step's minibatch updates
+ACTOR_EXTRA     ``losses/clipping_fraction``, ``losses/approx_kl`` (per action leaf),
+                ``losses/epochs_completed``, ``loglikelihood``, ``policy/entropy``
+CRITIC_EXTRA    ``losses/predicted_value``, ``losses/advantages``, ``losses/critic_R^2``,
+                ``losses/explained_variance`` (per reward leaf)
+ROLLOUT_STATS   ``rollout_batch/{reward,action,done_rate,truncation_rate}``, and for
+                episodes that ended in the rollout ``rollout_batch/episode_reward/mean``,
+                ``rollout_batch/lifespan/mean``, ``rollout_batch/episodes_completed``
+ROLLOUT_OBS     ``rollout_batch/obs``
+ENV_METRICS     ``env/...``: the env's ``metrics``
 NETWORK_METRICS ``net/...``: the network's ``metrics``
-GRAD_NORM      ``grad_norm``: the global gradient norm before clipping
-WEIGHTS        ``weights``: every ``nnx.Param`` entry pooled
-THROUGHPUT     ``throughput/train_sps``, ``throughput/eval_sps``: env steps per second
-============== ================================================================
+GRAD_NORM       ``grad_norm``: the global gradient norm before clipping
+WEIGHTS         ``weights``: every ``nnx.Param`` entry pooled
+THROUGHPUT      ``throughput/train_sps``, ``throughput/eval_sps``: env steps per second
+=============== ================================================================
 """
 
 from __future__ import annotations

@@ -76,12 +76,12 @@ class Transition(Replaceable):
         episodes from it.
     """
 
-    obs: PyTree[Shaped[Array, "*T B ..."]]
+    obs: PyTree[Shaped[Array, "..."]]  # (*T, B, *feat): jaxtyping allows one variadic axis
     network_output: PPONetworkOutput
     rewards: PyTree[Float[Array, "*T B"]]
     done: Bool[Array, "*T B"] | PyTree[Bool[Array, "*T B"]]
     truncated: Bool[Array, "*T B"] | PyTree[Bool[Array, "*T B"]]
-    next_obs: PyTree[Shaped[Array, "*T B ..."]]
+    next_obs: PyTree[Shaped[Array, "..."]]  # (*T, B, *feat), like obs
     metrics: dict[str, Any]
     rollout_extras: Any = None
     next_value_estimates: PyTree[Float[Array, "*T B"]] = None

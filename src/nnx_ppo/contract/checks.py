@@ -42,8 +42,13 @@ __all__ = [
     "CHECKS_ENV_VAR",
     "checks",
     "checks_enabled",
+    "describe_leaf",
     "describe_module",
+    "format_graph_path",
     "install_checks",
+    "is_stats_bearing",
+    "named_leaves",
+    "structure_difference",
 ]
 
 CHECKS_ENV_VAR = "NNX_PPO_CHECKS"
@@ -55,6 +60,7 @@ _ACTIVE_MODULES: ContextVar[tuple[Any, ...]] = ContextVar("nnx_ppo_active", defa
 _STATS_REACHED: ContextVar[set[int] | None] = ContextVar("nnx_ppo_stats", default=None)
 
 _CHECKED_MARK = "__nnx_ppo_checked__"
+_DEFAULT_MARK = "__nnx_ppo_default__"
 
 _RULE_ONE_B = (
     "one batch size B binds every leaf of state, x, rollout_extras and of the returned "
@@ -117,7 +123,8 @@ def checks(enabled: bool) -> Iterator[None]:
 # --------------------------------------------------------------------------- naming
 
 
-def _format_graph_path(root: Any, path: tuple[Any, ...]) -> str:
+def format_graph_path(root: Any, path: tuple[Any, ...]) -> str:
+    """``path`` (from ``nnx.iter_graph(root)``) as Python would write it: ``.layers[2]``."""
     node = root
     parts: list[str] = []
     for key in path:
@@ -153,7 +160,7 @@ def describe_module(module: Any) -> str:
     path = _graph_path(root, module)
     if path is None:
         return type(module).__name__
-    return f"{type(root).__name__}{_format_graph_path(root, path)} ({type(module).__name__})"
+    return f"{type(root).__name__}{format_graph_path(root, path)} ({type(module).__name__})"
 
 
 @dataclass(frozen=True)
@@ -183,14 +190,16 @@ def _violation(site: _Site, problem: str, **details: str | None) -> ContractErro
 # ------------------------------------------------------------------------ leaf checks
 
 
-def _describe_leaf(leaf: Any) -> str:
+def describe_leaf(leaf: Any) -> str:
+    """``"shape (8, 3) float32"``, or what the leaf is when it is not an array."""
     shape = getattr(leaf, "shape", None)
     if shape is None:
         return f"a {type(leaf).__name__} (not an array)"
     return f"shape {tuple(shape)} {leaf.dtype}"
 
 
-def _leaves(name: str, tree: Any) -> list[tuple[str, Any]]:
+def named_leaves(name: str, tree: Any) -> list[tuple[str, Any]]:
+    """The leaves of ``tree`` with their paths written after ``name``: ``("state['h']", leaf)``."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
     return [(name + jax.tree_util.keystr(path), leaf) for path, leaf in flat]
 
@@ -220,7 +229,7 @@ def _check_leading(
 ) -> None:
     """Every array leaf of ``tree`` leads with ``axes``, binding any axis not yet bound."""
     pattern = ", ".join(a.label for a in axes) + ", *feat"
-    for leaf_name, leaf in _leaves(name, tree):
+    for leaf_name, leaf in named_leaves(name, tree):
         shape = getattr(leaf, "shape", None)
         bound = ", ".join(str(a) for a in axes)
         if shape is None or len(shape) < len(axes):
@@ -229,7 +238,7 @@ def _check_leading(
                 f"{what} {leaf_name} has no leading ({pattern.removesuffix(', *feat')}) axes.",
                 leaf=leaf_name,
                 expected=f"({pattern}) with {bound}",
-                found=_describe_leaf(leaf),
+                found=describe_leaf(leaf),
                 rule=rule,
             )
         for axis, size in zip(axes, shape, strict=False):
@@ -240,7 +249,7 @@ def _check_leading(
                     f"{axes.index(axis)}, but {axis}.",
                     leaf=leaf_name,
                     expected=f"({pattern}) with {bound}",
-                    found=_describe_leaf(leaf),
+                    found=describe_leaf(leaf),
                     rule=rule,
                 )
 
@@ -252,9 +261,10 @@ def _named_shape(shape: tuple[int, ...], batch: _Axis | None) -> str:
     return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
 
 
-def _structure_difference(ref_name: str, ref: Any, name: str, value: Any) -> str:
-    ref_paths = [p.removeprefix(ref_name) for p, _ in _leaves(ref_name, ref)]
-    val_paths = [p.removeprefix(name) for p, _ in _leaves(name, value)]
+def structure_difference(ref_name: str, ref: Any, name: str, value: Any) -> str:
+    """Which leaf paths ``value`` lacks or adds relative to ``ref``, in words."""
+    ref_paths = [p.removeprefix(ref_name) for p, _ in named_leaves(ref_name, ref)]
+    val_paths = [p.removeprefix(name) for p, _ in named_leaves(name, value)]
     missing = [p for p in ref_paths if p not in val_paths]
     extra = [p for p in val_paths if p not in ref_paths]
     parts = []
@@ -299,11 +309,11 @@ def _check_same_tree(
             f"{name} does not have the tree structure of {ref_name}.",
             leaf=name,
             expected=f"the structure of {ref_name}: {ref_def}",
-            found=_structure_difference(ref_name, ref, name, value),
+            found=structure_difference(ref_name, ref, name, value),
             rule=rule,
         )
     for (ref_leaf_name, ref_leaf), (leaf_name, leaf) in zip(
-        _leaves(ref_name, ref), _leaves(name, value), strict=True
+        named_leaves(ref_name, ref), named_leaves(name, value), strict=True
     ):
         ref_shape = getattr(ref_leaf, "shape", None)
         shape = getattr(leaf, "shape", None)
@@ -483,13 +493,13 @@ def _check_regularization(site: _Site, loss: Any, batch: _Axis) -> None:
         "regularization_loss is neither a scalar nor one value per sample.",
         leaf="regularization_loss",
         expected=f"() or (B,) with {batch}",
-        found=_describe_leaf(loss),
+        found=describe_leaf(loss),
         rule=_RULE_REG,
     )
 
 
 def _check_metrics(site: _Site, metrics: Any, batch: _Axis) -> None:
-    for leaf_name, leaf in _leaves("metrics", metrics):
+    for leaf_name, leaf in named_leaves("metrics", metrics):
         shape = getattr(leaf, "shape", ())
         if len(shape) == 0 or batch.bind(int(shape[0]), leaf_name):
             continue
@@ -498,7 +508,7 @@ def _check_metrics(site: _Site, metrics: Any, batch: _Axis) -> None:
             f"metric {leaf_name} is neither a scalar nor batched.",
             leaf=leaf_name,
             expected=f"() or (B, *feat) with {batch}",
-            found=_describe_leaf(leaf),
+            found=describe_leaf(leaf),
             rule=_RULE_METRICS,
         )
 
@@ -548,7 +558,7 @@ def _is_contract_module(node: Any) -> bool:
     return getattr(type(node), "__nnx_ppo_contract__", False)
 
 
-def _is_stats_bearing(node: Any) -> bool:
+def is_stats_bearing(node: Any) -> bool:
     """A contract module that defines ``update_statistics`` and holds no sub-modules."""
     if not _is_contract_module(node):
         return False
@@ -560,7 +570,10 @@ def _is_stats_bearing(node: Any) -> bool:
 
 
 def _overrides_update_statistics(node: Any) -> bool:
-    return getattr(type(node).update_statistics, _CHECKED_MARK, None) == "update_statistics"
+    method = type(node).update_statistics
+    return getattr(method, _CHECKED_MARK, None) == "update_statistics" and not getattr(
+        method, _DEFAULT_MARK, False
+    )
 
 
 def _check_all_reached(site: _Site, root: Any, reached: set[int]) -> None:
@@ -570,28 +583,30 @@ def _check_all_reached(site: _Site, root: Any, reached: set[int]) -> None:
         if not path:
             return type(root).__name__
         return (
-            f"{type(root).__name__}{_format_graph_path(root, path)} ({type(nodes[path]).__name__})"
+            f"{type(root).__name__}{format_graph_path(root, path)} ({type(nodes[path]).__name__})"
         )
 
     for path, node in nodes.items():
-        if id(node) in reached or not _is_stats_bearing(node):
+        if id(node) in reached or not is_stats_bearing(node):
             continue
         ancestors = [
             path[:i] for i in range(len(path) - 1, -1, -1) if _is_contract_module(nodes[path[:i]])
         ]
         found = "the top-level call returned without reaching it"
         expected = "every container on its path to route update_statistics to it"
+        # The nearest container that dropped it: one that inherits the no-op default,
+        # or one whose own update_statistics ran without passing it on.
         for ancestor in ancestors:
-            if id(nodes[ancestor]) in reached:
-                expected = f"{name(ancestor)}.update_statistics to pass it its slice"
-                found = f"{name(ancestor)}.update_statistics ran but never called it"
-                break
             if not _overrides_update_statistics(nodes[ancestor]):
                 expected = f"{name(ancestor)} to define update_statistics and route it"
                 found = (
                     f"{name(ancestor)} inherits the no-op default, dropping its children's "
                     "statistics"
                 )
+                break
+            if id(nodes[ancestor]) in reached:
+                expected = f"{name(ancestor)}.update_statistics to pass it its slice"
+                found = f"{name(ancestor)}.update_statistics ran but never called it"
                 break
         raise _violation(
             site,
@@ -612,15 +627,19 @@ _CHECKS: dict[str, _Check] = {
 }
 
 
-def install_checks(cls: type, output_type: type) -> None:
+def install_checks(cls: type, output_type: type, *, defaults: bool = False) -> None:
     """Wrap the contract methods ``cls`` defines itself with their checks.
 
-    Called from ``StatefulModule.__init_subclass__``; methods inherited from a
-    parent are already wrapped there.
+    Called on ``StatefulModule`` itself (``defaults=True``: its methods are the
+    defaults, e.g. the no-op ``update_statistics``, which must be checked too, so
+    that a container inheriting it is caught) and from its ``__init_subclass__``;
+    methods inherited from a parent are already wrapped there.
     """
     cls.__nnx_ppo_contract__ = True  # type: ignore[attr-defined]
     checks = {"__call__": functools.partial(_check_call, output_type), **_CHECKS}
     for name, check in checks.items():
         fn = cls.__dict__.get(name)
         if fn is not None and getattr(fn, _CHECKED_MARK, None) is None:
-            setattr(cls, name, _checked(fn, name, check))
+            wrapped = _checked(fn, name, check)
+            setattr(wrapped, _DEFAULT_MARK, defaults)
+            setattr(cls, name, wrapped)

@@ -36,7 +36,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
-from nnx_ppo.contract.checks import _describe_leaf, _leaves, _structure_difference, checks_enabled
+from nnx_ppo.contract.checks import (
+    checks_enabled,
+    describe_leaf,
+    named_leaves,
+    structure_difference,
+)
 from nnx_ppo.contract.errors import ContractError, format_violation
 
 __all__ = [
@@ -44,6 +49,7 @@ __all__ = [
     "check_env_reset_key",
     "check_env_state",
     "check_env_unbatched",
+    "is_size",
 ]
 
 _STATE_FIELDS = ("obs", "reward", "done", "metrics", "info")
@@ -107,7 +113,7 @@ def check_env_reset_key(key: Any, *, where: str = "env.reset") -> None:
             "the reset key is not a JAX PRNG key.",
             leaf="key",
             expected="a typed key of shape () or a raw uint32 key of shape (2,)",
-            found=_describe_leaf(key),
+            found=describe_leaf(key),
             rule=_RULE_KEY,
         )
     shape = tuple(key.shape)
@@ -122,7 +128,7 @@ def check_env_reset_key(key: Any, *, where: str = "env.reset") -> None:
             f"the reset key has dtype {key.dtype}, not a PRNG key's.",
             leaf="key",
             expected="a typed key of shape () or a raw uint32 key of shape (2,)",
-            found=_describe_leaf(key),
+            found=describe_leaf(key),
             rule=_RULE_KEY,
         )
     if len(shape) == key_ndim:
@@ -140,7 +146,7 @@ def check_env_reset_key(key: Any, *, where: str = "env.reset") -> None:
         problem,
         leaf="key",
         expected=f"one {key.dtype} key: {one_key}",
-        found=_describe_leaf(key),
+        found=describe_leaf(key),
         rule=_RULE_KEY,
     )
 
@@ -163,7 +169,7 @@ def _field(state: Any, name: str, where: str) -> Any:
 
 def _check_scalar_leaves(where: str, name: str, tree: Any, what: str) -> None:
     """Every leaf of ``tree`` is a scalar array; ``what`` says what one leaf means."""
-    leaves = _leaves(name, tree)
+    leaves = named_leaves(name, tree)
     if not leaves:
         raise _violation(
             where,
@@ -192,7 +198,7 @@ def _check_scalar_leaves(where: str, name: str, tree: Any, what: str) -> None:
             problem,
             leaf=leaf_name,
             expected="shape () (one environment; the library adds the n_envs axis)",
-            found=_describe_leaf(leaf),
+            found=describe_leaf(leaf),
             rule=_RULE_ONE_ENV,
         )
 
@@ -210,7 +216,7 @@ def _check_like_reward(where: str, name: str, tree: Any, reward: Any, what: str)
         leaf=name,
         expected="a scalar, or one scalar per leaf of state.reward "
         f"({jax.tree_util.tree_structure(reward)})",
-        found=_structure_difference("state.reward", reward, name, tree),
+        found=structure_difference("state.reward", reward, name, tree),
         rule=_RULE_ONE_ENV,
     )
 
@@ -236,11 +242,11 @@ def _check_same_as_reference(where: str, name: str, value: Any, reference: Any) 
             f"{name} does not have the tree structure env.reset returned.",
             leaf=name,
             expected=f"the structure of the reset state's {name.removeprefix('state.')}: {ref_def}",
-            found=_structure_difference(ref_name, reference, name, value),
+            found=structure_difference(ref_name, reference, name, value),
             rule=_RULE_CARRY,
         )
     for (_, ref_leaf), (leaf_name, leaf) in zip(
-        _leaves(ref_name, reference), _leaves(name, value), strict=True
+        named_leaves(ref_name, reference), named_leaves(name, value), strict=True
     ):
         if not (_is_array(ref_leaf) and _is_array(leaf)):
             continue
@@ -251,7 +257,7 @@ def _check_same_as_reference(where: str, name: str, value: Any, reference: Any) 
                 leaf=leaf_name,
                 expected=f"shape {_shape_str(tuple(ref_leaf.shape))} {ref_leaf.dtype} "
                 "(as returned by env.reset)",
-                found=_describe_leaf(leaf),
+                found=describe_leaf(leaf),
                 rule=_RULE_CARRY,
             )
 
@@ -280,7 +286,7 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
     obs, reward, done, metrics, info = (_field(state, name, where) for name in _STATE_FIELDS)
     _check_like_reward(where, "state.done", done, reward, "one end-of-episode flag")
     _check_scalar_leaves(where, "state.reward", reward, "one environment's reward")
-    obs_leaves = _leaves("state.obs", obs)
+    obs_leaves = named_leaves("state.obs", obs)
     if not obs_leaves:
         raise _violation(
             where,
@@ -297,7 +303,7 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
                 f"{leaf_name} is not an array.",
                 leaf=leaf_name,
                 expected="an array",
-                found=_describe_leaf(leaf),
+                found=describe_leaf(leaf),
                 rule=_RULE_FIELDS,
             )
     _check_mapping(where, "state.metrics", metrics)
@@ -359,7 +365,7 @@ def check_env_unbatched(env: Any, key: Any = None) -> Any:
 # ---------------------------------------------------------------------------- actions
 
 
-def _is_size(node: Any) -> bool:
+def is_size(node: Any) -> bool:
     """An ``action_size`` leaf: an integer, or a tuple of integers (a shape)."""
     return isinstance(node, int | np.integer) or (
         isinstance(node, tuple) and all(isinstance(d, int | np.integer) for d in node)
@@ -392,7 +398,7 @@ def check_action_tree(
         return
     action_size = getattr(env, "action_size", None)
     discrete = bool(getattr(env, "discrete_actions", False))
-    leaves = _leaves("action", action)
+    leaves = named_leaves("action", action)
     lead = () if batch_size is None else (batch_size,)
     for leaf_name, leaf in leaves:
         shape = tuple(getattr(leaf, "shape", ()))
@@ -404,12 +410,12 @@ def check_action_tree(
                 else f"{leaf_name} is not an array.",
                 leaf=leaf_name,
                 expected="an array" + (f" of shape (B={batch_size}, ...)" if lead else ""),
-                found=_describe_leaf(leaf),
+                found=describe_leaf(leaf),
                 rule=_RULE_ACTION,
             )
     if action_size is None:
         return
-    sizes = jax.tree_util.tree_flatten_with_path(action_size, is_leaf=_is_size)[0]
+    sizes = jax.tree_util.tree_flatten_with_path(action_size, is_leaf=is_size)[0]
     expected_names = ["action" + jax.tree_util.keystr(path) for path, _ in sizes]
     found_names = [leaf_name for leaf_name, _ in leaves]
     if expected_names != found_names:
@@ -454,6 +460,6 @@ def check_action_tree(
                 expected=f"shape {_shape_str((*batch_dims, *expected_shape))} "
                 + ("integer" if discrete else "floating")
                 + (" (discrete_actions=True)" if discrete else ""),
-                found=_describe_leaf(leaf),
+                found=describe_leaf(leaf),
                 rule=_RULE_ACTION,
             )

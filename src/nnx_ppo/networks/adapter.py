@@ -33,12 +33,13 @@ from nnx_ppo.networks.types import (
     StatefulModuleOutput,
 )
 
-__all__ = ["PPOAdapter"]
+__all__ = ["PPOAdapter", "is_sampled_action"]
 
 _SAMPLED_ACTION_KEYS = frozenset(SampledAction.__annotations__)
 
 
-def _is_sampled_action(node: Any) -> bool:
+def is_sampled_action(node: Any) -> bool:
+    """Whether ``node`` is one sampler's output, a ``SampledAction`` dict."""
     return isinstance(node, Mapping) and set(node) == _SAMPLED_ACTION_KEYS
 
 
@@ -81,9 +82,9 @@ class PPOAdapter(Parallel):
         sampled = outputs["action"]
         self._check_action_output(sampled)
         network_output = PPONetworkOutput(
-            actions=jax.tree.map(lambda s: s["action"], sampled, is_leaf=_is_sampled_action),
+            actions=jax.tree.map(lambda s: s["action"], sampled, is_leaf=is_sampled_action),
             loglikelihoods=jax.tree.map(
-                lambda s: s["log_likelihood"], sampled, is_leaf=_is_sampled_action
+                lambda s: s["log_likelihood"], sampled, is_leaf=is_sampled_action
             ),
             value_estimates=self._value_estimates(outputs["value"]),
         )
@@ -95,7 +96,7 @@ class PPOAdapter(Parallel):
         )
 
     def _check_action_output(self, sampled: Any) -> None:
-        nodes, _ = jax.tree_util.tree_flatten_with_path(sampled, is_leaf=_is_sampled_action)
+        nodes, _ = jax.tree_util.tree_flatten_with_path(sampled, is_leaf=is_sampled_action)
         if not nodes:
             raise self._violation(
                 "the action port's output holds no sampled action.",
@@ -105,7 +106,7 @@ class PPOAdapter(Parallel):
             )
         for path, node in nodes:
             where = "output['action']" + jax.tree_util.keystr(path)
-            if not _is_sampled_action(node):
+            if not is_sampled_action(node):
                 raise self._violation(
                     f"{where} is not part of a sampled action.",
                     leaf=where,

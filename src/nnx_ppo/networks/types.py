@@ -138,3 +138,6 @@ class StatefulModule(nnx.Module, abc.ABC):
         each child its slice, as in ``__call__``. The default does nothing.
         """
         del rollout_extras
+
+
+install_checks(StatefulModule, StatefulModuleOutput, defaults=True)

@@ -18,7 +18,6 @@ Functions:
 
 * :func:`new_env_keys`: seed a ``(B,)`` array of per-env keys from an ``nnx.Rngs``.
 * :func:`split_env_keys`: advance per-env keys by one step.
-* :func:`check_positive_int`, :func:`check_number`: constructor-argument checks.
 """
 
 from collections.abc import Callable, Mapping

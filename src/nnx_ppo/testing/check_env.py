@@ -25,12 +25,12 @@ import numpy as np
 from jaxtyping import Array, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo.contract import checks
-from nnx_ppo.contract.checks import _leaves
+from nnx_ppo.contract.checks import named_leaves
 from nnx_ppo.contract.env_checks import (
-    _is_size,
     check_action_tree,
     check_env_state,
     check_env_unbatched,
+    is_size,
 )
 from nnx_ppo.testing.check_module import (
     ContractPropertyError,
@@ -97,7 +97,7 @@ def random_action(env: Any, key: PRNGKeyArray) -> PyTree[Shaped[Array, "..."]]:
       TypeError: ``env`` has no ``action_size``.
     """
     action_size = _action_size(env)
-    sizes, treedef = jax.tree.flatten(action_size, is_leaf=_is_size)
+    sizes, treedef = jax.tree.flatten(action_size, is_leaf=is_size)
     keys = jax.random.split(key, len(sizes))
     if getattr(env, "discrete_actions", False):
         leaves = [
@@ -215,7 +215,7 @@ class _EnvKit:
             ("env.step", "(step, env, ...)", first[1], second[1]),
         ):
             for (name, a), (_, b) in zip(
-                _leaves("state", a_states), _leaves("state", b_states), strict=True
+                named_leaves("state", a_states), named_leaves("state", b_states), strict=True
             ):
                 a, b = as_numpy(a), as_numpy(b)
                 if a.shape == b.shape and np.array_equal(a, b, equal_nan=True):
@@ -241,8 +241,8 @@ class _EnvKit:
     def _check_flag(
         self, stage: str, name: str, flag: Any, batch: Any, lead: tuple[int, ...]
     ) -> None:
-        flags = _leaves(name, flag)
-        done = _leaves("state.done", batch.done)
+        flags = named_leaves(name, flag)
+        done = named_leaves("state.done", batch.done)
         if len(flags) != 1 and [n.removeprefix(name) for n, _ in flags] != [
             n.removeprefix("state.done") for n, _ in done
         ]:

@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 from jaxtyping import Array, Bool, PyTree, Shaped
 
 from nnx_ppo.contract import ContractError, checks, format_violation
-from nnx_ppo.contract.checks import _format_graph_path, _is_stats_bearing, _leaves
-from nnx_ppo.networks.adapter import _is_sampled_action
+from nnx_ppo.contract.checks import named_leaves
+from nnx_ppo.networks.adapter import is_sampled_action
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule, StatefulModuleOutput
 from nnx_ppo.testing.strategies import pytree_observations
 
@@ -347,7 +347,7 @@ def _step_leaves(out: StatefulModuleOutput, *, batched_only: bool, extras: bool)
     fields = ["output", "next_state", "regularization_loss", "metrics"]
     if extras:
         fields.append("rollout_extras")
-    named = [pair for field in fields for pair in _leaves(field, getattr(out, field))]
+    named = [pair for field in fields for pair in named_leaves(field, getattr(out, field))]
     if batched_only:
         return [(name, leaf) for name, leaf in named if leaf.ndim > 0]
     return named
@@ -371,12 +371,12 @@ def _at_step(tree: PyTree[Shaped[Array, "T ..."]], t: int) -> PyTree[Shaped[Arra
 def _actions(out: StatefulModuleOutput) -> list[tuple[str, Any]]:
     """The action leaves of a sampler's or a PPO network's output, named."""
     if isinstance(out.output, PPONetworkOutput):
-        return _leaves("output.actions", out.output.actions)
-    nodes, _ = jax.tree_util.tree_flatten_with_path(out.output, is_leaf=_is_sampled_action)
+        return named_leaves("output.actions", out.output.actions)
+    nodes, _ = jax.tree_util.tree_flatten_with_path(out.output, is_leaf=is_sampled_action)
     return [
         (f"output{jax.tree_util.keystr(path)}['action']", node["action"])
         for path, node in nodes
-        if _is_sampled_action(node)
+        if is_sampled_action(node)
     ]
 
 
@@ -409,22 +409,6 @@ def _writes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Bool[Arr
         else:
             flags[name] = jnp.any(old != new)
     return flags
-
-
-def _unrouted_statistics(module: StatefulModule) -> str | None:
-    """A module keeping statistics below ``module`` when ``module`` inherits the no-op
-    ``update_statistics``; named as the contract checks name it, else ``None``.
-
-    The contract checks verify the routing when a module's own ``update_statistics``
-    runs; the inherited default of a top-level container is not checked there.
-    """
-    if type(module).update_statistics is not StatefulModule.update_statistics:
-        return None
-    for path, node in nnx.iter_graph(module):
-        if path and _is_stats_bearing(node):
-            where = _format_graph_path(module, tuple(path))
-            return f"{type(module).__name__}{where} ({type(node).__name__})"
-    return None
 
 
 class _PhaseError(Exception):
@@ -476,7 +460,6 @@ class _ModuleKit:
         # nor the caller's module are ever written.
         self.graphdef, self.variables = nnx.split(module)
         self.rtol, self.atol, self.stochastic = rtol, atol, stochastic
-        self.unrouted = _unrouted_statistics(module)
         # Compiled once per batch size (the step also per extras given or not, the fold
         # per rollout length); the graphdef is closed over and the variables are an
         # argument, so every example reuses the compiled programs.
@@ -706,8 +689,8 @@ class _ModuleKit:
         self._compare(
             ModuleProperty.RESET_STATE,
             ex,
-            [_leaves("reset_state(state)", batched)],
-            [_leaves("reset_state(state)", per_env)],
+            [named_leaves("reset_state(state)", batched)],
+            [named_leaves("reset_state(state)", per_env)],
             lambda m: (
                 f"reset_state on one env's slice (under vmap) gives a different {m.leaf} than "
                 "reset_state on the batch.",
@@ -809,15 +792,6 @@ class _ModuleKit:
         )
 
     def _check_statistics(self, ex: _Example, variables: nnx.State, history: Any) -> None:
-        if self.unrouted is not None:
-            raise self._fail(
-                ModuleProperty.STATISTICS,
-                ex,
-                f"update_statistics never reaches {self.unrouted}, which keeps running statistics.",
-                leaf=self.unrouted,
-                expected=f"{self.name} to define update_statistics and route it",
-                found=f"{self.name} inherits the no-op default, dropping its children's statistics",
-            )
         samples = ex.batch_size * ex.time_length
         order = np.random.default_rng(samples).permutation(samples)
 
@@ -843,7 +817,7 @@ class _ModuleKit:
         )
 
     def _check_keys(self, ex: _Example, initial: Any, rollout: _Trajectory) -> None:
-        carry = _leaves("state", initial)
+        carry = named_leaves("state", initial)
         keys = [(name, leaf) for name, leaf in carry if _is_key(leaf)]
         if not keys:
             raise self._fail(
@@ -856,7 +830,7 @@ class _ModuleKit:
                 if carry
                 else "an empty carry",
             )
-        next_keys = dict(_leaves("state", rollout.outputs[0].next_state))
+        next_keys = dict(named_leaves("state", rollout.outputs[0].next_state))
         for name, leaf in keys:
             data = as_numpy(leaf).reshape(ex.batch_size, -1)
             first_row = {row.tobytes(): env for env, row in reversed(list(enumerate(data)))}
