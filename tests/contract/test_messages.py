@@ -162,6 +162,18 @@ def test_batch_mismatch_between_inputs_names_the_leaf_the_bound_b_and_the_shape(
     assert "found:    shape (4, 3) float32" in message
 
 
+def test_the_error_keeps_the_parts_of_its_message_as_attributes() -> None:
+    with pytest.raises(ContractError) as info:
+        Cell()({"h": _zeros(4, 3)}, _zeros(B, 3))
+
+    error = info.value
+    assert error.where == "Cell.__call__"
+    assert error.leaf == "state['h']"
+    assert error.expected == "(B, *feat) with B=8 (bound by x)"
+    assert error.found == "shape (4, 3) float32"
+    assert error.rule is not None and "one batch size B" in error.rule
+
+
 def test_next_state_dropping_the_batch_axis() -> None:
     message = _message(lambda: DropsBatchAxis()(*_batch()))
 

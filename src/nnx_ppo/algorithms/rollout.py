@@ -19,7 +19,7 @@ from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo.algorithms.metrics import summarize
 from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, Shared, Transition
-from nnx_ppo.contract import ContractError, checks_enabled, format_violation
+from nnx_ppo.contract import ContractError, checks_enabled
 from nnx_ppo.contract.env_checks import check_action_tree, check_env_state, check_env_unbatched
 from nnx_ppo.networks.types import ModuleState, PPONetworkOutput, StatefulModule
 
@@ -57,16 +57,14 @@ def tree_where(mask: Bool[Array, " B"], on_true: Tree, on_false: Tree) -> Tree:
             return when_false
         shape = getattr(when_true, "shape", None)
         if shape is None or tuple(shape[:1]) != tuple(mask.shape):
-            raise ContractError(
-                format_violation(
-                    "tree_where",
-                    "a leaf does not lead with the env axis B.",
-                    leaf="state" + jax.tree_util.keystr(path),
-                    expected=f"(B={mask.shape[0]}, ...)",
-                    found="not an array" if shape is None else f"shape {tuple(shape)}",
-                    rule="every per-env leaf leads with B; wrap leaves that carry no env "
-                    "axis in nnx_ppo.algorithms.types.Shared (SPEC section 4)",
-                )
+            raise ContractError.violation(
+                "tree_where",
+                "a leaf does not lead with the env axis B.",
+                leaf="state" + jax.tree_util.keystr(path),
+                expected=f"(B={mask.shape[0]}, ...)",
+                found="not an array" if shape is None else f"shape {tuple(shape)}",
+                rule="every per-env leaf leads with B; wrap leaves that carry no env "
+                "axis in nnx_ppo.algorithms.types.Shared (SPEC section 4)",
             )
         widened = mask.reshape(mask.shape + (1,) * (when_true.ndim - 1))
         return jnp.where(widened, when_true, when_false)
@@ -164,13 +162,11 @@ def n_envs_of(env_state: EnvState) -> int:
 
 def _network_output(out: Any, where: str) -> PPONetworkOutput:
     if not isinstance(out.output, PPONetworkOutput):
-        raise ContractError(
-            format_violation(
-                where,
-                f"the network returned a {type(out.output).__name__}, not a PPONetworkOutput.",
-                expected="output=PPONetworkOutput(actions, loglikelihoods, value_estimates)",
-                rule="a PPO network ends in a PPOAdapter (or builds PPONetworkOutput itself)",
-            )
+        raise ContractError.violation(
+            where,
+            f"the network returned a {type(out.output).__name__}, not a PPONetworkOutput.",
+            expected="output=PPONetworkOutput(actions, loglikelihoods, value_estimates)",
+            rule="a PPO network ends in a PPOAdapter (or builds PPONetworkOutput itself)",
         )
     return out.output
 
@@ -182,16 +178,14 @@ def _check_values_match_rewards(values: Any, rewards: Any) -> None:
         for v, r in zip(jax.tree.leaves(values), jax.tree.leaves(rewards), strict=True)
     ):
         return
-    raise ContractError(
-        format_violation(
-            "unroll_env",
-            "the network's value estimates are not shaped like the env's rewards.",
-            leaf="network_output.value_estimates",
-            expected="one (B,) value per reward leaf: "
-            + str(jax.tree.map(lambda r: tuple(r.shape), rewards)),
-            found=str(jax.tree.map(lambda v: tuple(v.shape), values)),
-            rule="PPO fits one value per reward leaf (SPEC section 5)",
-        )
+    raise ContractError.violation(
+        "unroll_env",
+        "the network's value estimates are not shaped like the env's rewards.",
+        leaf="network_output.value_estimates",
+        expected="one (B,) value per reward leaf: "
+        + str(jax.tree.map(lambda r: tuple(r.shape), rewards)),
+        found=str(jax.tree.map(lambda v: tuple(v.shape), values)),
+        rule="PPO fits one value per reward leaf (SPEC section 5)",
     )
 
 

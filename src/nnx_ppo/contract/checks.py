@@ -36,7 +36,7 @@ from beartype.roar import BeartypeCallHintViolation
 from flax import nnx
 from jaxtyping import TypeCheckError, jaxtyped
 
-from nnx_ppo.contract.errors import ContractError, format_violation
+from nnx_ppo.contract.errors import ContractError
 
 __all__ = [
     "CHECKS_ENV_VAR",
@@ -184,7 +184,7 @@ def _entered(module: Any) -> Iterator[None]:
 
 
 def _violation(site: _Site, problem: str, **details: str | None) -> ContractError:
-    return ContractError(format_violation(str(site), problem, **details))
+    return ContractError.violation(str(site), problem, **details)
 
 
 # ------------------------------------------------------------------------ leaf checks

@@ -42,7 +42,7 @@ from nnx_ppo.contract.checks import (
     named_leaves,
     structure_difference,
 )
-from nnx_ppo.contract.errors import ContractError, format_violation
+from nnx_ppo.contract.errors import ContractError
 
 __all__ = [
     "check_action_tree",
@@ -81,7 +81,7 @@ _RULE_ACTION = (
 
 
 def _violation(where: str, problem: str, **details: str | None) -> ContractError:
-    return ContractError(format_violation(where, problem, **details))
+    return ContractError.violation(where, problem, **details)
 
 
 def _is_array(leaf: Any) -> bool:

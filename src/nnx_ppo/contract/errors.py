@@ -13,7 +13,45 @@ class ContractError(jaxtyping.TypeCheckError):
     Raised while JAX traces, so it surfaces before anything is compiled. It is a
     subclass of :class:`jaxtyping.TypeCheckError` (itself a :class:`TypeError`),
     so code that already catches jaxtyping's errors catches this one too.
+
+    Attributes:
+      where: the module (with its path in the network) and method, or the env field.
+      leaf: the argument and leaf path that broke the rule, e.g. ``"state['h']"``.
+      expected: the expected axes with their bound sizes.
+      found: what was found.
+      rule: the contract rule, in words.
+      (Each is ``None`` when the message does not state it.)
     """
+
+    where: str | None = None
+    leaf: str | None = None
+    expected: str | None = None
+    found: str | None = None
+    rule: str | None = None
+
+    @classmethod
+    def violation(
+        cls,
+        where: str,
+        problem: str,
+        *,
+        leaf: str | None = None,
+        expected: str | None = None,
+        found: str | None = None,
+        rule: str | None = None,
+    ) -> "ContractError":
+        """An error whose message :func:`format_violation` writes, its parts kept as attributes."""
+        error = cls(
+            format_violation(where, problem, leaf=leaf, expected=expected, found=found, rule=rule)
+        )
+        error.where, error.leaf, error.expected, error.found, error.rule = (
+            where,
+            leaf,
+            expected,
+            found,
+            rule,
+        )
+        return error
 
 
 def format_violation(

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from nnx_ppo.contract import ContractError, describe_module, format_violation
+from nnx_ppo.contract import ContractError, describe_module
 from nnx_ppo.networks.containers import Parallel
 from nnx_ppo.networks.sampling_layers import SampledAction
 from nnx_ppo.networks.types import (
@@ -91,9 +91,7 @@ class PPOAdapter(Parallel):
         return rest.replace(output=network_output)
 
     def _violation(self, problem: str, **details: str) -> ContractError:
-        return ContractError(
-            format_violation(f"{describe_module(self)}.__call__", problem, **details)
-        )
+        return ContractError.violation(f"{describe_module(self)}.__call__", problem, **details)
 
     def _check_action_output(self, sampled: Any) -> None:
         nodes, _ = jax.tree_util.tree_flatten_with_path(sampled, is_leaf=is_sampled_action)

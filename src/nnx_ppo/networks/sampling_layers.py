@@ -35,7 +35,7 @@ from flax import nnx
 from jax.scipy.special import erf
 from jaxtyping import Array, Float, Int, Key, Shaped
 
-from nnx_ppo.contract import ContractError, describe_module, format_violation
+from nnx_ppo.contract import ContractError, describe_module
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import (
@@ -173,16 +173,14 @@ class ActionSampler(StatefulModule):
         expected_integer = jnp.issubdtype(expected.dtype, jnp.integer)
         if stored.shape == expected.shape and stored_integer == expected_integer:
             return
-        raise ContractError(
-            format_violation(
-                f"{describe_module(self)}.__call__",
-                "the stored raw action does not fit this sampler's distribution.",
-                leaf="rollout_extras",
-                expected=f"shape {expected.shape} {expected.dtype}",
-                found=f"shape {stored.shape} {stored.dtype}",
-                rule="in loss replay a sampler is given back the raw action it emitted in "
-                "rollout (SPEC section 2)",
-            )
+        raise ContractError.violation(
+            f"{describe_module(self)}.__call__",
+            "the stored raw action does not fit this sampler's distribution.",
+            leaf="rollout_extras",
+            expected=f"shape {expected.shape} {expected.dtype}",
+            found=f"shape {stored.shape} {stored.dtype}",
+            rule="in loss replay a sampler is given back the raw action it emitted in "
+            "rollout (SPEC section 2)",
         )
 
 

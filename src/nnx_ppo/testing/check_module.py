@@ -182,14 +182,8 @@ def property_failure(
 
 
 def contract_leaf(error: BaseException) -> str | None:
-    """The ``leaf:`` line of a :class:`~nnx_ppo.ContractError`'s message; else ``None``."""
-    if not isinstance(error, ContractError):
-        return None
-    for line in str(error).splitlines():
-        label, _, value = line.strip().partition(" ")
-        if label == "leaf:":
-            return value.strip()
-    return None
+    """The leaf a :class:`~nnx_ppo.ContractError` names; else ``None``."""
+    return error.leaf if isinstance(error, ContractError) else None
 
 
 # -------------------------------------------------------------------------- host arrays
