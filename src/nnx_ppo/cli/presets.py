@@ -44,8 +44,15 @@ _PRESETS: dict[str, dict[str, Any]] = {
     },
     "pendulum": {
         "network": {"kind": "mlp", "hidden_sizes": [64, 64], "activation": "tanh"},
-        "ppo": {"n_envs": 64, "rollout_length": 50, "total_steps": 1_000_000},
-        "eval": {"every_steps": 100_000, "n_envs": 32, "max_episode_length": 200},
+        # A short horizon and more epochs per rollout: the swing-up's value is mostly near-term.
+        "ppo": {
+            "n_envs": 32,
+            "rollout_length": 100,
+            "total_steps": 500_000,
+            "discounting_factor": 0.9,
+            "n_epochs": 10,
+        },
+        "eval": {"every_steps": 50_000, "n_envs": 32, "max_episode_length": 200},
     },
     "memory": {
         "network": {"kind": "lstm", "hidden_sizes": [32], "activation": "tanh"},
