@@ -191,3 +191,19 @@ def test_playground_cartpole_balance_trains_through_the_cli(tmp_path: Path) -> N
     assert main(["train", "--env", "CartpoleBalance", "--steps", "512", "--run-dir", str(run_dir),
                  *TINY]) == 0  # fmt: skip
     assert read_metrics(run_dir / "metrics.jsonl")[-1]["step"] >= 512
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path: Path) -> None:
+    from nnx_ppo.algorithms.checkpointing import make_checkpoint_fn
+    from nnx_ppo.algorithms.ppo import new_training_state
+
+    env = make("cartpole")
+    state = new_training_state(env, make_default_network(env, nnx.Rngs(0), hidden_sizes=[8]), 2, 0)
+    save = make_checkpoint_fn(tmp_path, keep_last=2)
+    for step in (10, 20, 30):
+        save(state.replace(steps_taken=step), step)
+    assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [20, 30]
+    assert find_checkpoint(tmp_path) == (tmp_path, 30)
+    assert load_checkpoint(tmp_path, state)["training_state"].steps_taken == 30
+    with pytest.raises(ValueError, match="keep_last must be a positive int"):
+        make_checkpoint_fn(tmp_path, keep_last=0)
