@@ -31,5 +31,5 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the Sphinx docs with warnings as errors."""
-    session.install("-e", ".[docs]")
+    session.install("-e", ".[docs,testing]")  # the API pages import nnx_ppo.testing
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")

@@ -154,6 +154,24 @@ def test_broken_checkpoints_are_named(tmp_path: Path) -> None:
         load_checkpoint(tmp_path, network)
 
 
+def test_a_new_run_refuses_a_directory_that_holds_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    assert train(run_dir, 128) == 0
+    capsys.readouterr()
+    assert train(run_dir, 128) == 2
+    assert f"{run_dir} already holds a run; continue it with --resume" in capsys.readouterr().out
+
+
+def test_checkpoints_store_a_train_config_only(tmp_path: Path) -> None:
+    from nnx_ppo.algorithms.checkpointing import make_checkpoint_fn
+    from nnx_ppo.algorithms.config import PPOConfig
+
+    with pytest.raises(TypeError, match="config must be a TrainConfig, got a PPOConfig"):
+        make_checkpoint_fn(tmp_path, PPOConfig())  # type: ignore[arg-type]
+
+
 def test_envs_lists_the_built_ins(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["envs"]) == 0
     listed = capsys.readouterr().out

@@ -212,6 +212,11 @@ def make_checkpoint_fn(
     """
     if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
         raise ValueError(f"make_checkpoint_fn: keep_last must be a positive int, got {keep_last!r}")
+    if config is not None and not isinstance(config, TrainConfig):
+        raise TypeError(
+            f"make_checkpoint_fn: config must be a TrainConfig, got a {type(config).__name__}; "
+            "wrap a PPOConfig as TrainConfig(ppo=...)"
+        )
     root = Path(directory)
     config_json = config_to_dict(config) if config is not None else {}
     manager = _manager(root, keep_last, create=True)

@@ -140,6 +140,11 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = args.run_dir or Path("runs") / f"{run_config['env']}-{stamp}"
+    if args.resume is None and (run_dir / CHECKPOINT_SUBDIR).exists():
+        raise ValueError(
+            f"{run_dir} already holds a run; continue it with --resume {run_dir}, or choose "
+            "another --run-dir"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(run_config, indent=2) + "\n")
 
@@ -258,7 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _evaluate(args, console)
         return _list_envs(console)
     except (ValueError, TypeError, FileNotFoundError) as error:
-        console.print(f"[bold red]error:[/bold red] {escape(str(error))}", highlight=False)
+        console.print(
+            f"[bold red]error:[/bold red] {escape(str(error))}", highlight=False, soft_wrap=True
+        )
         return 2
 
 
