@@ -1,11 +1,17 @@
 """Configs keep 0.3.0's fields and defaults, and reject bad values with a named error."""
 
 import dataclasses
+import math
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig, VideoConfig
+from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.types import LoggingLevel
 
 PPO_DEFAULTS_0_3_0 = {
@@ -67,25 +73,25 @@ def test_logging_level_members_are_those_of_0_3_0():
     ("changes", "error", "message"),
     [
         ({"n_envs": 10, "n_minibatches": 4}, ValueError, r"n_envs \(10\).*divisible"),
-        ({"n_envs": 0}, ValueError, "n_envs must be positive"),
-        ({"rollout_length": -1}, ValueError, "rollout_length must be positive"),
-        ({"total_steps": 0}, ValueError, "total_steps must be positive"),
-        ({"n_epochs": 0}, ValueError, "n_epochs must be positive"),
+        ({"n_envs": 0}, ValueError, "n_envs must be a positive int"),
+        ({"rollout_length": -1}, ValueError, "rollout_length must be a positive int"),
+        ({"total_steps": 0}, ValueError, "total_steps must be a positive int"),
+        ({"n_epochs": 0}, ValueError, "n_epochs must be a positive int"),
         ({"n_envs": 2.5}, TypeError, "n_envs must be an int"),
-        ({"clip_range": 0.0}, ValueError, "clip_range must be positive"),
-        ({"clip_range": -0.1}, ValueError, "clip_range must be positive"),
+        ({"clip_range": 0.0}, ValueError, "clip_range must be > 0"),
+        ({"clip_range": -0.1}, ValueError, "clip_range must be > 0"),
         ({"gae_lambda": 1.5}, ValueError, r"gae_lambda must lie in \[0.0, 1.0\]"),
         ({"discounting_factor": -0.1}, ValueError, "discounting_factor must lie in"),
-        ({"learning_rate": 0.0}, ValueError, "learning_rate must be positive"),
-        ({"learning_rate": "fast"}, TypeError, "learning_rate must be a number"),
-        ({"critic_loss_weight": -1.0}, ValueError, "critic_loss_weight must be non-negative"),
-        ({"gradient_clipping": 0.0}, ValueError, "gradient_clipping must be positive"),
-        ({"weight_decay": -1e-3}, ValueError, "weight_decay must be non-negative"),
-        ({"value_clip_range": 0.0}, ValueError, "value_clip_range must be positive"),
-        ({"target_kl": -0.01}, ValueError, "target_kl must be positive"),
+        ({"learning_rate": 0.0}, ValueError, "learning_rate must be > 0"),
+        ({"learning_rate": "fast"}, TypeError, "learning_rate must be a finite number"),
+        ({"critic_loss_weight": -1.0}, ValueError, "critic_loss_weight must be >= 0"),
+        ({"gradient_clipping": 0.0}, ValueError, "gradient_clipping must be > 0"),
+        ({"weight_decay": -1e-3}, ValueError, "weight_decay must be >= 0"),
+        ({"value_clip_range": 0.0}, ValueError, "value_clip_range must be > 0"),
+        ({"target_kl": -0.01}, ValueError, "target_kl must be > 0"),
         ({"advantage_normalization": "batch"}, ValueError, "'per_leaf' or 'global'"),
         ({"logging_level": 3}, TypeError, "logging_level must be a LoggingLevel"),
-        ({"logging_percentiles": (50, 101)}, ValueError, "each must be an int in"),
+        ({"logging_percentiles": (50, 101)}, ValueError, r"entry must lie in \[0, 100\]"),
         ({"logging_percentiles": [50]}, TypeError, "logging_percentiles must be"),
     ],
 )
@@ -94,16 +100,57 @@ def test_ppo_config_rejects(changes, error, message):
         PPOConfig(**changes)
 
 
-def test_ppo_config_accepts_schedules_and_weight_decay_flags():
-    PPOConfig(learning_rate=optax.linear_schedule(1e-3, 1e-4, 100), weight_decay=True)
+FLOAT_FIELDS = (
+    "gae_lambda", "discounting_factor", "clip_range", "learning_rate", "critic_loss_weight",
+    "gradient_clipping", "weight_decay", "value_clip_range", "target_kl",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_ppo_config_rejects_non_finite_numbers(field, value):
+    with pytest.raises(TypeError, match=f"PPOConfig: {field} must be a finite number"):
+        PPOConfig(**{field: value})
+
+
+def test_configs_accept_numpy_scalars():
+    config = PPOConfig(n_envs=np.int64(8), n_minibatches=np.int32(2), clip_range=np.float32(0.1))
+    assert config.steps_per_iteration == 8 * 20
+    assert TrainConfig(seed=np.int64(-3)).seed == -3
+
+
+@pytest.mark.parametrize(("weight_decay", "decay"), [(True, 1e-4), (0.5, 0.5), (False, 0.0)])
+def test_ppo_config_accepts_schedules_and_weight_decay_flags(
+    weight_decay, decay, counting_env, scripted_network
+):
+    # Zero gradients leave Adam's step at 0, so only the decay moves a parameter:
+    # p <- p * (1 - learning_rate(step) * decay), with the schedule's rate at each step.
+    schedule = optax.linear_schedule(1.0, 0.5, 1)
+    config = PPOConfig(learning_rate=schedule, weight_decay=weight_decay)
+    network = scripted_network(w=0.3)
+    state = new_training_state(
+        counting_env,
+        network,
+        2,
+        0,
+        config.learning_rate,
+        config.gradient_clipping,
+        config.weight_decay,
+    )
+    zeros = jax.tree.map(jnp.zeros_like, nnx.state(network, nnx.Param))
+    expected = 0.3
+    for rate in (1.0, 0.5):
+        state.optimizer.update(network, zeros)
+        expected *= 1.0 - rate * decay
+        np.testing.assert_allclose(network.w[...], expected, rtol=1e-6)
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"n_envs": 0}, "EvalConfig.n_envs must be positive"),
-        ({"every_steps": -5}, "EvalConfig.every_steps must be positive"),
-        ({"max_episode_length": 0}, "EvalConfig.max_episode_length must be positive"),
+        ({"n_envs": 0}, "EvalConfig: n_envs must be a positive int"),
+        ({"every_steps": -5}, "EvalConfig: every_steps must be a positive int"),
+        ({"max_episode_length": 0}, "EvalConfig: max_episode_length must be a positive int"),
     ],
 )
 def test_eval_config_rejects(changes, message):
@@ -114,7 +161,7 @@ def test_eval_config_rejects(changes, message):
 def test_train_config_checks_its_parts_and_a_field_changed_later():
     with pytest.raises(TypeError, match=r"TrainConfig\.ppo must be a PPOConfig"):
         TrainConfig(ppo={"n_envs": 4})  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="checkpoint_every_steps must be positive"):
+    with pytest.raises(ValueError, match="checkpoint_every_steps must be a positive int"):
         TrainConfig(checkpoint_every_steps=0)
     config = TrainConfig()
     config.ppo.n_minibatches = 3

@@ -7,6 +7,7 @@ the expected axes with their bound sizes, and the shape found.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -195,6 +196,7 @@ def test_next_state_with_a_different_tree_structure() -> None:
     message = _message(lambda: GrowsCarry()(*_batch()))
 
     assert "GrowsCarry.__call__: next_state does not have the tree structure of state" in message
+    assert "leaf:     next_state['c']" in message
     assert "found:    unexpected next_state['c']" in message
     assert "scan carry" in message
 
@@ -292,6 +294,37 @@ def test_a_users_jaxtyping_annotation_is_checked() -> None:
     assert "Annotated.__call__: argument x does not match its jaxtyping annotation" in message
     assert "expected: Float[Array, 'B 3'] with B=8" in message
     assert "found:    f32[8,4]" in message
+
+
+def test_annotations_that_cannot_be_resolved_are_reported_once_at_class_creation() -> None:
+    class Local:
+        """Resolvable only inside this function, so the annotations naming it are not."""
+
+    with pytest.warns(UserWarning) as caught:
+
+        class Unresolvable(Cell):
+            def __call__(
+                self, state: Any, x: Local, rollout_extras: Any = None
+            ) -> StatefulModuleOutput:
+                return super().__call__(state, x, rollout_extras)
+
+            def reset_state(self, prev_state: Local) -> Any:
+                return prev_state
+
+    messages = sorted(str(w.message) for w in caught)
+    assert len(messages) == 2, messages
+    where = "test_annotations_that_cannot_be_resolved_are_reported_once_at_class_creation"
+    for message, method in zip(messages, ("__call__", "reset_state"), strict=True):
+        assert f"annotations of {where}.<locals>.Unresolvable.{method} are not checked" in message
+        assert "NameError: name 'Local' is not defined" in message
+    assert {w.filename for w in caught} == {__file__}
+    # Unchecked annotations leave the contract's own checks in place, and warn no more.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state, x = _batch()
+        Unresolvable()(state, x)
+        message = _message(lambda: Unresolvable()(state, _zeros(B // 2, 3)))
+    assert f"Unresolvable.__call__: argument state['h'] has B={B} on axis 0" in message
 
 
 def test_a_container_that_forgets_to_route_update_statistics() -> None:

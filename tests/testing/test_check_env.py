@@ -123,7 +123,7 @@ def test_the_checks_run_even_when_switched_off(monkeypatch: pytest.MonkeyPatch) 
     ("keywords", "error", "message"),
     [
         ({"n_envs": 0}, ValueError, "n_envs must be a positive int"),
-        ({"steps": True}, ValueError, "steps must be a positive int"),
+        ({"steps": True}, TypeError, "steps must be an int, got bool"),
     ],
 )
 def test_bad_arguments_are_named(keywords: dict[str, Any], error: type, message: str) -> None:

@@ -166,7 +166,10 @@ def test_bad_arguments_are_named(arguments: tuple[Any, Any], error: type, messag
     [
         ({"batch_sizes": ()}, TypeError, "batch_sizes must be a non-empty sequence"),
         ({"batch_sizes": 3}, TypeError, "batch_sizes must be a non-empty sequence"),
-        ({"time_lengths": (0, 2)}, ValueError, "time_lengths must hold positive ints"),
+        ({"time_lengths": (2, 0)}, ValueError, r"time_lengths\[1\] must be a positive int"),
+        ({"batch_sizes": (1, 2.0)}, TypeError, r"batch_sizes\[1\] must be an int"),
+        ({"rtol": -1e-3}, ValueError, "rtol must be >= 0"),
+        ({"atol": float("nan")}, TypeError, "atol must be a finite number"),
         ({"max_examples": 0}, ValueError, "max_examples must be a positive int"),
     ],
 )

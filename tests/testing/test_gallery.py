@@ -323,7 +323,7 @@ MODULE_BUGS: dict[
         lambda: ForgetsOneChildsState(RunningSum(FEATURES), RunningSum(FEATURES)),
         {},
         ModuleProperty.CARRY_PRESERVATION,
-        "next_state",
+        "next_state['second']",
     ),
     "container that forgets update_statistics": (
         lambda: ForgetsUpdateStatistics(Leaky(), Normalizer(FEATURES)),

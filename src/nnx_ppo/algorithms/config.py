@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
+from nnx_ppo.contract.arguments import require_int, require_number
 
 __all__ = [
     "EvalConfig",
@@ -27,30 +28,6 @@ __all__ = [
 ]
 
 AdvantageNormalization = Literal["per_leaf", "global"]
-
-
-def _require_positive_int(owner: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{owner}.{name} must be an int, got {type(value).__name__} {value!r}")
-    if value <= 0:
-        raise ValueError(f"{owner}.{name} must be positive, got {value}")
-
-
-def _require_number(owner: str, name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.number):
-        raise TypeError(f"{owner}.{name} must be a number, got {type(value).__name__} {value!r}")
-    return float(value)
-
-
-def _require_in(owner: str, name: str, value: Any, low: float, high: float) -> None:
-    number = _require_number(owner, name, value)
-    if not low <= number <= high:
-        raise ValueError(f"{owner}.{name} must lie in [{low}, {high}], got {value}")
-
-
-def _require_optional_positive(owner: str, name: str, value: Any) -> None:
-    if value is not None and _require_number(owner, name, value) <= 0:
-        raise ValueError(f"{owner}.{name} must be positive (or None to turn it off), got {value}")
 
 
 def _require_logging(owner: str, level: Any, percentiles: Any) -> None:
@@ -66,10 +43,7 @@ def _require_logging(owner: str, level: Any, percentiles: Any) -> None:
             f"got {percentiles!r}"
         )
     for p in percentiles:
-        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= 100:
-            raise ValueError(
-                f"{owner}.logging_percentiles holds {p!r}; each must be an int in [0, 100]"
-            )
+        require_int(owner, "logging_percentiles entry", p, minimum=0, maximum=100)
 
 
 @dataclass
@@ -131,33 +105,26 @@ class PPOConfig:
         """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
         owner = "PPOConfig"
         for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"):
-            _require_positive_int(owner, name, getattr(self, name))
+            require_int(owner, name, getattr(self, name))
         if self.n_envs % self.n_minibatches:
             raise ValueError(
                 f"PPOConfig.n_envs ({self.n_envs}) must be divisible by n_minibatches "
                 f"({self.n_minibatches}): a minibatch is a set of whole environments"
             )
-        _require_in(owner, "gae_lambda", self.gae_lambda, 0.0, 1.0)
-        _require_in(owner, "discounting_factor", self.discounting_factor, 0.0, 1.0)
-        if _require_number(owner, "clip_range", self.clip_range) <= 0:
-            raise ValueError(f"PPOConfig.clip_range must be positive, got {self.clip_range}")
-        learning_rate = self.learning_rate
-        if (
-            not callable(learning_rate)
-            and _require_number(owner, "learning_rate", learning_rate) <= 0
-        ):
-            raise ValueError(f"PPOConfig.learning_rate must be positive, got {learning_rate}")
-        if _require_number(owner, "critic_loss_weight", self.critic_loss_weight) < 0:
-            raise ValueError(
-                f"PPOConfig.critic_loss_weight must be non-negative, got {self.critic_loss_weight}"
-            )
-        _require_optional_positive(owner, "gradient_clipping", self.gradient_clipping)
-        decay = self.weight_decay
-        if not isinstance(decay, bool | None) and _require_number(owner, "weight_decay", decay) < 0:
-            raise ValueError(f"PPOConfig.weight_decay must be non-negative, got {decay}")
+        for name in ("gae_lambda", "discounting_factor"):
+            require_number(owner, name, getattr(self, name), minimum=0.0, maximum=1.0)
+        require_number(owner, "clip_range", self.clip_range, minimum=0.0, strict=True)
+        if not callable(self.learning_rate):
+            require_number(owner, "learning_rate", self.learning_rate, minimum=0.0, strict=True)
+        require_number(owner, "critic_loss_weight", self.critic_loss_weight, minimum=0.0)
+        # None turns these off.
+        for name in ("gradient_clipping", "value_clip_range", "target_kl"):
+            if getattr(self, name) is not None:
+                require_number(owner, name, getattr(self, name), minimum=0.0, strict=True)
+        # True asks for optax's default decay, None for plain Adam.
+        if not isinstance(self.weight_decay, bool | None):
+            require_number(owner, "weight_decay", self.weight_decay, minimum=0.0)
         _require_logging(owner, self.logging_level, self.logging_percentiles)
-        _require_optional_positive(owner, "value_clip_range", self.value_clip_range)
-        _require_optional_positive(owner, "target_kl", self.target_kl)
         if self.advantage_normalization not in ("per_leaf", "global"):
             raise ValueError(
                 "PPOConfig.advantage_normalization must be 'per_leaf' or 'global', "
@@ -199,7 +166,7 @@ class EvalConfig:
         if not isinstance(self.enabled, bool):
             raise TypeError(f"EvalConfig.enabled must be a bool, got {self.enabled!r}")
         for name in ("every_steps", "n_envs", "max_episode_length"):
-            _require_positive_int("EvalConfig", name, getattr(self, name))
+            require_int("EvalConfig", name, getattr(self, name))
         _require_logging("EvalConfig", self.logging_level, self.logging_percentiles)
 
 
@@ -228,7 +195,7 @@ class VideoConfig:
         if not isinstance(self.enabled, bool):
             raise TypeError(f"VideoConfig.enabled must be a bool, got {self.enabled!r}")
         for name in ("every_steps", "episode_length"):
-            _require_positive_int("VideoConfig", name, getattr(self, name))
+            require_int("VideoConfig", name, getattr(self, name))
         if not isinstance(self.render_kwargs, dict):
             raise TypeError(
                 f"VideoConfig.render_kwargs must be a dict, got {type(self.render_kwargs).__name__}"
@@ -257,9 +224,8 @@ class TrainConfig:
                     f"TrainConfig.{name} must be a {kind.__name__}, got {type(value).__name__}"
                 )
             value.validate()
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int | np.integer):
-            raise TypeError(f"TrainConfig.seed must be an int, got {self.seed!r}")
-        _require_positive_int("TrainConfig", "checkpoint_every_steps", self.checkpoint_every_steps)
+        require_int("TrainConfig", "seed", self.seed, minimum=None)
+        require_int("TrainConfig", "checkpoint_every_steps", self.checkpoint_every_steps)
 
 
 @dataclass

@@ -1,38 +1,83 @@
-"""Validation of constructor and config arguments, with errors that name the argument."""
+"""Validation of constructor and config arguments, with errors that name the argument.
+
+This is the one place where the library checks that an argument is an int or a
+finite number within bounds; every constructor, config and checker calls it.
+NumPy scalars are accepted alongside Python's (a size computed with NumPy is
+still a size); ``bool`` is not, although Python counts it as an ``int``.
+"""
 
 import math
 from typing import Any
 
+import numpy as np
+
 __all__ = ["require_int", "require_number"]
 
 
-def require_int(owner: str, name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` if it is an ``int`` of at least ``minimum``; else a clear error.
+def _allowed(minimum: float | None, maximum: float | None, strict: bool = False) -> str:
+    """What a value must do to lie within the bounds (one at least): ``"be >= 0"``."""
+    if minimum is not None and maximum is not None:
+        return f"lie in {'(' if strict else '['}{minimum}, {maximum}]"
+    if minimum is not None:
+        return f"be {'>' if strict else '>='} {minimum}"
+    return f"be <= {maximum}"
+
+
+def require_int(
+    owner: str, name: str, value: Any, minimum: int | None = 1, maximum: int | None = None
+) -> int:
+    """``value`` as an ``int`` if it is one in ``[minimum, maximum]``; else a clear error.
+
+    Args:
+      owner: who takes the argument (a class or function name), for the message.
+      name: the argument's name, for the message.
+      value: the argument.
+      minimum: the least value allowed; ``None`` for no lower bound.
+      maximum: the greatest value allowed; ``None`` for no upper bound.
 
     Raises:
-      TypeError: ``value`` is not an ``int`` (a ``bool`` is not accepted).
-      ValueError: ``value`` is below ``minimum``.
+      TypeError: ``value`` is not an ``int`` or NumPy integer (a ``bool`` is not accepted).
+      ValueError: ``value`` lies outside ``[minimum, maximum]``.
     """
-    wanted = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{owner}: {name} must be {wanted}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{owner}: {name} must be {wanted}, got {value}")
-    return value
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__} {value!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        positive = minimum == 1 and maximum is None
+        allowed = "be a positive int" if positive else _allowed(minimum, maximum)
+        raise ValueError(f"{owner}: {name} must {allowed}, got {value}")
+    return int(value)
 
 
 def require_number(
-    owner: str, name: str, value: Any, *, minimum: float = -math.inf, strict: bool = False
+    owner: str,
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    strict: bool = False,
 ) -> float:
-    """``value`` as a float if it is a finite number ``>= minimum``; else a clear error.
+    """``value`` as a ``float`` if it is a finite number within bounds; else a clear error.
+
+    Args:
+      owner: who takes the argument (a class or function name), for the message.
+      name: the argument's name, for the message.
+      value: the argument.
+      minimum: the least value allowed; ``None`` for no lower bound.
+      maximum: the greatest value allowed; ``None`` for no upper bound.
+      strict: exclude ``minimum`` itself (``minimum=0.0, strict=True``: positive).
 
     Raises:
-      TypeError: ``value`` is not a finite real number (a ``bool`` is not accepted).
-      ValueError: ``value`` is below ``minimum`` (or equal to it, when ``strict``).
+      TypeError: ``value`` is not a finite real number: NaN, an infinity, a ``bool``
+        or no number at all.
+      ValueError: ``value`` lies outside the bounds.
     """
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise TypeError(f"{owner}: {name} must be a finite number, got {value!r}")
-    if value < minimum or (strict and value == minimum):
-        bound = f"> {minimum}" if strict else f">= {minimum}"
-        raise ValueError(f"{owner}: {name} must be {bound}, got {value}")
+    real = isinstance(value, int | float | np.integer | np.floating)
+    if isinstance(value, bool) or not real or not math.isfinite(value):
+        raise TypeError(
+            f"{owner}: {name} must be a finite number, got {type(value).__name__} {value!r}"
+        )
+    below = minimum is not None and (value < minimum or (strict and value == minimum))
+    if below or (maximum is not None and value > maximum):
+        raise ValueError(f"{owner}: {name} must {_allowed(minimum, maximum, strict)}, got {value}")
     return float(value)

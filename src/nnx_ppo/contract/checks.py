@@ -24,7 +24,9 @@ import functools
 import inspect
 import os
 import re
+import sys
 import typing
+import warnings
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from beartype.roar import BeartypeCallHintViolation
 from flax import nnx
 from jaxtyping import TypeCheckError, jaxtyped
 
+from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.errors import ContractError
 
 __all__ = [
@@ -261,17 +264,23 @@ def _named_shape(shape: tuple[int, ...], batch: _Axis | None) -> str:
     return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
 
 
-def structure_difference(ref_name: str, ref: Any, name: str, value: Any) -> str:
-    """Which leaf paths ``value`` lacks or adds relative to ``ref``, in words."""
+def _differing_paths(ref_name: str, ref: Any, name: str, value: Any) -> tuple[list[str], list[str]]:
+    """The leaves of ``ref`` that ``value`` lacks, and those it adds, named after ``name``."""
     ref_paths = [p.removeprefix(ref_name) for p, _ in named_leaves(ref_name, ref)]
     val_paths = [p.removeprefix(name) for p, _ in named_leaves(name, value)]
-    missing = [p for p in ref_paths if p not in val_paths]
-    extra = [p for p in val_paths if p not in ref_paths]
+    missing = [name + p for p in ref_paths if p not in val_paths]
+    extra = [name + p for p in val_paths if p not in ref_paths]
+    return missing, extra
+
+
+def structure_difference(ref_name: str, ref: Any, name: str, value: Any) -> str:
+    """Which leaf paths ``value`` lacks or adds relative to ``ref``, in words."""
+    missing, extra = _differing_paths(ref_name, ref, name, value)
     parts = []
     if missing:
-        parts.append("missing " + ", ".join(name + p for p in missing[:4]))
+        parts.append("missing " + ", ".join(missing[:4]))
     if extra:
-        parts.append("unexpected " + ", ".join(name + p for p in extra[:4]))
+        parts.append("unexpected " + ", ".join(extra[:4]))
     if not parts:
         parts.append(f"tree {jax.tree_util.tree_structure(value)}")
     return "; ".join(parts)
@@ -304,10 +313,12 @@ def _check_same_tree(
     ref_def = jax.tree_util.tree_structure(ref)
     val_def = jax.tree_util.tree_structure(value)
     if ref_def != val_def:
+        missing, extra = _differing_paths(ref_name, ref, name, value)
         raise _violation(
             site,
             f"{name} does not have the tree structure of {ref_name}.",
-            leaf=name,
+            # The first leaf missing or unexpected; the tree itself when only nodes differ.
+            leaf=(*missing, *extra, name)[0],
             expected=f"the structure of {ref_name}: {ref_def}",
             found=structure_difference(ref_name, ref, name, value),
             rule=rule,
@@ -336,16 +347,40 @@ def _check_same_tree(
 # ------------------------------------------------------------------ annotation layer
 
 
-def _annotation_checked(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``fn`` so the jaxtyping annotations on its own signature are checked.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _outside_the_library_level() -> int:
+    """The ``stacklevel`` that points a warning at the caller's first frame outside nnx_ppo.
+
+    A class's checks are installed from ``__init_subclass__``, called through the
+    metaclasses (``abc``, frozen) and this package; the frame that matters to the
+    user is their class statement, past all of those.
+    """
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(
+        (_PACKAGE_DIR, "<frozen")
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _annotation_checked(fn: Callable[..., Any], where: str) -> Callable[..., Any]:
+    """Wrap ``fn`` (the method ``where``) so the jaxtyping annotations on its signature are checked.
 
     Annotations that cannot be resolved where the method was defined (forward
-    references to names local to a function) are left unchecked; the contract's
-    own axis checks still run.
+    references to names local to a function) are left unchecked, with a warning
+    naming the method; the contract's own axis checks still run.
     """
     try:
         hints = typing.get_type_hints(fn)
-    except Exception:
+    except Exception as error:
+        warnings.warn(
+            f"nnx_ppo: the annotations of {where} are not checked: resolving them raised "
+            f"{type(error).__name__}: {error}. Define the names they use at module level "
+            "to have them checked; the contract's axis checks run either way.",
+            stacklevel=_outside_the_library_level(),
+        )
         return fn
     if not hints:
         return fn
@@ -420,9 +455,9 @@ _Check = Callable[[_Site, _Arguments, Callable[[], Any]], Any]
 method to run, it returns the method's result or raises ``ContractError``."""
 
 
-def _checked(fn: Callable[..., Any], method: str, check: _Check) -> Callable[..., Any]:
-    """``fn`` wrapped so that, when checks are on, ``check`` runs it."""
-    typed = _annotation_checked(fn)
+def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> Callable[..., Any]:
+    """``cls``'s method ``fn`` (named ``method``), run by ``check`` when checks are on."""
+    typed = _annotation_checked(fn, f"{cls.__qualname__}.{method}")
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
@@ -515,10 +550,13 @@ def _check_metrics(site: _Site, metrics: Any, batch: _Axis) -> None:
 
 def _check_initialize_state(site: _Site, arguments: _Arguments, call: Callable[[], Any]) -> Any:
     (size_name, batch_size), *_ = arguments
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    try:
+        require_int(str(site), size_name, batch_size)
+    except (TypeError, ValueError):
+        # A ContractError, as every violation of the module protocol is.
         raise _violation(
             site, f"{size_name} must be a positive int.", leaf=size_name, found=repr(batch_size)
-        )
+        ) from None
     state = call()
     batch = _Axis("B", batch_size, size_name)
     _check_leading(site, (batch,), "state", state, _RULE_INIT, "returned")
@@ -640,6 +678,6 @@ def install_checks(cls: type, output_type: type, *, defaults: bool = False) -> N
     for name, check in checks.items():
         fn = cls.__dict__.get(name)
         if fn is not None and getattr(fn, _CHECKED_MARK, None) is None:
-            wrapped = _checked(fn, name, check)
+            wrapped = _checked(cls, fn, name, check)
             setattr(wrapped, _DEFAULT_MARK, defaults)
             setattr(cls, name, wrapped)

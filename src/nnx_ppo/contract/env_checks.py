@@ -321,6 +321,23 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
     _check_same_as_reference(where, "state", state, reference)
 
 
+_PROBE_BATCH = 3
+"""Keys given to a ``reset`` that failed on one, to tell a batched env from a broken one."""
+
+
+def _resets_a_batch(env: Any, key: Any) -> bool:
+    """Whether ``env.reset`` maps a batch of keys to a batch of states, as a batched env does."""
+    keys = jax.random.split(key, _PROBE_BATCH)
+    try:
+        states = jax.eval_shape(env.reset, keys)
+    except Exception:  # any failure here means "not a batched env"
+        return False
+    leaves = jax.tree.leaves(states)
+    return bool(leaves) and all(
+        getattr(leaf, "shape", ())[:1] == (_PROBE_BATCH,) for leaf in leaves
+    )
+
+
 def check_env_unbatched(env: Any, key: Any = None) -> Any:
     """Check that ``env`` is one unbatched environment, before the library vmaps it.
 
@@ -339,7 +356,9 @@ def check_env_unbatched(env: Any, key: Any = None) -> Any:
 
     Raises:
       ContractError: the key or the reset state breaks the contract, or ``reset``
-        fails when given one key.
+        fails on one key but returns a batch of states for a batch of keys (a
+        batched env).
+      Exception: whatever else ``reset`` raises on one key, unchanged.
     """
     where = f"{type(env).__name__}.reset"
     key = jax.random.key(0) if key is None else key
@@ -349,10 +368,13 @@ def check_env_unbatched(env: Any, key: Any = None) -> Any:
     except ContractError:
         raise
     except Exception as error:
+        if not _resets_a_batch(env, key):
+            raise  # an ordinary bug in reset: its own error says most
         raise _violation(
             where,
-            "env.reset failed when given one key; if the env is batched (wrapped in vmap), "
-            "pass the unbatched env: the library vmaps reset and step itself.",
+            "env.reset failed when given one key, and given a batch of "
+            f"{_PROBE_BATCH} keys it returns {_PROBE_BATCH} states: the env is batched "
+            "(wrapped in vmap). Pass the unbatched env: the library vmaps reset and step itself.",
             leaf="key",
             expected="reset(key) -> State for one environment",
             found=f"{type(error).__name__}: {str(error).strip().splitlines()[0]}",

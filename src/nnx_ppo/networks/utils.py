@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Key
 
-from nnx_ppo.contract.arguments import require_number
+from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.networks.containers import Parallel, _KeyedContainer
 from nnx_ppo.networks.types import ModuleState, StatefulModule, StatefulModuleOutput
 
@@ -90,11 +90,7 @@ class Flattener(StatefulModule):
     """
 
     def __init__(self, preserve_levels: int = 0) -> None:
-        if isinstance(preserve_levels, bool) or not isinstance(preserve_levels, int):
-            raise TypeError(f"Flattener preserve_levels must be an int, got {preserve_levels!r}")
-        if preserve_levels < 0:
-            raise ValueError(f"Flattener preserve_levels must be >= 0, got {preserve_levels}")
-        self.preserve_levels = preserve_levels
+        self.preserve_levels = require_int("Flattener", "preserve_levels", preserve_levels, 0)
 
     def __call__(
         self, state: tuple[()], x: Any, rollout_extras: None = None

@@ -25,6 +25,7 @@ import numpy as np
 from jaxtyping import Array, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo.contract import checks
+from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.checks import named_leaves
 from nnx_ppo.contract.env_checks import (
     check_action_tree,
@@ -306,12 +307,6 @@ def _where(name: str, a: np.ndarray, b: np.ndarray) -> str:
     return name if not first.size else f"{name} at index {tuple(int(i) for i in first[0])}"
 
 
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"check_env: {name} must be a positive int, got {value!r}")
-    return value
-
-
 def check_env(
     env: Any,
     *,
@@ -364,8 +359,8 @@ def check_env(
             raise TypeError(f"check_env: {type(env).__name__} has no {method} method")
     kit = _EnvKit(
         env,
-        _positive("n_envs", n_envs),
-        _positive("steps", steps),
+        require_int("check_env", "n_envs", n_envs),
+        require_int("check_env", "steps", steps),
         jax.random.key(0) if key is None else key,
         (lambda k: random_action(env, k)) if action_fn is None else action_fn,
     )

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from jaxtyping import Array, Bool, PyTree, Shaped
 
 from nnx_ppo.contract import ContractError, checks, format_violation
+from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.checks import named_leaves
 from nnx_ppo.networks.adapter import is_sampled_action
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule, StatefulModuleOutput
@@ -886,11 +887,9 @@ def _input_spec(example_input: Any) -> PyTree[jax.ShapeDtypeStruct]:
 def _sizes(name: str, sizes: Sequence[int]) -> tuple[int, ...]:
     if isinstance(sizes, int | str) or not isinstance(sizes, Sequence) or not sizes:
         raise TypeError(f"check_module: {name} must be a non-empty sequence of ints, got {sizes!r}")
-    for size in sizes:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"check_module: {name} must hold positive ints, got {size!r}")
+    checked = {require_int("check_module", f"{name}[{i}]", size) for i, size in enumerate(sizes)}
     # Ascending, so that Hypothesis shrinks a failure towards the smallest size.
-    return tuple(sorted(set(sizes)))
+    return tuple(sorted(checked))
 
 
 def check_module(
@@ -966,9 +965,10 @@ def check_module(
     spec = _input_spec(example_input)
     batches = _sizes("batch_sizes", batch_sizes)
     lengths = _sizes("time_lengths", time_lengths)
-    if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
-        raise ValueError(f"check_module: max_examples must be a positive int, got {max_examples!r}")
-    kit = _ModuleKit(module, float(rtol), float(atol), bool(stochastic))
+    max_examples = require_int("check_module", "max_examples", max_examples)
+    rtol = require_number("check_module", "rtol", rtol, minimum=0.0)
+    atol = require_number("check_module", "atol", atol, minimum=0.0)
+    kit = _ModuleKit(module, rtol, atol, bool(stochastic))
 
     @settings(
         max_examples=max_examples,

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float
 
+from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = [
@@ -38,11 +39,6 @@ __all__ = [
 LeafFactory: TypeAlias = Callable[[int, nnx.Rngs], StatefulModule]
 """Builds a leaf that maps ``(B, in_features)`` to one ``(B, n)`` array, given
 ``in_features`` and an ``nnx.Rngs`` for its parameters."""
-
-
-def _check_positive(owner: str, name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
 
 
 def _check_width(owner: str, features: int, x: Array) -> None:
@@ -63,8 +59,8 @@ class Linear(StatefulModule):
     """
 
     def __init__(self, in_features: int, out_features: int, *, rngs: nnx.Rngs) -> None:
-        _check_positive("Linear", "in_features", in_features)
-        _check_positive("Linear", "out_features", out_features)
+        require_int("Linear", "in_features", in_features)
+        require_int("Linear", "out_features", out_features)
         self.in_features = in_features
         self.out_features = out_features
         scale = 1.0 / math.sqrt(in_features)
@@ -92,7 +88,7 @@ class RunningSum(StatefulModule):
     """
 
     def __init__(self, features: int) -> None:
-        _check_positive("RunningSum", "features", features)
+        require_int("RunningSum", "features", features)
         self.features = features
 
     def initialize_state(self, batch_size: int) -> dict[str, Array]:
@@ -136,7 +132,7 @@ class StatsRecorder(StatefulModule):
     """
 
     def __init__(self, features: int) -> None:
-        _check_positive("StatsRecorder", "features", features)
+        require_int("StatsRecorder", "features", features)
         self.features = features
         self.updates = nnx.BatchStat(jnp.zeros((), jnp.int32))
         self.steps = nnx.BatchStat(jnp.zeros((), jnp.int32))

@@ -37,6 +37,7 @@ from flax import nnx
 from hypothesis import strategies as st
 from jaxtyping import Array, PyTree, Shaped
 
+from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.networks.containers import Concat, Parallel, Sequential, Splitter
 from nnx_ppo.networks.types import StatefulModule
 from nnx_ppo.testing.modules import LEAF_FACTORIES, LeafFactory
@@ -347,8 +348,6 @@ def container_nestings(
     factories = tuple(leaf_factories)
     if not factories or not all(callable(f) for f in factories):
         raise ValueError("container_nestings needs at least one callable leaf factory")
-    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
-        raise ValueError(f"container_nestings: max_depth must be an int >= 0, got {max_depth!r}")
-    if isinstance(max_leaves, bool) or not isinstance(max_leaves, int) or max_leaves < 1:
-        raise ValueError(f"container_nestings: max_leaves must be an int >= 1, got {max_leaves!r}")
-    return _nestings(factories, max_depth, max_leaves)
+    depth = require_int("container_nestings", "max_depth", max_depth, minimum=0)
+    leaves = require_int("container_nestings", "max_leaves", max_leaves)
+    return _nestings(factories, depth, leaves)
