@@ -120,3 +120,18 @@ def test_lambda_limits(lam):
         np.testing.assert_allclose(
             advantages, [1 + GAMMA * 2 + GAMMA**2 * tail, 2 + GAMMA * tail, tail], rtol=1e-6
         )
+
+
+@pytest.mark.parametrize("argument", ["values", "next_values", "done", "truncated"])
+def test_an_input_shaped_unlike_the_rewards_is_named(argument):
+    inputs = {
+        "rewards": jnp.zeros((4, 3)),
+        "values": jnp.zeros((4, 3)),
+        "next_values": jnp.zeros((4, 3)),
+        "done": jnp.zeros((4, 3), bool),
+        "truncated": jnp.zeros((4, 3), bool),
+    }
+    inputs[argument] = inputs[argument][:, :2]
+    message = rf"gae: {argument} has shape \(4, 2\), but rewards has shape \(4, 3\)"
+    with pytest.raises(ValueError, match=message):
+        gae(**inputs, lambda_=LAMBDA, gamma=GAMMA)

@@ -12,6 +12,7 @@ from nnx_ppo import ContractError
 from nnx_ppo.algorithms.rollout import (
     episode_flags,
     eval_rollout,
+    record_episode,
     reset_envs,
     tree_where,
     unroll_env,
@@ -199,3 +200,61 @@ def test_values_must_match_the_reward_tree(counting_env, scripted_network):
     env_state = reset_envs(counting_env, jax.random.split(jax.random.key(0), 2))
     with pytest.raises(ContractError, match="value estimates are not shaped like"):
         unroll_env(counting_env, env_state, network, jnp.zeros(2), 3, jax.random.key(1))
+
+
+def test_unbatched_env_state_is_named(counting_env, scripted_network):
+    network = scripted_network()
+    one_state = counting_env.reset(jax.random.key(0))
+    with pytest.raises(ContractError, match=r"unroll_env: env_state must be batched") as error:
+        unroll_env(
+            counting_env, one_state, network, network.initialize_state(2), 3, jax.random.key(1)
+        )
+    assert error.value.leaf == "env_state.done"
+
+
+class ClockEnv:
+    """The counting env with a clock shared by every env: ``info["clock"]`` is ``Shared``.
+
+    ``reset`` starts the clock at 0 and every ``step`` advances it by one: one
+    value for all envs, whatever their episodes do.
+    """
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.discrete_actions = inner.discrete_actions
+        self.observation_size = inner.observation_size
+        self.action_size = inner.action_size
+
+    def reset(self, key):
+        state = self.inner.reset(key)
+        return state.replace(info=state.info | {"clock": Shared(jnp.zeros((), jnp.int32))})
+
+    def step(self, state, action):
+        stepped = self.inner.step(state, action)
+        clock = Shared(state.info["clock"].value + 1)
+        return stepped.replace(info=stepped.info | {"clock": clock})
+
+
+def test_shared_state_passes_unbatched_through_reset_step_and_unroll(
+    counting_env, scripted_network
+):
+    env, network, envs, steps = ClockEnv(counting_env), scripted_network(W, V), 3, 7
+    start_key, reset_key = jax.random.split(jax.random.key(2))
+    env_state = reset_envs(env, jax.random.split(start_key, envs))
+    assert env_state.info["clock"].value.shape == ()
+    carry, final_state, transitions = unroll_env(
+        env, env_state, network, network.initialize_state(envs), steps, reset_key
+    )
+    # One clock for all envs, stepped T times: resets of finished envs keep it.
+    assert final_state.info["clock"].value.shape == ()
+    assert int(final_state.info["clock"].value) == steps
+    # The per-env part is untouched by the shared one.
+    fresh_horizons = horizons_of(reset_envs(counting_env, jax.random.split(reset_key, envs)))
+    record, final = simulate(horizons_of(env_state), fresh_horizons, steps)
+    np.testing.assert_allclose(transitions.rewards, record["reward"])
+    np.testing.assert_allclose(final_state.data["t"], final[:, 0])
+    np.testing.assert_allclose(carry, final[:, 2])
+    # Recording (one env, states stacked over time) keeps the clock's own time axis.
+    trajectory, _ = record_episode(env, network, 4, jax.random.key(3))
+    np.testing.assert_array_equal(trajectory.info["clock"].value, np.arange(5))
+    assert trajectory.data["t"].shape == (5,)

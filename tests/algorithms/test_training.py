@@ -1,11 +1,13 @@
 """The training loop: compiles once, counts exactly, stops on NaN, calls its hooks on time."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from flax import nnx
 
+from nnx_ppo import ContractError
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig, VideoConfig
 from nnx_ppo.algorithms.ppo import new_training_state, ppo_step, train_ppo
 from nnx_ppo.algorithms.types import LoggingLevel
@@ -150,11 +152,27 @@ def test_kl_early_stop_ends_the_epoch_loop(counting_env, scripted_network):
     assert np.isfinite(metrics["losses/approx_kl/mean"])
 
 
+def parameters(network) -> list[np.ndarray]:
+    return [np.asarray(p) for p in jax.tree.leaves(nnx.state(network, nnx.Param))]
+
+
 def test_learning_rate_schedule_and_throughput(counting_env, scripted_network):
-    schedule = optax.linear_schedule(1e-3, 0.0, 10)
+    # The step size drops to 0 after the first minibatch update: only that update moves
+    # the parameters, so two PPO steps end where one did.
+    schedule = optax.piecewise_constant_schedule(1e-2, {1: 0.0})
     config = train_config(2 * STEP, learning_rate=schedule, logging_level=LoggingLevel.THROUGHPUT)
-    result = train_ppo(counting_env, scripted_network(), config)
+    network = scripted_network()
+    initial = parameters(network)
+    result = train_ppo(counting_env, network, config)
     assert result.final_metrics["throughput/train_sps"] > 0
+    assert int(result.training_state.optimizer.step[...]) == 2 * 2 * 2  # steps * epochs * mbs
+    one_step = train_ppo(
+        counting_env, scripted_network(), train_config(STEP, learning_rate=schedule)
+    )
+    after_one = parameters(one_step.training_state.networks)
+    assert all(not np.array_equal(a, b) for a, b in zip(after_one, initial, strict=True))
+    for after_two, expected in zip(parameters(network), after_one, strict=True):
+        np.testing.assert_array_equal(after_two, expected)
 
 
 def test_statistics_are_folded_once_per_step_with_the_whole_rollout(counting_env, scripted_network):
@@ -235,3 +253,62 @@ def test_video_records_a_deterministic_episode(counting_env, scripted_network):
 def test_config_types_are_checked(counting_env, scripted_network):
     with pytest.raises(TypeError, match=r"wrap a PPOConfig as TrainConfig\(ppo=\.\.\.\)"):
         train_ppo(counting_env, scripted_network(), ppo_config())  # type: ignore[arg-type]
+
+
+def test_arguments_of_the_wrong_type_are_named(counting_env, scripted_network):
+    network = scripted_network()
+    with pytest.raises(TypeError, match="ppo_step: training_state must be a TrainingState"):
+        ppo_step(counting_env, network, ppo_config())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="train_ppo: initial_state must be a TrainingState"):
+        train_ppo(counting_env, network, train_config(STEP), initial_state={})  # type: ignore
+    with pytest.raises(TypeError, match="new_training_state: networks must be a StatefulModule"):
+        new_training_state(counting_env, "x", N_ENVS, seed=0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="new_training_state: seed must be an int"):
+        new_training_state(counting_env, network, N_ENVS, seed="a")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="new_training_state: seed must be an int"):
+        new_training_state(counting_env, network, N_ENVS, seed=jnp.ones(2, jnp.int32))
+    with pytest.raises(TypeError, match="new_training_state: seed must be an int"):
+        new_training_state(counting_env, network, N_ENVS, seed=1.5)  # type: ignore[arg-type]
+
+
+def test_seed_may_be_an_integer_array(counting_env, scripted_network):
+    from_int = new_training_state(counting_env, scripted_network(), N_ENVS, seed=7)
+    from_array = new_training_state(counting_env, scripted_network(), N_ENVS, seed=jnp.asarray(7))
+    np.testing.assert_array_equal(
+        jax.random.key_data(from_array.rng_key), jax.random.key_data(from_int.rng_key)
+    )
+    np.testing.assert_array_equal(
+        from_array.env_states.data["horizon"], from_int.env_states.data["horizon"]
+    )
+
+
+def test_unbatched_env_states_are_named(counting_env, scripted_network):
+    state = new_training_state(counting_env, scripted_network(), N_ENVS, seed=0)
+    state = state.replace(env_states=counting_env.reset(jax.random.key(0)))
+    with pytest.raises(ContractError, match="ppo_step: env_state must be batched"):
+        ppo_step(counting_env, state, ppo_config())
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_evaluation_restores_the_mode_the_network_was_in(
+    counting_env, scripted_network, deterministic
+):
+    seen = []
+
+    class WithMode(scripted_network):
+        """Records in ``seen`` the mode ``eval()``/``train()`` set, each time JAX traces a call."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.deterministic = False
+
+        def __call__(self, state, x, rollout_extras=None) -> StatefulModuleOutput:
+            seen.append(self.deterministic)
+            return super().__call__(state, x, rollout_extras)
+
+    network = WithMode()
+    if deterministic:
+        network.eval()
+    train_ppo(counting_env, network, train_config(STEP, eval_every=STEP))
+    assert True in seen  # the evaluation ran in eval mode
+    assert network.deterministic is deterministic

@@ -30,7 +30,6 @@ THROUGHPUT      ``throughput/train_sps``, ``throughput/eval_sps``: env steps per
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -226,7 +225,7 @@ def episode_metrics(totals: dict[str, Any]) -> dict[str, float]:
     if count == 0:
         return metrics
     returns = totals["returns"]
-    total = functools.reduce(np.add, jax.tree.leaves(returns))
+    total = jax.tree.reduce(np.add, returns)
     metrics["rollout_batch/episode_reward/mean"] = float(total) / count
     if isinstance(returns, Mapping):
         for path, value in jax.tree_util.tree_flatten_with_path(returns)[0]:

@@ -17,11 +17,12 @@ The step is compiled once per (env, network structure, optimizer, :class:`PPOCon
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -53,6 +54,7 @@ from nnx_ppo.algorithms.types import (
     TrainingState,
     Transition,
 )
+from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.networks.types import ModuleState, PPONetworkOutput, StatefulModule
 
 __all__ = [
@@ -93,7 +95,22 @@ def gae(
       next_values: ``V(next_obs)`` per step, pre-reset (``Transition.next_value_estimates``).
       done, truncated: episode ends, and which of them were time limits.
       lambda_, gamma: GAE's lambda and the discount.
+
+    Raises:
+      ValueError: ``values``, ``next_values``, ``done`` or ``truncated`` is not
+        shaped like ``rewards``.
     """
+    for name, array in (
+        ("values", values),
+        ("next_values", next_values),
+        ("done", done),
+        ("truncated", truncated),
+    ):
+        if jnp.shape(array) != jnp.shape(rewards):
+            raise ValueError(
+                f"gae: {name} has shape {jnp.shape(array)}, but rewards has shape "
+                f"{jnp.shape(rewards)}; every input is (T, B), one entry per step and env"
+            )
     terminated = jnp.logical_and(done, jnp.logical_not(truncated))
     deltas = rewards + gamma * jnp.where(terminated, 0.0, next_values) - values
 
@@ -168,7 +185,7 @@ def _policy_advantages(advantages: Any, loglikelihoods: Any, combine: bool) -> A
     the reward and action trees must match leaf for leaf (one agent each).
     """
     if combine or isinstance(advantages, jax.Array):
-        shared = functools.reduce(jnp.add, jax.tree.leaves(advantages))
+        shared = jax.tree.reduce(jnp.add, advantages)
         return jax.tree.map(lambda _: shared, loglikelihoods)
     if jax.tree.structure(advantages) == jax.tree.structure(loglikelihoods):
         return advantages
@@ -254,8 +271,8 @@ def ppo_loss(
         value_targets,
     )
     total = (
-        sum(jax.tree.leaves(actor))
-        + config.critic_loss_weight * sum(jax.tree.leaves(critic))
+        jax.tree.reduce(jnp.add, actor)
+        + config.critic_loss_weight * jax.tree.reduce(jnp.add, critic)
         + jnp.mean(regularization)
     )
     diagnostics = {
@@ -333,7 +350,7 @@ def _epochs_until_kl(
             return state, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
 
         state, diagnostics = jax.lax.cond(stopped, skip, lambda s: epoch(s, key), state)
-        kl = sum(jnp.mean(kl) for kl in jax.tree.leaves(diagnostics["losses/approx_kl"]))
+        kl = jax.tree.reduce(jnp.add, jax.tree.map(jnp.mean, diagnostics["losses/approx_kl"]))
         return (state, stopped | (kl > target_kl)), (diagnostics, jnp.logical_not(stopped))
 
     (state, _), (diagnostics, ran) = jax.lax.scan(guarded, (state, jnp.asarray(False)), keys)
@@ -528,6 +545,14 @@ def _raise_if_diverged(health: dict[str, Any], networks: StatefulModule, steps: 
         )
 
 
+def _require_training_state(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, TrainingState):
+        raise TypeError(
+            f"{owner}: {name} must be a TrainingState (from new_training_state or a "
+            f"checkpoint), got a {type(value).__name__}"
+        )
+
+
 def ppo_step(
     env: RLEnv, training_state: TrainingState, config: PPOConfig
 ) -> tuple[TrainingState, dict[str, float]]:
@@ -541,13 +566,16 @@ def ppo_step(
       dict (with ``total_steps``).
 
     Raises:
-      TypeError: ``config`` is not a :class:`PPOConfig`.
+      TypeError: ``training_state`` is not a :class:`TrainingState` or ``config``
+        not a :class:`PPOConfig`.
       ValueError: the state holds a different number of envs than ``config.n_envs``.
+      ContractError: the state's env states are not batched.
       FloatingPointError: the loss or a parameter became NaN or infinite.
     """
+    _require_training_state("ppo_step", "training_state", training_state)
     if not isinstance(config, PPOConfig):
         raise TypeError(f"ppo_step: config must be a PPOConfig, got a {type(config).__name__}")
-    n_envs = rollout.n_envs_of(training_state.env_states)
+    n_envs = rollout.n_envs_of(training_state.env_states, "ppo_step")
     if n_envs != config.n_envs:
         raise ValueError(
             f"ppo_step: the training state holds {n_envs} envs, but config.n_envs is "
@@ -601,6 +629,19 @@ def _default_optimizer(
     return optax.chain(*links)
 
 
+def _require_seed(seed: Any) -> None:
+    """A seed is an ``int`` (Python or NumPy) or an integer scalar array."""
+    if isinstance(seed, jax.Array | np.ndarray):
+        if seed.shape != () or not jnp.issubdtype(seed.dtype, jnp.integer):
+            raise TypeError(
+                "new_training_state: seed must be an int or an integer scalar array, got an "
+                f"array of shape {seed.shape} and dtype {seed.dtype}"
+            )
+        return
+    # Any int seeds a key (TrainConfig.seed may be negative).
+    require_int("new_training_state", "seed", seed, minimum=None)
+
+
 def new_training_state(
     env: RLEnv,
     networks: StatefulModule,
@@ -624,9 +665,20 @@ def new_training_state(
         after global-norm clipping when ``gradient_clipping`` is set. A learning
         rate may be an ``optax`` schedule.
       optimizer: any ``optax.GradientTransformation``, used instead of the default.
+
+    Raises:
+      TypeError: ``networks`` is not a ``StatefulModule``, or ``seed`` is not an
+        integer (a Python ``int`` or an integer scalar array).
+      ValueError: ``n_envs`` is not a positive int.
     """
     if isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs <= 0:
         raise ValueError(f"new_training_state: n_envs must be a positive int, got {n_envs!r}")
+    if not isinstance(networks, StatefulModule):
+        raise TypeError(
+            "new_training_state: networks must be a StatefulModule (the PPO network), "
+            f"got a {type(networks).__name__}"
+        )
+    _require_seed(seed)
     env_key, training_key = jax.random.split(jax.random.key(seed))
     env_states = jax.jit(functools.partial(rollout.reset_envs, env))(
         jax.random.split(env_key, n_envs)
@@ -686,12 +738,37 @@ def _key_at(seed: int, steps: int) -> PRNGKeyArray:
     return jax.random.fold_in(key, steps & 0xFFFFFFFF)
 
 
+_MODE_ATTRIBUTES = ("deterministic", "use_running_average")
+"""The attributes NNX's ``Module.eval()`` and ``.train()`` set on every module that has them."""
+
+
+@contextlib.contextmanager
+def _eval_mode(networks: StatefulModule) -> Iterator[None]:
+    """``networks.eval()`` for the block; then every module's mode as it was before.
+
+    Restoring (rather than calling ``.train()``) keeps a network the caller had
+    put in eval mode, or only partly, as it was.
+    """
+    saved = [
+        (module, name, getattr(module, name))
+        for _, module in nnx.iter_graph(networks)
+        if isinstance(module, nnx.Module)
+        for name in _MODE_ATTRIBUTES
+        if hasattr(module, name)
+    ]
+    networks.eval()
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
 def _evaluate(
     env: RLEnv, networks: StatefulModule, config: EvalConfig, key: PRNGKeyArray, timed: bool
 ) -> dict[str, float]:
     """One evaluation with the deterministic policy (``networks.eval()``)."""
-    networks.eval()
-    try:
+    with _eval_mode(networks):
         start = time.perf_counter()
         graphdef, state = nnx.split(networks)
         metrics = to_host(
@@ -706,8 +783,6 @@ def _evaluate(
                 config.logging_level,
             )
         )
-    finally:
-        networks.train()
     if timed:
         elapsed = time.perf_counter() - start
         metrics["throughput/eval_sps"] = config.n_envs * config.max_episode_length / elapsed
@@ -725,8 +800,7 @@ def _record(
     render = getattr(env, "render", None)
     if render is None:
         raise TypeError(f"train_ppo: video needs an eval env with render(); {type(env).__name__}")
-    networks.eval()
-    try:
+    with _eval_mode(networks):
         graphdef, state = nnx.split(networks)
         length = config.video.episode_length
         states, episode_reward = jax.device_get(
@@ -734,8 +808,6 @@ def _record(
                 _EnvArgument(env), graphdef, state, length, _key_at(config.seed, steps)
             )
         )
-    finally:
-        networks.train()
     trajectory = [jax.tree.map(lambda x, t=t: x[t], states) for t in range(length + 1)]
     frames = np.stack(render(trajectory, **config.video.render_kwargs))
     video_fn(VideoData(frames, steps, float(episode_reward), length))
@@ -805,11 +877,13 @@ def train_ppo(
       per evaluation, with ``episode_reward_mean`` naming ``eval/episode_reward/mean``.
 
     Raises:
-      TypeError: ``config`` is not a :class:`TrainConfig`, or video is asked of an
-        eval env without ``render``.
+      TypeError: ``config`` is not a :class:`TrainConfig`, ``initial_state`` not a
+        :class:`TrainingState`, or video is asked of an eval env without ``render``.
       FloatingPointError: the loss or a parameter became NaN or infinite.
     """
     config = _with_overrides(config, total_steps, seed)
+    if initial_state is not None:
+        _require_training_state("train_ppo", "initial_state", initial_state)
     eval_env = env if eval_env is None else eval_env
     if initial_state is None:
         state = new_training_state(

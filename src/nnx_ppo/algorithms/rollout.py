@@ -8,7 +8,6 @@ dtype or returns a batched reward fails with a message naming the field.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -120,11 +119,40 @@ def episode_ended(done: PyTree[Bool[Array, "..."]]) -> Bool[Array, "..."]:
     With one ``done`` per reward leaf (per-agent ends), the episode, and so the
     env reset, waits for the last agent.
     """
-    return functools.reduce(jnp.logical_and, jax.tree.leaves(done))
+    return jax.tree.reduce(jnp.logical_and, done)
+
+
+def _is_shared(node: Any) -> bool:
+    return isinstance(node, Shared)
+
+
+def _split_shared(state: Tree) -> tuple[Tree, Tree]:
+    """``(per-env part, shared part)``: two trees shaped like ``state``.
+
+    The per-env part holds ``Shared(None)`` (no leaves) in place of every
+    :class:`~nnx_ppo.algorithms.types.Shared` node, the shared part ``None`` in
+    place of every other leaf, so ``vmap`` maps the first and broadcasts the second.
+    """
+    per_env = jax.tree.map(
+        lambda n: Shared(None) if _is_shared(n) else n, state, is_leaf=_is_shared
+    )
+    shared = jax.tree.map(lambda n: n if _is_shared(n) else None, state, is_leaf=_is_shared)
+    return per_env, shared
+
+
+def _join_shared(per_env: Tree, shared: Tree) -> Tree:
+    """The inverse of :func:`_split_shared`."""
+    return jax.tree.map(lambda p, s: s if _is_shared(p) else p, per_env, shared, is_leaf=_is_shared)
 
 
 class _BatchedEnv:
-    """``env.reset`` and ``env.step`` vmapped over envs, checked while JAX traces."""
+    """``env.reset`` and ``env.step`` vmapped over envs, checked while JAX traces.
+
+    :class:`~nnx_ppo.algorithms.types.Shared` nodes of the state are not
+    vmapped (``in_axes``/``out_axes`` ``None``): they enter ``step`` and leave
+    ``reset`` and ``step`` as one unbatched value. An env whose ``Shared`` value
+    depends on the env (e.g. on the reset key) fails in ``vmap``.
+    """
 
     def __init__(self, env: RLEnv) -> None:
         self.env = env
@@ -132,32 +160,56 @@ class _BatchedEnv:
         self.reference = check_env_unbatched(env) if checks_enabled() else None
 
     def reset(self, keys: Key[Array, " B"]) -> EnvState:
-        def reset_one(key: PRNGKeyArray) -> EnvState:
+        def reset_one(key: PRNGKeyArray) -> tuple[EnvState, EnvState]:
             state = self.env.reset(key)
             check_env_state(state, where=f"{self.name}.reset", reference=self.reference)
-            return state
+            return _split_shared(state)
 
-        return jax.vmap(reset_one)(keys)
+        return _join_shared(*jax.vmap(reset_one, out_axes=(0, None))(keys))
 
     def step(self, state: EnvState, actions: Any) -> EnvState:
-        check_action_tree(actions, self.env, where=f"{self.name}.step", batch_size=n_envs_of(state))
+        where = f"{self.name}.step"
+        check_action_tree(actions, self.env, where=where, batch_size=n_envs_of(state, where))
 
-        def step_one(one_state: EnvState, action: Any) -> EnvState:
-            stepped = self.env.step(one_state, action)
-            check_env_state(stepped, where=f"{self.name}.step", reference=self.reference)
-            return stepped
+        def step_one(per_env: EnvState, shared: EnvState, action: Any) -> tuple[EnvState, EnvState]:
+            stepped = self.env.step(_join_shared(per_env, shared), action)
+            check_env_state(stepped, where=where, reference=self.reference)
+            return _split_shared(stepped)
 
-        return jax.vmap(step_one)(state, actions)
+        per_env, shared = _split_shared(state)
+        stepped = jax.vmap(step_one, in_axes=(0, None, 0), out_axes=(0, None))(
+            per_env, shared, actions
+        )
+        return _join_shared(*stepped)
 
 
 def reset_envs(env: RLEnv, keys: Key[Array, " B"]) -> EnvState:
-    """``env.reset`` vmapped over ``keys``, one env per key, checked while JAX traces."""
+    """``env.reset`` vmapped over ``keys``, one env per key, checked while JAX traces.
+
+    :class:`~nnx_ppo.algorithms.types.Shared` nodes of the state stay unbatched.
+    """
     return _BatchedEnv(env).reset(keys)
 
 
-def n_envs_of(env_state: EnvState) -> int:
-    """The number of environments in a batched env state (the leading axis of ``done``)."""
-    return int(jax.tree.leaves(env_state.done)[0].shape[0])
+def n_envs_of(env_state: EnvState, where: str = "n_envs_of") -> int:
+    """The number of environments in a batched env state (the leading axis of ``done``).
+
+    Raises:
+      ContractError: a ``done`` leaf has no env axis (an unbatched state); the
+        message names the leaf and ``where``, the caller.
+    """
+    for path, done in jax.tree_util.tree_flatten_with_path(env_state.done)[0]:
+        if jnp.ndim(done) == 0:
+            raise ContractError.violation(
+                where,
+                "env_state must be batched, leaves (B, ...), but its done has no env axis.",
+                leaf="env_state.done" + jax.tree_util.keystr(path),
+                expected="(B,): a batched env state, leaves (B, ...)",
+                found=f"shape {jnp.shape(done)}",
+                rule="the library holds n_envs env states batched along a leading axis B; "
+                "build them with reset_envs or new_training_state (SPEC section 4)",
+            )
+    return int(jnp.shape(jax.tree.leaves(env_state.done)[0])[0])
 
 
 def _network_output(out: Any, where: str) -> PPONetworkOutput:
@@ -236,7 +288,7 @@ def unroll_env(
       observations and ``next_value_estimates`` their values.
     """
     batched = _BatchedEnv(env)
-    n_envs = n_envs_of(env_state)
+    n_envs = n_envs_of(env_state, "unroll_env")
     fresh_states = batched.reset(jax.random.split(rng_key, n_envs))
 
     def step(
@@ -366,7 +418,7 @@ def record_episode(
         network_state, env_state, finished, total = carry
         out = networks(network_state, env_state.obs)
         stepped = batched.step(env_state, _network_output(out, "record_episode").actions)
-        reward = functools.reduce(jnp.add, jax.tree.leaves(stepped.reward))
+        reward = jax.tree.reduce(jnp.add, stepped.reward)
         total = total + jnp.where(finished, 0.0, reward)
         ended = episode_ended(episode_flags(stepped)[0])
         next_network_state = tree_where(ended, networks.reset_state(out.next_state), out.next_state)
@@ -385,9 +437,13 @@ def record_episode(
         jnp.zeros(1),
     )
     (_, last_state, _, total), states = scan_module(networks, step, init, length=episode_length)
-    trajectory = jax.tree.map(
-        lambda visited, last: jnp.concatenate([visited[:, 0], last], axis=0), states, last_state
-    )
+
+    def append_last(visited: Any, last: Any) -> Any:
+        if _is_shared(visited):  # no env axis: (T, ...) already
+            return jax.tree.map(lambda v, x: jnp.concatenate([v, x[None]]), visited, last)
+        return jnp.concatenate([visited[:, 0], last], axis=0)
+
+    trajectory = jax.tree.map(append_last, states, last_state, is_leaf=_is_shared)
     return trajectory, total[0]
 
 
@@ -397,7 +453,7 @@ def _eval_summary(
     sums: dict[str, Any],
     percentiles: tuple[int, ...] | None,
 ) -> dict[str, Float[Array, ""]]:
-    total = functools.reduce(jnp.add, jax.tree.leaves(returns))
+    total = jax.tree.reduce(jnp.add, returns)
     metrics = summarize("eval/episode_reward", total, percentiles, always_moments=True)
     if not isinstance(returns, jax.Array):
         metrics |= summarize("eval/episode_reward", returns, percentiles, always_moments=True)

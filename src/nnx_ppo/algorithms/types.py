@@ -33,10 +33,13 @@ __all__ = [
 class Shared:
     """Marks a part of an env state that carries no per-env axis.
 
-    :func:`nnx_ppo.algorithms.rollout.tree_where`, which swaps finished
-    environments for fresh ones, passes a ``Shared`` node through unchanged (it
-    keeps the stepped state's value) instead of selecting along a leading env
-    axis. Wrap shared model handles or buffers in it, e.g.
+    The library's vmapped ``reset`` and ``step`` do not map a ``Shared`` node
+    (``in_axes``/``out_axes`` ``None``): every env sees the one value, and the
+    batched state holds it once, unbroadcast. Its value must therefore not
+    depend on the env (a reset key, an env's action). Where finished
+    environments are swapped for fresh ones,
+    :func:`nnx_ppo.algorithms.rollout.tree_where` keeps the stepped state's
+    ``Shared`` value. Wrap shared model handles or buffers in it, e.g.
     ``info={"model": Shared(handle)}``.
     """
 
