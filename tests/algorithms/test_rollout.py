@@ -15,6 +15,7 @@ from nnx_ppo.algorithms.rollout import (
     record_episode,
     reset_envs,
     tree_where,
+    unmapped_state_paths,
     unroll_env,
 )
 from nnx_ppo.algorithms.types import LoggingLevel, Shared
@@ -109,6 +110,21 @@ def test_tree_where_rejects_a_leaf_without_the_env_axis():
     mask = jnp.array([True, False, True])
     with pytest.raises(ContractError, match=r"state\['handle'\]"):
         tree_where(mask, {"handle": jnp.ones(5)}, {"handle": jnp.zeros(5)})
+
+
+def test_tree_where_passes_leaves_vmap_left_unmapped_through_by_path():
+    mask = jnp.array([True, False, True])
+    on_true = {"a": jnp.ones((3, 2)), "model": jnp.full((5,), 7.0)}
+    on_false = {"a": jnp.zeros((3, 2)), "model": jnp.full((5,), 9.0)}
+    picked = tree_where(mask, on_true, on_false, unmapped={"['model']"})
+    np.testing.assert_array_equal(picked["a"], [[1, 1], [0, 0], [1, 1]])
+    np.testing.assert_array_equal(picked["model"], np.full(5, 9.0))
+
+
+def test_unmapped_state_paths_is_empty_when_vmap_batches_every_leaf(counting_env):
+    # MJX's Data keeps model-wide fields out of vmap with its own batching rule; the
+    # Playground CLI test (tests/cli) covers that case where Playground is installed.
+    assert unmapped_state_paths(counting_env) == frozenset()
 
 
 @pytest.mark.parametrize("key", ["truncated", "truncation"])

@@ -158,12 +158,18 @@ def _is_key(leaf: Any) -> bool:
 
 
 def _flatten(tree: Any) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
+    """The arrays Orbax stores, and a manifest entry for every leaf.
+
+    Orbax cannot store zero-size arrays (simulator states hold some); they are
+    described in the manifest only and rebuilt empty on load.
+    """
     arrays: list[np.ndarray] = []
     entries: list[dict[str, Any]] = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         key_impl = str(jax.random.key_impl(leaf)) if _is_key(leaf) else None
         array = np.asarray(jax.random.key_data(leaf) if key_impl else leaf)
-        arrays.append(array)
+        if array.size:
+            arrays.append(array)
         entries.append(
             {
                 "path": jax.tree_util.keystr(path),
@@ -361,15 +367,17 @@ def load_checkpoint(
     prefixes = tuple(f"[{name!r}]" for name in target)
     _compare({p: e for p, e in saved.items() if p.startswith(prefixes)}, wanted)
 
-    abstract = [
-        jax.ShapeDtypeStruct(tuple(e["stored_shape"]), np.dtype(e["stored_dtype"]))
-        for e in manifest["leaves"]
-    ]
+    specs = {
+        path: jax.ShapeDtypeStruct(tuple(e["stored_shape"]), np.dtype(e["stored_dtype"]))
+        for path, e in saved.items()
+    }
+    stored = [path for path, spec in specs.items() if spec.size]
     try:
-        restored = _restore_arrays(root, step, abstract)
+        restored = _restore_arrays(root, step, [specs[path] for path in stored])
     except Exception as error:
         raise CheckpointError(f"checkpoint {step_dir} could not be read: {error}") from error
-    by_path = dict(zip(saved, restored, strict=True))
+    by_path = {path: np.zeros(spec.shape, spec.dtype) for path, spec in specs.items()}
+    by_path |= dict(zip(stored, restored, strict=True))
 
     def rebuilt(path: str) -> Any:
         array = jnp.asarray(by_path[path])

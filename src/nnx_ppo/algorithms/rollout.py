@@ -8,7 +8,7 @@ dtype or returns a batched reward fails with a message naming the field.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 import jax
@@ -38,21 +38,29 @@ Tree = TypeVar("Tree")
 Carry = TypeVar("Carry")
 
 
-def tree_where(mask: Bool[Array, " B"], on_true: Tree, on_false: Tree) -> Tree:
+def tree_where(
+    mask: Bool[Array, " B"],
+    on_true: Tree,
+    on_false: Tree,
+    unmapped: Collection[str] = frozenset(),
+) -> Tree:
     """Per environment, pick ``on_true``'s slice where ``mask`` holds, else ``on_false``'s.
 
     The rule is explicit: every array leaf leads with the env axis ``B`` and is
-    selected along it; a :class:`~nnx_ppo.algorithms.types.Shared` node carries
-    no env axis and passes through as ``on_false`` has it (the stepped state
-    keeps its shared handles). A leaf that neither leads with ``B`` nor sits in
-    a ``Shared`` node is an error, never silently passed through.
+    selected along it, except two kinds of leaves that carry no env axis and pass
+    through as ``on_false`` has them (the stepped state keeps its shared handles):
+    those in a :class:`~nnx_ppo.algorithms.types.Shared` node, and those whose
+    path (``jax.tree_util.keystr``) is in ``unmapped``: the env's vmap left them
+    unbatched (e.g. MJX's model-wide fields; see :func:`unmapped_state_paths`).
+    Any other leaf that does not lead with ``B`` is an error, never silently
+    passed through.
 
     Raises:
       ContractError: a leaf does not lead with ``B``; the message names it.
     """
 
     def select(path: Any, when_true: Any, when_false: Any) -> Any:
-        if isinstance(when_true, Shared):
+        if isinstance(when_true, Shared) or jax.tree_util.keystr(path) in unmapped:
             return when_false
         shape = getattr(when_true, "shape", None)
         if shape is None or tuple(shape[:1]) != tuple(mask.shape):
@@ -158,29 +166,64 @@ class _BatchedEnv:
         self.env = env
         self.name = type(env).__name__
         self.reference = check_env_unbatched(env) if checks_enabled() else None
+        shapes = self.reference
+        if shapes is None:
+            shapes = jax.eval_shape(env.reset, jax.random.key(0))
+        # Split only states that hold Shared nodes: simulators' own state types (MJX's
+        # Data) carry custom vmap rules that a tree of None placeholders would break.
+        self.has_shared = any(map(_is_shared, jax.tree.leaves(shapes, is_leaf=_is_shared)))
+        self.unmapped = unmapped_state_paths(env) if not self.has_shared else frozenset()
 
     def reset(self, keys: Key[Array, " B"]) -> EnvState:
-        def reset_one(key: PRNGKeyArray) -> tuple[EnvState, EnvState]:
+        def reset_one(key: PRNGKeyArray) -> EnvState:
             state = self.env.reset(key)
             check_env_state(state, where=f"{self.name}.reset", reference=self.reference)
-            return _split_shared(state)
+            return state
 
-        return _join_shared(*jax.vmap(reset_one, out_axes=(0, None))(keys))
+        if not self.has_shared:
+            return jax.vmap(reset_one)(keys)
+        split = jax.vmap(lambda key: _split_shared(reset_one(key)), out_axes=(0, None))(keys)
+        return _join_shared(*split)
 
     def step(self, state: EnvState, actions: Any) -> EnvState:
         where = f"{self.name}.step"
         check_action_tree(actions, self.env, where=where, batch_size=n_envs_of(state, where))
 
-        def step_one(per_env: EnvState, shared: EnvState, action: Any) -> tuple[EnvState, EnvState]:
-            stepped = self.env.step(_join_shared(per_env, shared), action)
+        def step_one(state: EnvState, action: Any) -> EnvState:
+            stepped = self.env.step(state, action)
             check_env_state(stepped, where=where, reference=self.reference)
-            return _split_shared(stepped)
+            return stepped
+
+        if not self.has_shared:
+            return jax.vmap(step_one)(state, actions)
+
+        def step_split(per_env: EnvState, shared: EnvState, action: Any) -> tuple[Any, Any]:
+            return _split_shared(step_one(_join_shared(per_env, shared), action))
 
         per_env, shared = _split_shared(state)
-        stepped = jax.vmap(step_one, in_axes=(0, None, 0), out_axes=(0, None))(
+        stepped = jax.vmap(step_split, in_axes=(0, None, 0), out_axes=(0, None))(
             per_env, shared, actions
         )
         return _join_shared(*stepped)
+
+
+def unmapped_state_paths(env: RLEnv) -> frozenset[str]:
+    """The paths of the env-state leaves that ``vmap`` leaves without an env axis.
+
+    Simulators may declare parts of their state model-wide (MJX's ``Data`` keeps
+    some fields out of ``vmap`` with its own batching rule); this reads which,
+    from ``vmap``'s own output, by comparing one reset with a vmapped one:
+    a leaf whose rank did not grow was not mapped. Computed while tracing.
+    """
+    single = jax.tree_util.tree_flatten_with_path(jax.eval_shape(env.reset, jax.random.key(0)))
+    batched = jax.tree_util.tree_flatten_with_path(
+        jax.eval_shape(jax.vmap(env.reset), jax.random.split(jax.random.key(0), 2))
+    )
+    return frozenset(
+        jax.tree_util.keystr(path)
+        for (path, one), (_, many) in zip(single[0], batched[0], strict=True)
+        if len(many.shape) == len(one.shape)
+    )
 
 
 def reset_envs(env: RLEnv, keys: Key[Array, " B"]) -> EnvState:
@@ -311,7 +354,7 @@ def unroll_env(
             rollout_extras=out.rollout_extras,
         )
         ended = episode_ended(done)
-        next_env_state = tree_where(ended, fresh_states, stepped)
+        next_env_state = tree_where(ended, fresh_states, stepped, batched.unmapped)
         reset_carry = networks.reset_state(out.next_state)
         next_network_state = tree_where(ended, reset_carry, out.next_state)
         return (next_network_state, next_env_state), (transition, out.next_state)
@@ -424,7 +467,7 @@ def record_episode(
         next_network_state = tree_where(ended, networks.reset_state(out.next_state), out.next_state)
         carry = (
             next_network_state,
-            tree_where(ended, fresh_state, stepped),
+            tree_where(ended, fresh_state, stepped, batched.unmapped),
             finished | ended,
             total,
         )
