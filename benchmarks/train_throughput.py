@@ -22,7 +22,13 @@ from jaxtyping import Array, PRNGKeyArray
 
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.ppo import new_training_state, ppo_step
-from nnx_ppo.algorithms.rollout import episode_ended, episode_flags, reset_envs, tree_where
+from nnx_ppo.algorithms.rollout import (
+    episode_ended,
+    episode_flags,
+    reset_envs,
+    tree_where,
+    unmapped_state_paths,
+)
 from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_discrete_mlp_actor_critic, make_mlp_actor_critic
 
@@ -73,11 +79,13 @@ def random_rollout(
     n_envs = jax.tree.leaves(state.done)[0].shape[0]
     reset_key, action_key = jax.random.split(key)
     fresh = reset_envs(env, jax.random.split(reset_key, n_envs))
+    unmapped = unmapped_state_paths(env)
 
     def step(state: Any, key: PRNGKeyArray) -> tuple[Any, None]:
         stepped = jax.vmap(env.step)(state, random_actions(env, key, n_envs))
         reset = reset_envs(env, jax.random.split(key, n_envs)) if reset_every_step else fresh
-        return tree_where(episode_ended(episode_flags(stepped)[0]), reset, stepped), None
+        ended = episode_ended(episode_flags(stepped)[0])
+        return tree_where(ended, reset, stepped, unmapped), None
 
     state, _ = jax.lax.scan(step, state, jax.random.split(action_key, length))
     return state
