@@ -312,3 +312,39 @@ def test_evaluation_restores_the_mode_the_network_was_in(
     train_ppo(counting_env, network, train_config(STEP, eval_every=STEP))
     assert True in seen  # the evaluation ran in eval mode
     assert network.deterministic is deterministic
+
+
+def test_several_steps_per_call_give_the_steps_one_by_one(traced_env, scripted_network):
+    def run(iterations_per_call: int) -> tuple[list[float], list[tuple[int, float]], list[int]]:
+        logged: list[tuple[int, float]] = []
+        config = train_config(
+            12 * STEP,
+            eval_every=5 * STEP,
+            iterations_per_call=iterations_per_call,
+            logging_level=LoggingLevel.LOSSES | LoggingLevel.ROLLOUT_STATS,
+        )
+        network = scripted_network()
+        result = train_ppo(
+            traced_env,
+            network,
+            config,
+            log_fn=lambda metrics, step: logged.append(
+                (step, metrics.get("losses/total/mean", 0.0))
+            ),
+        )
+        params = [float(leaf) for leaf in jax.tree.leaves(nnx.state(network, nnx.Param))]
+        return params, logged, [entry["step"] for entry in result.eval_history]
+
+    one_by_one, fused = run(1), run(4)
+    np.testing.assert_allclose(fused[0], one_by_one[0], rtol=1e-6)
+    assert [step for step, _ in fused[1]] == [step for step, _ in one_by_one[1]]
+    np.testing.assert_allclose([v for _, v in fused[1]], [v for _, v in one_by_one[1]], rtol=1e-6)
+    assert fused[2] == one_by_one[2] == [0, 5 * STEP, 10 * STEP]
+
+
+def test_ppo_steps_names_a_bad_iteration_count(counting_env, scripted_network):
+    from nnx_ppo.algorithms.ppo import ppo_steps
+
+    state = new_training_state(counting_env, scripted_network(), N_ENVS, seed=0)
+    with pytest.raises(ValueError, match="ppo_steps: iterations must be a positive int"):
+        ppo_steps(counting_env, state, ppo_config(), 0)

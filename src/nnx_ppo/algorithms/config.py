@@ -76,6 +76,10 @@ class PPOConfig:
         keeping the leaves' relative scale.
       target_kl: stop a PPO step's remaining epochs once an epoch's mean approximate
         KL divergence from the rollout policy exceeds this; ``None`` runs every epoch.
+      iterations_per_call: ``train_ppo`` runs up to this many PPO steps in one
+        compiled call (one round-trip to the host) whenever no evaluation, video or
+        checkpoint falls due before the last of them; the result is the same as
+        running them one by one, and ``log_fn`` still gets every step's metrics.
     """
 
     n_envs: int = 256
@@ -97,6 +101,7 @@ class PPOConfig:
     value_clip_range: float | None = None
     advantage_normalization: AdvantageNormalization = "per_leaf"
     target_kl: float | None = None
+    iterations_per_call: int = 1
 
     def __post_init__(self) -> None:
         self.validate()
@@ -104,7 +109,14 @@ class PPOConfig:
     def validate(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
         owner = "PPOConfig"
-        for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"):
+        for name in (
+            "n_envs",
+            "rollout_length",
+            "total_steps",
+            "n_epochs",
+            "n_minibatches",
+            "iterations_per_call",
+        ):
             require_int(owner, name, getattr(self, name))
         if self.n_envs % self.n_minibatches:
             raise ValueError(

@@ -468,7 +468,9 @@ class _EnvArgument:
         return isinstance(other, _EnvArgument) and other.env is self.env
 
 
-_OPTIMIZER_FIELDS = frozenset({"total_steps", "learning_rate", "gradient_clipping", "weight_decay"})
+_OPTIMIZER_FIELDS = frozenset(
+    {"total_steps", "learning_rate", "gradient_clipping", "weight_decay", "iterations_per_call"}
+)
 """PPOConfig fields the compiled step never reads (they shape the run or the optimizer)."""
 
 
@@ -494,17 +496,25 @@ class _ConfigArgument:
         return isinstance(other, _ConfigArgument) and other.key == self.key
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _compiled_step(
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 5))
+def _compiled_steps(
     env: _EnvArgument,
     config: _ConfigArgument,
     graphdef: nnx.GraphDef[Any],
     state: nnx.State,
     carry: tuple[ModuleState, Any, RunningEpisodes, PRNGKeyArray],
+    iterations: int,
 ) -> tuple[nnx.State, Any]:
-    networks, optimizer = nnx.merge(graphdef, state)
-    outputs = _train_step(env.env, config.config, networks, optimizer, carry)
-    return nnx.state((networks, optimizer)), outputs
+    """``iterations`` PPO steps in one program; per-step outputs stacked on a leading axis."""
+
+    def one_step(scanned: tuple[nnx.State, Any], _: None) -> tuple[tuple[nnx.State, Any], Any]:
+        state, carry = scanned
+        networks, optimizer = nnx.merge(graphdef, state)
+        carry, *outputs = _train_step(env.env, config.config, networks, optimizer, carry)
+        return (nnx.state((networks, optimizer)), carry), tuple(outputs)
+
+    (state, carry), outputs = jax.lax.scan(one_step, (state, carry), None, length=iterations)
+    return state, (carry, *outputs)
 
 
 def _on_device(tree: Any) -> Any:
@@ -572,14 +582,41 @@ def ppo_step(
       ContractError: the state's env states are not batched.
       FloatingPointError: the loss or a parameter became NaN or infinite.
     """
-    _require_training_state("ppo_step", "training_state", training_state)
+    training_state, (metrics,) = _run_steps("ppo_step", env, training_state, config, 1)
+    return training_state, metrics
+
+
+def ppo_steps(
+    env: RLEnv, training_state: TrainingState, config: PPOConfig, iterations: int
+) -> tuple[TrainingState, list[dict[str, float]]]:
+    """``iterations`` PPO steps in one compiled call: one round-trip to the host.
+
+    The same steps, in the same order and with the same random keys, as calling
+    :func:`ppo_step` ``iterations`` times; nothing reaches the host in between,
+    so it saves the per-step synchronisation when no evaluation, checkpoint or
+    log is needed until the last. Compiled once per ``iterations`` value.
+
+    Returns:
+      The new training state, and one metrics dict per step, in order.
+
+    Raises:
+      The errors of :func:`ppo_step`; a NaN or infinite loss names the step it
+      happened in.
+    """
+    return _run_steps("ppo_steps", env, training_state, config, iterations)
+
+
+def _run_steps(
+    owner: str, env: RLEnv, training_state: TrainingState, config: PPOConfig, iterations: int
+) -> tuple[TrainingState, list[dict[str, float]]]:
+    _require_training_state(owner, "training_state", training_state)
     if not isinstance(config, PPOConfig):
-        raise TypeError(f"ppo_step: config must be a PPOConfig, got a {type(config).__name__}")
-    n_envs = rollout.n_envs_of(training_state.env_states, "ppo_step")
+        raise TypeError(f"{owner}: config must be a PPOConfig, got a {type(config).__name__}")
+    require_int(owner, "iterations", iterations)
+    n_envs = rollout.n_envs_of(training_state.env_states, owner)
     if n_envs != config.n_envs:
         raise ValueError(
-            f"ppo_step: the training state holds {n_envs} envs, but config.n_envs is "
-            f"{config.n_envs}"
+            f"{owner}: the training state holds {n_envs} envs, but config.n_envs is {config.n_envs}"
         )
     networks, optimizer = training_state.networks, training_state.optimizer
     graphdef, state = nnx.split((networks, optimizer))
@@ -590,23 +627,31 @@ def ppo_step(
         (training_state.network_states, training_state.env_states, running)
     )
     carry = (network_states, env_states, running, training_state.rng_key)
-    new_state, (carry, metrics, episodes, health) = _compiled_step(
-        _EnvArgument(env), _ConfigArgument(config), graphdef, state, carry
+    new_state, (carry, metrics, episodes, health) = _compiled_steps(
+        _EnvArgument(env), _ConfigArgument(config), graphdef, state, carry, iterations
     )
     nnx.update((networks, optimizer), new_state)
-    steps = training_state.steps_taken + config.steps_per_iteration
-    _raise_if_diverged(health, networks, steps)
-    host_metrics = to_host(metrics) | {"total_steps": float(steps)}
-    if LoggingLevel.ROLLOUT_STATS in config.logging_level:
-        host_metrics |= episode_metrics(episodes)
+    metrics, episodes, health = jax.device_get((metrics, episodes, health))
+    per_step = []
+    for i in range(iterations):
+        steps = training_state.steps_taken + (i + 1) * config.steps_per_iteration
+        _raise_if_diverged(_index(health, i), networks, steps)
+        host_metrics = to_host(_index(metrics, i)) | {"total_steps": float(steps)}
+        if LoggingLevel.ROLLOUT_STATS in config.logging_level:
+            host_metrics |= episode_metrics(_index(episodes, i))
+        per_step.append(host_metrics)
     network_states, env_states, running, key = carry
     return training_state.replace(
         network_states=network_states,
         env_states=env_states,
         rng_key=key,
-        steps_taken=steps,
+        steps_taken=training_state.steps_taken + iterations * config.steps_per_iteration,
         running_episodes=running,
-    ), host_metrics
+    ), per_step
+
+
+def _index(tree: Any, i: int) -> Any:
+    return jax.tree.map(lambda leaf: leaf[i], tree)
 
 
 # ------------------------------------------------------------------------------ setup
@@ -813,6 +858,20 @@ def _record(
     video_fn(VideoData(frames, steps, float(episode_reward), length))
 
 
+def _steps_until_host_needed(steps: int, config: TrainConfig) -> int:
+    """How many PPO steps may run in one call: ``iterations_per_call``, or 1 if an
+    evaluation, video or checkpoint falls due (or training ends) before the last."""
+    per_step = config.ppo.steps_per_iteration
+    fused = config.ppo.iterations_per_call
+    last_inner = steps + (fused - 1) * per_step
+    if fused == 1 or last_inner >= config.ppo.total_steps:
+        return 1
+    every = [config.checkpoint_every_steps]
+    every += [config.eval.every_steps] if config.eval.enabled else []
+    every += [config.video.every_steps] if config.video.enabled else []
+    return 1 if any(_crossed(steps, last_inner, e) for e in every) else fused
+
+
 def _crossed(previous: int | None, steps: int, every: int) -> bool:
     """Whether ``steps`` passed a multiple of ``every`` since ``previous`` (always at the start)."""
     return previous is None or steps // every > previous // every
@@ -926,13 +985,18 @@ def train_ppo(
     iterations = 0
     while state.steps_taken < config.ppo.total_steps:
         start = time.perf_counter()
-        state, metrics = ppo_step(env, state, config.ppo)
-        iterations += 1
+        fused = _steps_until_host_needed(state.steps_taken, config)
+        state, per_step = ppo_steps(env, state, config.ppo, fused)
+        iterations += fused
         if timed:
             elapsed = time.perf_counter() - start
-            metrics["throughput/train_sps"] = config.ppo.steps_per_iteration / elapsed
+            for metrics in per_step:
+                metrics["throughput/train_sps"] = fused * config.ppo.steps_per_iteration / elapsed
+        *earlier, metrics = per_step
         metrics |= periodic(state)
         if log_fn is not None:
+            for logged in earlier:
+                log_fn(logged, int(logged["total_steps"]))
             log_fn(metrics, state.steps_taken)
         if should_stop is not None and should_stop():
             if checkpoint_fn is not None and last["checkpoint"] != state.steps_taken:
