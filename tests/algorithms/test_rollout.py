@@ -214,7 +214,7 @@ def test_values_must_match_the_reward_tree(counting_env, scripted_network):
         lambda out: out.replace(value_estimates={"a": out.value_estimates}),
     )
     env_state = reset_envs(counting_env, jax.random.split(jax.random.key(0), 2))
-    with pytest.raises(ContractError, match="value estimates are not shaped like"):
+    with pytest.raises(ContractError, match="misshaped value_estimates"):
         unroll_env(counting_env, env_state, network, jnp.zeros(2), 3, jax.random.key(1))
 
 

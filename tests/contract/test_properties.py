@@ -9,14 +9,16 @@ keep few.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from jaxtyping import Array, Float
 
@@ -199,38 +201,57 @@ def test_update_statistics_gives_each_stats_leaf_exactly_its_history(
         )
 
 
-def _concat_of_linears(spec: Any, rngs: nnx.Rngs) -> Concat:
-    """A Concat (nested like ``spec``) applying a Linear to every observation leaf."""
-    return Concat(
-        {
-            key: _concat_of_linears(value, rngs)
-            if isinstance(value, dict)
-            else Linear(math.prod(value.shape), 2, rngs=rngs)
-            for key, value in spec.items()
-        }
+def _numpy_linear(module: Linear, x: Any) -> np.ndarray:
+    flat = np.asarray(x).reshape(len(x), -1).astype(np.float64)
+    return flat @ np.asarray(module.kernel[...]) + np.asarray(module.bias[...])
+
+
+def _concat_in_declared_order(
+    spec: Any, rngs: nnx.Rngs, data: st.DataObject
+) -> tuple[Concat, Callable[[Any], np.ndarray]]:
+    """A Concat (nested like ``spec``, keys declared in a drawn order) applying a Linear to
+    every observation leaf, and an independent NumPy reference that concatenates in the
+    declared order (never in the order the container happens to keep)."""
+    keys = data.draw(st.permutations(list(spec)), label="declared order")
+    children: dict[str, StatefulModule] = {}
+    parts: list[tuple[str, Callable[[Any], np.ndarray]]] = []
+    for key in keys:
+        if isinstance(spec[key], dict):
+            children[key], part = _concat_in_declared_order(spec[key], rngs, data)
+        else:
+            linear = Linear(math.prod(spec[key].shape), 2, rngs=rngs)
+            children[key], part = linear, functools.partial(_numpy_linear, linear)
+        parts.append((key, part))
+
+    def reference(x: Any) -> np.ndarray:
+        return np.concatenate([part(x[key]) for key, part in parts], axis=-1)
+
+    return Concat(children), reference
+
+
+@nnx.jit
+def _compiled_output(module: StatefulModule, state: Any, x: Any) -> Any:
+    return module(state, x).output
+
+
+@settings(max_examples=25)
+@given(nst.pytree_observations(), st.integers(0, 2**16), st.data())
+def test_concat_matches_numpy_in_declared_order_eager_compiled_and_merged(
+    observation: Any, seed: int, data: st.DataObject
+) -> None:
+    module, reference = _concat_in_declared_order(
+        _per_sample_spec(observation), nnx.Rngs(seed), data
     )
-
-
-def _numpy_concat_of_linears(module: StatefulModule, x: Any) -> np.ndarray:
-    """An independent reference: flatten, affine map, concatenate in child order."""
-    if isinstance(module, Linear):
-        flat = np.asarray(x).reshape(len(x), -1).astype(np.float64)
-        return flat @ np.asarray(module.kernel[...]) + np.asarray(module.bias[...])
-    assert isinstance(module, Concat)
-    parts = [_numpy_concat_of_linears(child, x[key]) for key, child in module.components.items()]
-    return np.concatenate(parts, axis=-1)
-
-
-@given(nst.pytree_observations(), st.integers(0, 2**16))
-def test_concat_over_pytree_observations_matches_numpy(observation: Any, seed: int) -> None:
-    module = _concat_of_linears(_per_sample_spec(observation), nnx.Rngs(seed))
     batch_size = jax.tree.leaves(observation)[0].shape[0]
+    state = module.initialize_state(batch_size)
+    expected = reference(observation)
 
-    out = module(module.initialize_state(batch_size), observation)
+    eager = module(state, observation).output
+    compiled = _compiled_output(module, state, observation)
+    merged = nnx.merge(*nnx.split(module))(state, observation).output
 
-    np.testing.assert_allclose(
-        np.asarray(out.output), _numpy_concat_of_linears(module, observation), rtol=RTOL, atol=ATOL
-    )
+    for actual in (eager, compiled, merged):
+        np.testing.assert_allclose(np.asarray(actual), expected, rtol=RTOL, atol=ATOL)
 
 
 _CARRY_EXAMPLE = {

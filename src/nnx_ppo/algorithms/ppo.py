@@ -55,7 +55,12 @@ from nnx_ppo.algorithms.types import (
     Transition,
 )
 from nnx_ppo.contract.arguments import require_int
-from nnx_ppo.networks.types import ModuleState, PPONetworkOutput, StatefulModule
+from nnx_ppo.networks.types import (
+    ModuleState,
+    PPONetworkOutput,
+    StatefulModule,
+    checked_ppo_output,
+)
 
 __all__ = [
     "compute_advantages",
@@ -164,15 +169,16 @@ def _replay(
     """
 
     def step(
-        networks: StatefulModule, carry: ModuleState, inputs: tuple[Any, Any, Any]
+        networks: StatefulModule, carry: ModuleState, inputs: tuple[Any, Any, Any, Any]
     ) -> tuple[ModuleState, tuple[Any, Float[Array, ""]]]:
-        obs, ended, extras = inputs
+        obs, ended, extras, rewards = inputs
         out = networks(carry, obs, extras)
+        checked_ppo_output(out.output, "ppo_loss", rewards)
         carry = rollout.tree_where(ended, networks.reset_state(out.next_state), out.next_state)
         return carry, (out.output, jnp.mean(out.regularization_loss))
 
     ended = rollout.episode_ended(rollout_data.done)
-    inputs = (rollout_data.obs, ended, rollout_data.rollout_extras)
+    inputs = (rollout_data.obs, ended, rollout_data.rollout_extras, rollout_data.rewards)
     _, (output, regularization) = rollout.scan_module(networks, step, network_state, inputs)
     return output, regularization
 

@@ -20,7 +20,7 @@ from nnx_ppo.algorithms.metrics import summarize
 from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, Shared, Transition
 from nnx_ppo.contract import ContractError, checks_enabled
 from nnx_ppo.contract.env_checks import check_action_tree, check_env_state, check_env_unbatched
-from nnx_ppo.networks.types import ModuleState, PPONetworkOutput, StatefulModule
+from nnx_ppo.networks.types import ModuleState, StatefulModule, checked_ppo_output
 
 __all__ = [
     "episode_ended",
@@ -255,35 +255,6 @@ def n_envs_of(env_state: EnvState, where: str = "n_envs_of") -> int:
     return int(jnp.shape(jax.tree.leaves(env_state.done)[0])[0])
 
 
-def _network_output(out: Any, where: str) -> PPONetworkOutput:
-    if not isinstance(out.output, PPONetworkOutput):
-        raise ContractError.violation(
-            where,
-            f"the network returned a {type(out.output).__name__}, not a PPONetworkOutput.",
-            expected="output=PPONetworkOutput(actions, loglikelihoods, value_estimates)",
-            rule="a PPO network ends in a PPOAdapter (or builds PPONetworkOutput itself)",
-        )
-    return out.output
-
-
-def _check_values_match_rewards(values: Any, rewards: Any) -> None:
-    same_tree = jax.tree.structure(values) == jax.tree.structure(rewards)
-    if same_tree and all(
-        v.shape == r.shape
-        for v, r in zip(jax.tree.leaves(values), jax.tree.leaves(rewards), strict=True)
-    ):
-        return
-    raise ContractError.violation(
-        "unroll_env",
-        "the network's value estimates are not shaped like the env's rewards.",
-        leaf="network_output.value_estimates",
-        expected="one (B,) value per reward leaf: "
-        + str(jax.tree.map(lambda r: tuple(r.shape), rewards)),
-        found=str(jax.tree.map(lambda v: tuple(v.shape), values)),
-        rule="PPO fits one value per reward leaf (SPEC section 5)",
-    )
-
-
 def _flatten_time(tree: Any) -> Any:
     return jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), tree)
 
@@ -297,7 +268,7 @@ def _values_after_steps(
     steps are folded into one batch of ``T * B`` rather than scanned.
     """
     out = networks(_flatten_time(carries), _flatten_time(next_obs))
-    values = _network_output(out, "unroll_env").value_estimates
+    values = checked_ppo_output(out.output, "unroll_env").value_estimates
     return jax.tree.map(lambda v: v.reshape(time_and_envs), values)
 
 
@@ -339,9 +310,9 @@ def unroll_env(
     ) -> tuple[tuple[ModuleState, EnvState], tuple[Transition, ModuleState]]:
         network_state, env_state = carry
         out = networks(network_state, env_state.obs)
-        output = _network_output(out, "unroll_env")
+        output = checked_ppo_output(out.output, "unroll_env")
         stepped = batched.step(env_state, output.actions)
-        _check_values_match_rewards(output.value_estimates, stepped.reward)
+        checked_ppo_output(output, "unroll_env", rewards=stepped.reward)
         done, truncated = episode_flags(stepped)
         transition = Transition(
             obs=env_state.obs,
@@ -417,7 +388,7 @@ def eval_rollout(
     def step(networks: StatefulModule, carry: tuple[Any, ...], _: None) -> tuple[Any, None]:
         network_state, env_state, finished, returns, lifespan, sums = carry
         out = networks(network_state, env_state.obs)
-        stepped = batched.step(env_state, _network_output(out, "eval_rollout").actions)
+        stepped = batched.step(env_state, checked_ppo_output(out.output, "eval_rollout").actions)
         alive = jnp.logical_not(finished)
         returns = jax.tree.map(lambda g, r: g + _masked(alive, r), returns, stepped.reward)
         metrics = step_metrics(stepped.metrics, out.metrics)
@@ -460,7 +431,7 @@ def record_episode(
     def step(networks: StatefulModule, carry: tuple[Any, ...], _: None) -> tuple[Any, EnvState]:
         network_state, env_state, finished, total = carry
         out = networks(network_state, env_state.obs)
-        stepped = batched.step(env_state, _network_output(out, "record_episode").actions)
+        stepped = batched.step(env_state, checked_ppo_output(out.output, "record_episode").actions)
         reward = jax.tree.reduce(jnp.add, stepped.reward)
         total = total + jnp.where(finished, 0.0, reward)
         ended = episode_ended(episode_flags(stepped)[0])

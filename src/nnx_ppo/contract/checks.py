@@ -36,13 +36,17 @@ import jax
 from beartype import beartype
 from beartype.roar import BeartypeCallHintViolation
 from flax import nnx
+from flax.errors import TraceContextError
 from jaxtyping import TypeCheckError, jaxtyped
 
 from nnx_ppo.contract.arguments import require_int
-from nnx_ppo.contract.errors import ContractError
+from nnx_ppo.contract.errors import ContractError, rule_text
 
 __all__ = [
     "CHECKS_ENV_VAR",
+    "CONTRACT_METHODS",
+    "FROZEN_STATISTICS_MARK",
+    "CallRecord",
     "checks",
     "checks_enabled",
     "describe_leaf",
@@ -51,6 +55,7 @@ __all__ = [
     "install_checks",
     "is_stats_bearing",
     "named_leaves",
+    "observe_calls",
     "structure_difference",
 ]
 
@@ -60,37 +65,69 @@ CHECKS_ENV_VAR = "NNX_PPO_CHECKS"
 _OFF_VALUES = frozenset({"0", "false", "off", "no"})
 _CHECKS_OVERRIDE: ContextVar[bool | None] = ContextVar("nnx_ppo_checks", default=None)
 _ACTIVE_MODULES: ContextVar[tuple[Any, ...]] = ContextVar("nnx_ppo_active", default=())
-_STATS_REACHED: ContextVar[set[int] | None] = ContextVar("nnx_ppo_stats", default=None)
+_STATISTICS_CALL: ContextVar[_StatisticsCall | None] = ContextVar("nnx_ppo_stats", default=None)
+_CALL_OBSERVERS: ContextVar[tuple[Callable[[CallRecord], None], ...]] = ContextVar(
+    "nnx_ppo_observers", default=()
+)
 
 _CHECKED_MARK = "__nnx_ppo_checked__"
 _DEFAULT_MARK = "__nnx_ppo_default__"
+FROZEN_STATISTICS_MARK = "__nnx_ppo_frozen_statistics__"
+"""A class attribute: ``True`` on a wrapper whose descendants' statistics are deliberately
+never updated, so the routing check does not expect ``update_statistics`` to reach them."""
+CONTRACT_METHODS = ("__call__", "initialize_state", "reset_state", "update_statistics")
+"""The methods of a contract module that are checked."""
 
-_RULE_ONE_B = (
+_RULE_ONE_B = rule_text(
     "one batch size B binds every leaf of state, x, rollout_extras and of the returned "
-    "next_state, output and rollout_extras of a __call__ (SPEC section 1)"
+    "next_state, output and rollout_extras of a __call__",
+    "rules",
 )
-_RULE_CARRY = (
+_RULE_CARRY = rule_text(
     "next_state is a scan carry: it must have exactly the tree structure, shapes and "
-    "dtypes of state (SPEC section 1)"
+    "dtypes of state",
+    "rules",
 )
-_RULE_RESET = (
+_RULE_RESET = rule_text(
     "reset_state returns the structure, shapes and dtypes it was given; it is called on "
-    "a batched carry and, under vmap, on one env's slice (SPEC section 1)"
+    "a batched carry and, under vmap, on one env's slice",
+    "rules",
 )
-_RULE_INIT = "initialize_state(batch_size) returns leaves that lead with batch_size"
-_RULE_HISTORY = (
+_RULE_INIT = rule_text(
+    "initialize_state(batch_size) returns leaves that lead with batch_size", "rules"
+)
+_RULE_HISTORY = rule_text(
     "update_statistics receives the rollout's stacked emissions: every leaf is "
-    "(T, B, *feat) with one T and one B (SPEC section 1)"
+    "(T, B, *feat) with one T and one B across the whole top-level call",
+    "statistics",
 )
-_RULE_REPLAY = (
+_RULE_EMITTED = rule_text(
+    "a module's update_statistics receives exactly what its own __call__ emitted as "
+    "rollout_extras, stacked: the same tree, (T, B, *emitted) leaves, the same dtypes",
+    "statistics",
+)
+_RULE_REPLAY = rule_text(
     "given stored rollout_extras (loss replay), a module emits extras with the "
-    "structure of the stored ones (SPEC section 2)"
+    "structure of the stored ones",
+    "rules",
 )
-_RULE_REG = "regularization_loss is a scalar or has shape (B,)"
-_RULE_METRICS = "metric leaves are scalars or lead with B"
-_RULE_ROUTING = (
+_RULE_REG = rule_text("regularization_loss is a scalar or has shape (B,)", "rules")
+_RULE_METRICS = rule_text("metric leaves are scalars or lead with B", "rules")
+_RULE_ROUTING = rule_text(
     "containers route update_statistics to every child the way __call__ routes "
-    "rollout_extras (SPEC section 3, rule 4)"
+    "rollout_extras; a module that is deliberately not updated is wrapped in "
+    "FrozenStatistics",
+    "statistics",
+)
+_RULE_NO_WRITES = rule_text(
+    "__call__ writes no variable: parameters change only in the optimizer and running "
+    "statistics only in update_statistics",
+    "variables",
+)
+_RULE_STATISTICS_KIND = rule_text(
+    "running statistics are nnx.BatchStat (or another non-Param variable): an nnx.Param "
+    "is trained by the optimizer, so update_statistics must not write one",
+    "variables",
 )
 
 
@@ -455,6 +492,42 @@ _Check = Callable[[_Site, _Arguments, Callable[[], Any]], Any]
 method to run, it returns the method's result or raises ``ContractError``."""
 
 
+@dataclass(frozen=True)
+class CallRecord:
+    """One checked contract-method call, as seen by an observer (see :func:`observe_calls`).
+
+    Attributes:
+      module: the module whose method ran.
+      method: ``"__call__"``, ``"initialize_state"``, ``"reset_state"`` or
+        ``"update_statistics"``.
+      depth: how many checked calls enclose this one (0 for a top-level call).
+      arguments: the call's arguments after ``self``, as (parameter name, value) pairs.
+      result: what the method returned, or ``None`` when it raised.
+      error: the error it raised, or ``None``.
+    """
+
+    module: Any
+    method: str
+    depth: int
+    arguments: tuple[tuple[str, Any], ...]
+    result: Any
+    error: BaseException | None
+
+
+@contextlib.contextmanager
+def observe_calls(observer: Callable[[CallRecord], None]) -> Iterator[None]:
+    """Call ``observer`` with a :class:`CallRecord` after every checked call in the block.
+
+    Records arrive innermost first (a child's call before its container's), each once,
+    also for a call that raised. Used by :func:`nnx_ppo.summary`; the checks must be on.
+    """
+    token = _CALL_OBSERVERS.set((*_CALL_OBSERVERS.get(), observer))
+    try:
+        yield
+    finally:
+        _CALL_OBSERVERS.reset(token)
+
+
 def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> Callable[..., Any]:
     """``cls``'s method ``fn`` (named ``method``), run by ``check`` when checks are on."""
     typed = _annotation_checked(fn, f"{cls.__qualname__}.{method}")
@@ -466,9 +539,20 @@ def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> C
             return fn(self, *args, **kwargs)
         arguments = _bound_arguments(signature, (self, *args), kwargs)[1:]
         site = _Site(self, method)
-        with _entered(self):
-            run = functools.partial(_call_annotated, site, typed, self, *args, **kwargs)
-            return check(site, arguments, run)
+        depth = len(_ACTIVE_MODULES.get())
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            with _entered(self):
+                run = functools.partial(_call_annotated, site, typed, self, *args, **kwargs)
+                result = check(site, arguments, run)
+            return result
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            for observer in _CALL_OBSERVERS.get():
+                observer(CallRecord(self, method, depth, tuple(arguments), result, error))
 
     setattr(checked, _CHECKED_MARK, method)
     return checked
@@ -485,7 +569,14 @@ def _check_call(
     _check_leading(site, (batch,), x_name, x, _RULE_ONE_B, "argument")
     _check_leading(site, (batch,), state_name, state, _RULE_ONE_B, "argument")
     _check_leading(site, (batch,), given_extras_name, given_extras, _RULE_ONE_B, "argument")
-    result = call()
+    top_level = len(_ACTIVE_MODULES.get()) == 1
+    before = _variable_values(site.module, _is_forward_state) if top_level else {}
+    try:
+        result = call()
+    except TraceContextError as error:
+        raise _write_in_call_violation(site, _variable_written_in(error)) from error
+    if top_level:
+        _check_unwritten(site, before, "__call__", _RULE_NO_WRITES)
     if not isinstance(result, output_type):
         raise _violation(
             site,
@@ -516,7 +607,150 @@ def _check_call(
         )
     _check_regularization(site, result.regularization_loss, batch)
     _check_metrics(site, result.metrics, batch)
+    _EMISSIONS.remember(site.module, result.rollout_extras)
     return result
+
+
+# ------------------------------------------------------------------ variable writes
+
+
+def _is_forward_state(variable: nnx.Variable[Any]) -> bool:
+    """Variables a forward pass must leave alone: all but NNX's random-stream counters."""
+    return not isinstance(variable, nnx.RngState)
+
+
+def _variable_values(
+    root: Any, include: Callable[[nnx.Variable[Any]], bool]
+) -> dict[tuple[Any, ...], tuple[nnx.Variable[Any], Any]]:
+    """Each included variable under ``root`` by path, with the value it holds now."""
+    return {
+        tuple(path): (node, node.get_raw_value())
+        for path, node in nnx.iter_graph(root)
+        if isinstance(node, nnx.Variable) and include(node)
+    }
+
+
+def _describe_variable(root: Any, path: tuple[Any, ...] | None, variable: Any) -> str:
+    kind = type(variable).__name__
+    if path is None:
+        return f"a {kind} variable"
+    return f"{type(root).__name__}{format_graph_path(root, path)} ({kind})"
+
+
+def _check_unwritten(
+    site: _Site,
+    before: dict[tuple[Any, ...], tuple[nnx.Variable[Any], Any]],
+    method: str,
+    rule: str,
+) -> None:
+    for path, (variable, value) in before.items():
+        if variable.get_raw_value() is value:
+            continue
+        name = _describe_variable(site.module, path, variable)
+        raise _violation(
+            site,
+            f"{method} wrote the variable {name}.",
+            leaf=name,
+            expected="the value it held before the call",
+            found="a new value written during the call",
+            rule=rule,
+        )
+
+
+def _variable_written_in(error: BaseException) -> Any:
+    """The ``nnx.Variable`` whose write raised ``error``, from its traceback, or ``None``."""
+    written = None
+    frame = error.__traceback__
+    while frame is not None:
+        candidate = frame.tb_frame.f_locals.get("self")
+        if isinstance(candidate, nnx.Variable):
+            written = candidate
+        frame = frame.tb_next
+    return written
+
+
+def _write_in_call_violation(site: _Site, variable: Any) -> ContractError:
+    stack = _ACTIVE_MODULES.get()
+    root = stack[0] if stack else site.module
+    path = None if variable is None else _graph_path(root, variable)
+    name = _describe_variable(root, path, variable)
+    return _violation(
+        site,
+        f"__call__ wrote the variable {name} inside a JAX transform (Flax refuses the "
+        "write: it belongs to an outer trace).",
+        leaf=name,
+        expected="no variable written in __call__",
+        found="a write to it during __call__",
+        rule=_RULE_NO_WRITES,
+    )
+
+
+# ---------------------------------------------------------------- the emission record
+
+
+_Spec = tuple[tuple[str, tuple[int, ...] | None, str], ...]
+"""What a module emitted: per leaf, its path, its trailing shape (after ``B``) and dtype.
+
+Paths rather than tree definitions, so a ``FrozenDict`` history matches a ``dict``
+emission with the same keys."""
+
+
+def _emission_spec(extras: Any, leading: int = 1) -> _Spec:
+    """The spec of ``extras`` whose leaves lead with ``leading`` axes (1 emitted, 2 stacked)."""
+    return tuple(
+        (
+            jax.tree_util.keystr(path),
+            tuple(int(d) for d in leaf.shape[leading:]) if hasattr(leaf, "shape") else None,
+            str(getattr(leaf, "dtype", "")),
+        )
+        for path, leaf in jax.tree_util.tree_flatten_with_path(extras)[0]
+    )
+
+
+def _structure_key(module: Any) -> Any:
+    """What identifies a module across copies: its graph definition and variable shapes.
+
+    Under ``nnx.jit``, a scan or ``split``/``merge`` a module is a new Python object
+    each trace; the rollout's copy and the one ``update_statistics`` runs on share this.
+    """
+    graphdef, state = nnx.split(module)
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    return graphdef, tuple(
+        (jax.tree_util.keystr(path), getattr(leaf, "shape", None), str(getattr(leaf, "dtype", "")))
+        for path, leaf in leaves
+    )
+
+
+class _EmissionRecord:
+    """The ``rollout_extras`` each module structure emitted in its checked calls.
+
+    Bounded: the oldest structures are forgotten first, and a few specs are kept per
+    structure (a module whose emissions follow its input's shape may emit several).
+    """
+
+    _MAX_STRUCTURES = 512
+    _MAX_SPECS = 8
+
+    def __init__(self) -> None:
+        self._specs: dict[Any, dict[_Spec, None]] = {}
+
+    def remember(self, module: Any, extras: Any) -> None:
+        key = _structure_key(module)
+        specs = self._specs.pop(key, {})
+        specs.pop(spec := _emission_spec(extras), None)
+        specs[spec] = None
+        while len(specs) > self._MAX_SPECS:
+            del specs[next(iter(specs))]
+        self._specs[key] = specs
+        while len(self._specs) > self._MAX_STRUCTURES:
+            del self._specs[next(iter(self._specs))]
+
+    def emitted(self, module: Any) -> list[_Spec]:
+        """What ``module``'s structure emitted, newest first; empty when never recorded."""
+        return list(reversed(self._specs.get(_structure_key(module), {})))
+
+
+_EMISSIONS = _EmissionRecord()
 
 
 def _check_regularization(site: _Site, loss: Any, batch: _Axis) -> None:
@@ -570,23 +804,93 @@ def _check_reset_state(site: _Site, arguments: _Arguments, call: Callable[[], An
     return state
 
 
+@dataclass
+class _StatisticsCall:
+    """What one top-level ``update_statistics`` shares with the nested calls it makes."""
+
+    time: _Axis
+    batch: _Axis
+    reached: set[int]
+
+
 def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[[], Any]) -> Any:
     (extras_name, extras), *_ = arguments
-    reached = _STATS_REACHED.get()
-    token = _STATS_REACHED.set(set()) if reached is None else None
+    shared = _STATISTICS_CALL.get()
+    top_level = shared is None
+    if shared is None:
+        shared = _StatisticsCall(_Axis("T"), _Axis("B"), set())
+    token = _STATISTICS_CALL.set(shared) if top_level else None
     try:
-        reached_now = _STATS_REACHED.get()
-        assert reached_now is not None
-        reached_now.add(id(site.module))
-        history_axes = (_Axis("T"), _Axis("B"))
-        _check_leading(site, history_axes, extras_name, extras, _RULE_HISTORY, "argument")
+        shared.reached.add(id(site.module))
+        what = "argument" if top_level else f"argument (passed by {_caller(site)})"
+        _check_leading(site, (shared.time, shared.batch), extras_name, extras, _RULE_HISTORY, what)
+        _check_emitted(site, extras_name, extras, shared)
+        params = _variable_values(site.module, _is_param) if top_level else {}
         result = call()
-        if token is not None:
-            _check_all_reached(site, site.module, reached_now)
+        if top_level:
+            _check_unwritten(site, params, "update_statistics", _RULE_STATISTICS_KIND)
+            _check_all_reached(site, site.module, shared.reached)
     finally:
         if token is not None:
-            _STATS_REACHED.reset(token)
+            _STATISTICS_CALL.reset(token)
     return result
+
+
+def _is_param(variable: nnx.Variable[Any]) -> bool:
+    return isinstance(variable, nnx.Param)
+
+
+def _caller(site: _Site) -> str:
+    stack = _ACTIVE_MODULES.get()
+    if len(stack) < 2:
+        return "the top-level call"
+    return describe_module(stack[-2])
+
+
+def _check_emitted(site: _Site, name: str, history: Any, shared: _StatisticsCall) -> None:
+    """``history`` is what ``site.module`` emitted, stacked; unchecked when nothing was recorded."""
+    emitted = _EMISSIONS.emitted(site.module)
+    given = _emission_spec(history, leading=2)
+    if not emitted or given in emitted:
+        return
+    expected = emitted[0]
+    caller = _caller(site)
+    expected_paths = [path for path, _, _ in expected]
+    given_paths = [path for path, _, _ in given]
+    if expected_paths != given_paths:
+        missing = [name + p for p in expected_paths if p not in given_paths]
+        extra = [name + p for p in given_paths if p not in expected_paths]
+        found = "; ".join(
+            part
+            for part in (
+                "missing " + ", ".join(missing[:4]) if missing else "",
+                "unexpected " + ", ".join(extra[:4]) if extra else "",
+            )
+            if part
+        )
+        raise _violation(
+            site,
+            f"was given a history that is not the tree its __call__ emitted (called by {caller}).",
+            leaf=(*missing, *extra, name)[0],
+            expected="the leaves it emitted as rollout_extras: "
+            + (", ".join(name + p for p in expected_paths) or "none (it emitted None)"),
+            found=found or f"the leaves in another order: {', '.join(given_paths)}",
+            rule=_RULE_EMITTED,
+        )
+    axes = f"T={shared.time.size}, B={shared.batch.size}"
+    for (path, shape, dtype), (_, given_shape, given_dtype) in zip(expected, given, strict=True):
+        if shape is None or (shape, dtype) == (given_shape, given_dtype):
+            continue
+        leaf = dict(named_leaves(name, history))[name + path]
+        raise _violation(
+            site,
+            f"was given a history whose leaf {name + path} is not what its __call__ emitted "
+            f"(called by {caller}).",
+            leaf=name + path,
+            expected=f"(T, B{''.join(f', {d}' for d in shape)}) {dtype} with {axes}",
+            found=describe_leaf(leaf),
+            rule=_RULE_EMITTED,
+        )
 
 
 # ----------------------------------------------------------------- statistics routing
@@ -616,6 +920,7 @@ def _overrides_update_statistics(node: Any) -> bool:
 
 def _check_all_reached(site: _Site, root: Any, reached: set[int]) -> None:
     nodes = {tuple(path): node for path, node in nnx.iter_graph(root)}
+    frozen = [path for path, node in nodes.items() if getattr(node, FROZEN_STATISTICS_MARK, False)]
 
     def name(path: tuple[Any, ...]) -> str:
         if not path:
@@ -626,6 +931,8 @@ def _check_all_reached(site: _Site, root: Any, reached: set[int]) -> None:
 
     for path, node in nodes.items():
         if id(node) in reached or not is_stats_bearing(node):
+            continue
+        if any(path[: len(held)] == held for held in frozen):
             continue
         ancestors = [
             path[:i] for i in range(len(path) - 1, -1, -1) if _is_contract_module(nodes[path[:i]])
@@ -666,18 +973,33 @@ _CHECKS: dict[str, _Check] = {
 
 
 def install_checks(cls: type, output_type: type, *, defaults: bool = False) -> None:
-    """Wrap the contract methods ``cls`` defines itself with their checks.
+    """Wrap every contract method ``cls`` ends up with, wherever in its MRO it is defined.
 
     Called on ``StatefulModule`` itself (``defaults=True``: its methods are the
     defaults, e.g. the no-op ``update_statistics``, which must be checked too, so
-    that a container inheriting it is caught) and from its ``__init_subclass__``;
-    methods inherited from a parent are already wrapped there.
+    that a container inheriting it is caught), from its ``__init_subclass__``, and
+    when a contract method is assigned to a class after its creation. A method
+    defined on a mixin or another base outside the contract is wrapped on ``cls``;
+    one already wrapped (inherited from a checked class) is left alone, so each
+    method is wrapped once.
     """
     cls.__nnx_ppo_contract__ = True  # type: ignore[attr-defined]
     checks = {"__call__": functools.partial(_check_call, output_type), **_CHECKS}
     for name, check in checks.items():
-        fn = cls.__dict__.get(name)
-        if fn is not None and getattr(fn, _CHECKED_MARK, None) is None:
-            wrapped = _checked(cls, fn, name, check)
-            setattr(wrapped, _DEFAULT_MARK, defaults)
-            setattr(cls, name, wrapped)
+        fn = _resolve(cls, name)
+        if fn is None or getattr(fn, _CHECKED_MARK, None) is not None:
+            continue
+        if not callable(fn):
+            raise TypeError(f"{cls.__qualname__}.{name} is a {type(fn).__name__}, not a method")
+        wrapped = _checked(cls, fn, name, check)
+        setattr(wrapped, _DEFAULT_MARK, defaults)
+        # type.__setattr__: a metaclass that re-installs checks on assignment must not recurse.
+        type.__setattr__(cls, name, wrapped)
+
+
+def _resolve(cls: type, name: str) -> Any:
+    """``name`` as ``cls``'s instances find it: from the first class in the MRO defining it."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None

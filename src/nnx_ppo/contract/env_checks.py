@@ -1,6 +1,6 @@
 """The environment side of the contract: one unbatched env, checked while JAX traces.
 
-An environment follows the MuJoCo Playground convention (SPEC section 4):
+An environment follows the MuJoCo Playground convention (see the environments page of the docs):
 ``reset(key) -> State`` and ``step(state, action) -> State`` for **one**
 environment; the library vmaps both over ``n_envs``. These checks look only at
 shapes, dtypes and tree structures, so they run in Python while JAX traces and a
@@ -42,7 +42,7 @@ from nnx_ppo.contract.checks import (
     named_leaves,
     structure_difference,
 )
-from nnx_ppo.contract.errors import ContractError
+from nnx_ppo.contract.errors import ContractError, rule_text
 
 __all__ = [
     "check_action_tree",
@@ -55,28 +55,36 @@ __all__ = [
 _STATE_FIELDS = ("obs", "reward", "done", "metrics", "info")
 """The fields every env state has (MuJoCo Playground's ``State`` has them too)."""
 
-_RULE_ONE_ENV = (
+_RULE_ONE_ENV = rule_text(
     "env.reset(key) and env.step(state, action) handle one environment: done and every "
-    "reward leaf are scalars, and the library vmaps reset and step over n_envs "
-    "(SPEC section 4)"
+    "reward leaf are scalars, and the library vmaps reset and step over n_envs",
+    "the-contract",
+    "environments",
 )
-_RULE_FIELDS = (
+_RULE_FIELDS = rule_text(
     "an env state has obs (a pytree of arrays), reward (a scalar or pytree of scalars), "
-    "done (a scalar), metrics (a dict) and info (a dict) (SPEC section 4)"
+    "done (a scalar), metrics (a dict) and info (a dict)",
+    "the-contract",
+    "environments",
 )
-_RULE_CARRY = (
+_RULE_CARRY = rule_text(
     "env.step returns the tree structure, shapes and dtypes env.reset returned: the env "
-    "state is a scan carry, swapped with a fresh reset state where an episode ends "
-    "(SPEC section 4)"
+    "state is a scan carry, swapped with a fresh reset state where an episode ends",
+    "the-contract",
+    "environments",
 )
-_RULE_KEY = (
+_RULE_KEY = rule_text(
     "env.reset takes one PRNG key: a typed key of shape () or a raw uint32 key of shape "
-    "(2,); the library splits the keys and vmaps reset over n_envs (SPEC section 4)"
+    "(2,); the library splits the keys and vmaps reset over n_envs",
+    "the-contract",
+    "environments",
 )
-_RULE_ACTION = (
+_RULE_ACTION = rule_text(
     "env.step takes one environment's action: per leaf of env.action_size, an array of "
     "shape (action_size,) (or the tuple's shape), or an integer scalar for an env with "
-    "discrete_actions=True (SPEC section 4)"
+    "discrete_actions=True",
+    "the-contract",
+    "environments",
 )
 
 

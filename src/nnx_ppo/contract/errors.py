@@ -4,7 +4,21 @@ from __future__ import annotations
 
 import jaxtyping
 
-__all__ = ["ContractError", "format_violation"]
+__all__ = ["DOCS_URL", "ContractError", "format_violation", "rule_text"]
+
+DOCS_URL = "https://nnx-ppo.readthedocs.io/en/latest/"
+"""Where the documentation lives; contract messages link into its pages."""
+
+
+def rule_text(rule: str, anchor: str, page: str = "contract") -> str:
+    """A rule in words, followed by the link to the docs section that explains it.
+
+    Args:
+      rule: the rule, one sentence without a final period.
+      anchor: the section's anchor on ``page`` (its title, lower-cased and hyphenated).
+      page: the docs page, without ``.html``.
+    """
+    return f"{rule} (see {DOCS_URL}{page}.html#{anchor})"
 
 
 class ContractError(jaxtyping.TypeCheckError):

@@ -16,9 +16,10 @@ from flax import nnx
 from jaxtyping import Array, Float, Shaped
 
 from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.checks import FROZEN_STATISTICS_MARK
 from nnx_ppo.networks.types import CarryOrSlice, ModuleState, StatefulModule, StatefulModuleOutput
 
-__all__ = ["Concat", "Parallel", "Sequential", "Splitter"]
+__all__ = ["Concat", "FrozenStatistics", "Parallel", "Sequential", "Splitter"]
 
 
 def _child_extras(rollout_extras: Any, key: Any) -> Any:
@@ -102,6 +103,14 @@ class _KeyedContainer(StatefulModule):
                     f"{name}[{key!r}] is a {type(module).__name__}, not a StatefulModule"
                 )
         self.components = nnx.Dict(components)
+        # NNX re-sorts a Dict's keys in split/merge (so under jit); the declared order is
+        # static structure, kept here so eager and compiled calls visit children alike.
+        self.order = nnx.static(tuple(components))
+
+    def children(self) -> Iterator[tuple[str, StatefulModule]]:
+        """The children as (key, module), in the order they were given."""
+        for key in self.order:
+            yield key, self.components[key]
 
     def _run_children(
         self,
@@ -115,7 +124,7 @@ class _KeyedContainer(StatefulModule):
         emitted: dict[str, Any] = {}
         metrics: dict[str, Any] = {}
         regularization: Float[Array, ""] | Float[Array, " B"] = jnp.zeros(())
-        for key, module in self.components.items():
+        for key, module in self.children():
             out = module(state[key], inputs(key), _child_extras(rollout_extras, key))
             outputs[key] = out.output
             next_state[key] = out.next_state
@@ -125,13 +134,13 @@ class _KeyedContainer(StatefulModule):
         return outputs, StatefulModuleOutput(next_state, None, regularization, metrics, emitted)
 
     def initialize_state(self, batch_size: int) -> dict[str, ModuleState]:
-        return {k: m.initialize_state(batch_size) for k, m in self.components.items()}
+        return {k: m.initialize_state(batch_size) for k, m in self.children()}
 
     def reset_state(self, prev_state: dict[str, CarryOrSlice]) -> dict[str, CarryOrSlice]:
-        return {k: m.reset_state(prev_state[k]) for k, m in self.components.items()}
+        return {k: m.reset_state(prev_state[k]) for k, m in self.children()}
 
     def update_statistics(self, rollout_extras: dict[str, Any]) -> None:
-        for key, module in self.components.items():
+        for key, module in self.children():
             module.update_statistics(rollout_extras[key])
 
     def __getitem__(self, key: str) -> StatefulModule:
@@ -217,3 +226,45 @@ class Splitter(StatefulModule):
             outputs[key] = x[..., offset : offset + size]
             offset += size
         return StatefulModuleOutput((), outputs, jnp.zeros(()), {}, None)
+
+
+class FrozenStatistics(StatefulModule):
+    """Runs ``module`` unchanged, but never updates its running statistics.
+
+    The way to declare a module whose statistics are held fixed on purpose: a
+    normaliser reused from a trained network, a target copy kept as an attribute.
+    ``update_statistics`` stops here, and the routing check (which otherwise fails
+    a top-level ``update_statistics`` that never reaches a stats-bearing module)
+    does not expect it to reach anything inside. Parameters are not frozen by this
+    wrapper: leave them out of the optimizer for that.
+
+    Carry, output and ``rollout_extras`` are ``module``'s own.
+
+    Example::
+
+        Sequential([FrozenStatistics(trained_normalizer), policy_layers])
+    """
+
+    def __init__(self, module: StatefulModule) -> None:
+        if not isinstance(module, StatefulModule):
+            raise TypeError(
+                f"FrozenStatistics wraps a StatefulModule, got a {type(module).__name__}"
+            )
+        self.module = module
+
+    def __call__(
+        self, state: ModuleState, x: Any, rollout_extras: Any = None
+    ) -> StatefulModuleOutput:
+        return self.module(state, x, rollout_extras)
+
+    def initialize_state(self, batch_size: int) -> ModuleState:
+        return self.module.initialize_state(batch_size)
+
+    def reset_state(self, prev_state: CarryOrSlice) -> CarryOrSlice:
+        return self.module.reset_state(prev_state)
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        del rollout_extras  # held fixed, by declaration
+
+
+setattr(FrozenStatistics, FROZEN_STATISTICS_MARK, True)

@@ -14,7 +14,9 @@ import jax
 from flax import nnx
 from jaxtyping import Array, Float, PyTree, Shaped
 
-from nnx_ppo.contract import install_checks
+from nnx_ppo.contract import ContractError, checks_enabled, install_checks
+from nnx_ppo.contract.checks import CONTRACT_METHODS, describe_leaf, named_leaves
+from nnx_ppo.contract.errors import rule_text
 
 __all__ = [
     "CarryOrSlice",
@@ -23,6 +25,7 @@ __all__ = [
     "Replaceable",
     "StatefulModule",
     "StatefulModuleOutput",
+    "checked_ppo_output",
 ]
 
 ModuleState: TypeAlias = PyTree[Shaped[Array, "B ..."]]
@@ -80,7 +83,94 @@ class PPONetworkOutput(Replaceable):
     value_estimates: Any
 
 
-class StatefulModule(nnx.Module, abc.ABC):
+_RULE_PPO_OUTPUT = rule_text(
+    "a PPO network's output is PPONetworkOutput: actions a tree of (B, *action) leaves, "
+    "loglikelihoods the same tree with (B,) leaves (summed over each action's "
+    "dimensions), value_estimates one (B,) leaf per reward leaf",
+    "the-ppo-network-output",
+)
+
+
+def checked_ppo_output(output: Any, where: str, rewards: Any = None) -> PPONetworkOutput:
+    """``output`` after checking it is a PPO network's output; wherever the library uses one.
+
+    Args:
+      output: a network's ``StatefulModuleOutput.output``.
+      where: who consumes it (e.g. ``"unroll_env"``), named in an error.
+      rewards: the reward tree the values estimate, leaves ``(B,)``, when known.
+
+    Raises:
+      ContractError: ``output`` is not a ``PPONetworkOutput``, or one of its leaves
+        is misshaped; the message names the leaf, what was expected and found.
+    """
+    if not isinstance(output, PPONetworkOutput):
+        raise ContractError.violation(
+            where,
+            f"the network returned a {type(output).__name__}, not a PPONetworkOutput.",
+            expected="output=PPONetworkOutput(actions, loglikelihoods, value_estimates)",
+            rule=_RULE_PPO_OUTPUT,
+        )
+    if not checks_enabled():
+        return output
+    actions = named_leaves("actions", output.actions)
+    if not actions:
+        _ppo_output_violation(where, "actions", "a tree of (B, *action) arrays", "no leaves")
+    batch = _leading_size(actions[0][1])
+    for name, leaf in actions:
+        if _leading_size(leaf) != batch:
+            _ppo_output_violation(where, name, f"(B, *action) with B={batch}", leaf)
+    action_tree = jax.tree.structure(output.actions)
+    if jax.tree.structure(output.loglikelihoods) != action_tree:
+        _ppo_output_violation(
+            where,
+            "loglikelihoods",
+            f"the tree of actions: {action_tree}",
+            f"tree {jax.tree.structure(output.loglikelihoods)}",
+        )
+    for name, leaf in named_leaves("loglikelihoods", output.loglikelihoods):
+        if getattr(leaf, "shape", None) != (batch,):
+            _ppo_output_violation(where, name, f"(B,) with B={batch}", leaf)
+    if rewards is not None and jax.tree.structure(output.value_estimates) != jax.tree.structure(
+        rewards
+    ):
+        _ppo_output_violation(
+            where,
+            "value_estimates",
+            f"one value per reward leaf: the tree {jax.tree.structure(rewards)}",
+            f"tree {jax.tree.structure(output.value_estimates)}",
+        )
+    for name, leaf in named_leaves("value_estimates", output.value_estimates):
+        if getattr(leaf, "shape", None) != (batch,):
+            _ppo_output_violation(where, name, f"(B,) with B={batch}", leaf)
+    return output
+
+
+def _leading_size(leaf: Any) -> int | None:
+    shape = getattr(leaf, "shape", None)
+    return int(shape[0]) if shape else None
+
+
+def _ppo_output_violation(where: str, leaf: str, expected: str, found: Any) -> None:
+    raise ContractError.violation(
+        where,
+        f"the network's PPONetworkOutput has a misshaped {leaf}.",
+        leaf=f"network_output.{leaf}",
+        expected=expected,
+        found=found if isinstance(found, str) else describe_leaf(found),
+        rule=_RULE_PPO_OUTPUT,
+    )
+
+
+class _ContractMeta(type(nnx.Module)):
+    """Checks a contract method assigned to a class after its creation, too."""
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in CONTRACT_METHODS:
+            install_checks(cls, StatefulModuleOutput)
+
+
+class StatefulModule(nnx.Module, abc.ABC, metaclass=_ContractMeta):
     """The base of every network module: an ``nnx.Module`` with an explicit carry.
 
     A module has two kinds of state. Its NNX variables (parameters, running

@@ -1,0 +1,261 @@
+"""Bugs whose shapes give them away, each caught at trace time with a message naming it.
+
+Each test here failed on the contract as it stood before (a mixin escaped the
+checks, a child's history was never compared with its emission, a write in
+``__call__`` surfaced as Flax's error, ...), and asserts on the parts of the
+message a user needs: the module and its path, the leaf, expected and found.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+import nnx_ppo
+from nnx_ppo import ContractError
+from nnx_ppo.networks.containers import FrozenStatistics, Parallel, Sequential
+from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.normalizer import Normalizer
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+
+
+def history_of(module: StatefulModule, x: jax.Array, steps: int = 5) -> Any:
+    """The module's emissions for input ``x``, stacked ``steps`` times: ``(T, B, *feat)``."""
+    out = module(module.initialize_state(x.shape[0]), x)
+    return jax.tree.map(lambda e: jnp.stack([e] * steps), out.rollout_extras)
+
+
+# ------------------------------------------------------------------------------ mixins
+
+
+class _CarryMixin:
+    """Contract methods defined outside any StatefulModule; the last one drops B."""
+
+    def initialize_state(self, batch_size: int) -> jax.Array:
+        return jnp.zeros((batch_size, 3))
+
+    def __call__(self, state: jax.Array, x: jax.Array, rollout_extras: Any = None) -> Any:
+        return StatefulModuleOutput(state[0], x, jnp.zeros(()), {}, None)
+
+
+class _MixedIn(_CarryMixin, StatefulModule):
+    pass
+
+
+def test_a_mixins_call_is_checked() -> None:
+    module = _MixedIn()
+    with pytest.raises(ContractError) as caught:
+        module(module.initialize_state(4), jnp.zeros((4, 2)))
+    assert caught.value.where == "_MixedIn.__call__"
+    assert caught.value.leaf == "next_state"
+    assert "dropped the leading (batch) axis" in str(caught.value)
+    assert caught.value.found == "shape (3,) float32"
+
+
+class _StatisticsMixin:
+    def update_statistics(self, rollout_extras: Any) -> None:
+        del rollout_extras
+
+
+class _MixedInStatistics(_StatisticsMixin, StatefulModule):
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {}, x)
+
+
+class _Forgetful(Sequential):
+    def update_statistics(self, rollout_extras: list[Any]) -> None:
+        del rollout_extras
+
+
+def test_a_mixins_statistics_are_seen_by_the_routing_check() -> None:
+    network = _Forgetful([Dense(2, 2, nnx.Rngs(0)), _MixedInStatistics()])
+    with pytest.raises(ContractError) as caught:
+        network.update_statistics(history_of(network, jnp.ones((3, 2))))
+    assert caught.value.leaf == "_Forgetful.layers[1] (_MixedInStatistics)"
+    assert "never reached" in str(caught.value)
+
+
+def test_a_method_assigned_after_class_creation_is_checked() -> None:
+    class Late(StatefulModule):
+        def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+            return StatefulModuleOutput(state, x, jnp.zeros(()), {}, None)
+
+    def sums_over_the_batch(self: Any, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        return StatefulModuleOutput(state, x.sum(0), jnp.zeros(()), {}, None)
+
+    Late.__call__ = sums_over_the_batch  # type: ignore[method-assign]
+    with pytest.raises(ContractError) as caught:
+        Late()((), jnp.zeros((4, 2)))
+    assert caught.value.leaf == "output"
+    assert "B=4 (bound by x)" in str(caught.value.expected)
+
+
+# ----------------------------------------------------------------- per-child histories
+
+
+class _LastStepOnly(Sequential):
+    def update_statistics(self, rollout_extras: list[Any]) -> None:
+        for layer, extras in zip(self.layers, rollout_extras, strict=True):
+            layer.update_statistics(jax.tree.map(lambda h: h[-1], extras))
+
+
+def test_a_child_given_only_the_last_step_is_caught() -> None:
+    # B=4 and feat=4 would have bound T and B afresh on the child's (B, feat) slice.
+    network = _LastStepOnly([Normalizer(4), Dense(4, 2, nnx.Rngs(0))])
+    with pytest.raises(ContractError) as caught:
+        network.update_statistics(history_of(network, jnp.ones((4, 4)), steps=5))
+    error = caught.value
+    assert error.where == "_LastStepOnly.layers[0] (Normalizer).update_statistics"
+    assert "passed by _LastStepOnly" in str(error)
+    assert "T=5" in str(error.expected)
+    assert error.found == "shape (4, 4) float32"
+
+
+class _WholeDictToEach(Parallel):
+    def update_statistics(self, rollout_extras: dict[str, Any]) -> None:
+        for _, child in self.children():
+            child.update_statistics(rollout_extras)
+
+
+def test_a_child_given_the_whole_extras_dict_is_caught() -> None:
+    network = _WholeDictToEach(a=Normalizer(3), b=Normalizer(3))
+    with pytest.raises(ContractError) as caught:
+        network.update_statistics(history_of(network, jnp.ones((2, 3))))
+    error = caught.value
+    assert error.where == "_WholeDictToEach.components['a'] (Normalizer).update_statistics"
+    assert "called by _WholeDictToEach" in str(error)
+    assert "unexpected rollout_extras['a'], rollout_extras['b']" in str(error.found)
+
+
+class _SwappedChildren(Parallel):
+    def update_statistics(self, rollout_extras: dict[str, Any]) -> None:
+        self.components["a"].update_statistics(rollout_extras["b"])
+        self.components["b"].update_statistics(rollout_extras["a"])
+
+
+def test_swapped_children_histories_are_caught() -> None:
+    network = _SwappedChildren(
+        a=Sequential([Dense(3, 2, nnx.Rngs(0)), Normalizer(2)]), b=Normalizer(3)
+    )
+    with pytest.raises(ContractError) as caught:
+        network.update_statistics(history_of(network, jnp.ones((2, 3))))
+    error = caught.value
+    assert "(Sequential).update_statistics" in str(error.where)
+    assert "called by _SwappedChildren" in str(error)
+
+
+def test_a_history_with_another_feature_size_is_caught() -> None:
+    network = Sequential([Normalizer(3)])
+    network(network.initialize_state(2), jnp.ones((2, 3)))
+    history = [jnp.ones((5, 2, 4))]
+    with pytest.raises(ContractError) as caught:
+        network.update_statistics(history)
+    error = caught.value
+    assert error.where == "Sequential.update_statistics"  # caught at the top, before routing
+    assert error.leaf == "rollout_extras[0]"
+    assert error.expected == "(T, B, 3) float32 with T=5, B=2"
+    assert error.found == "shape (5, 2, 4) float32"
+
+
+def test_without_a_checked_call_update_statistics_falls_back_to_the_axis_checks() -> None:
+    class NeverCalled(StatefulModule):
+        def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+            return StatefulModuleOutput(state, x, jnp.zeros(()), {}, x)
+
+        def update_statistics(self, rollout_extras: Any) -> None:
+            del rollout_extras
+
+    module = NeverCalled()
+    with nnx_ppo.checks(False):
+        module((), jnp.ones((2, 3)))
+    module.update_statistics(jnp.ones((5, 2, 7)))  # nothing recorded: any (T, B, *feat)
+    with pytest.raises(ContractError, match="no leading"):
+        module.update_statistics(jnp.ones(()))
+
+
+# ------------------------------------------------------------------------ frozen stats
+
+
+class _DropsTheNormalizer(Sequential):
+    def update_statistics(self, rollout_extras: list[Any]) -> None:
+        self.layers[0].update_statistics(rollout_extras[0])
+
+
+def test_a_frozen_normalizer_is_not_expected_and_a_live_one_still_is() -> None:
+    frozen = Normalizer(3)
+    network = Sequential([FrozenStatistics(frozen), Normalizer(3), Dense(3, 2, nnx.Rngs(0))])
+    network.update_statistics(history_of(network, jnp.ones((4, 3))))
+    assert float(frozen.counter[...]) == 0.0
+    assert float(network.layers[1].counter[...]) == 20.0
+
+    dropping = _DropsTheNormalizer(list(network.layers))
+    with pytest.raises(ContractError) as caught:
+        dropping.update_statistics(history_of(dropping, jnp.ones((4, 3))))
+    assert caught.value.leaf == "_DropsTheNormalizer.layers[1] (Normalizer)"
+
+
+def test_frozen_statistics_wraps_only_contract_modules() -> None:
+    with pytest.raises(TypeError, match="FrozenStatistics wraps a StatefulModule"):
+        FrozenStatistics(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- variable kinds
+
+
+class _WritesStatisticsInCall(StatefulModule):
+    def __init__(self) -> None:
+        self.mean = nnx.BatchStat(jnp.zeros(3))
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        self.mean[...] = x.mean(0)
+        return StatefulModuleOutput(state, x - self.mean[...], jnp.zeros(()), {}, None)
+
+
+def test_a_statistic_written_in_call_is_named_eagerly() -> None:
+    network = Sequential([Dense(3, 3, nnx.Rngs(0)), _WritesStatisticsInCall()])
+    with pytest.raises(ContractError) as caught:
+        network(network.initialize_state(2), jnp.ones((2, 3)))
+    error = caught.value
+    assert error.leaf == "Sequential.layers[1].mean (BatchStat)"
+    assert "statistics only in update_statistics" in str(error.rule)
+
+
+def test_a_statistic_written_in_call_under_a_transform_is_named() -> None:
+    module = _WritesStatisticsInCall()
+
+    def scanned(x: jax.Array) -> jax.Array:
+        def body(carry: jax.Array, _: None) -> tuple[jax.Array, None]:
+            return module((), carry).output, None
+
+        return jax.lax.scan(body, x, None, length=2)[0]
+
+    with pytest.raises(ContractError) as caught:
+        scanned(jnp.ones((2, 3)))
+    error = caught.value
+    assert error.where == "_WritesStatisticsInCall.__call__"
+    assert error.leaf == "_WritesStatisticsInCall.mean (BatchStat)"
+    assert "inside a JAX transform" in str(error)
+
+
+class _StatisticsAsParam(StatefulModule):
+    def __init__(self) -> None:
+        self.mean = nnx.Param(jnp.zeros(3))
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        return StatefulModuleOutput(state, x - self.mean[...], jnp.zeros(()), {}, x)
+
+    def update_statistics(self, rollout_extras: jax.Array) -> None:
+        self.mean[...] = rollout_extras.mean((0, 1))
+
+
+def test_statistics_kept_as_param_are_named() -> None:
+    network = Sequential([_StatisticsAsParam()])
+    with pytest.raises(ContractError) as caught:
+        network.update_statistics(history_of(network, jnp.ones((2, 3))))
+    error = caught.value
+    assert error.leaf == "Sequential.layers[0].mean (Param)"
+    assert "nnx.BatchStat" in str(error.rule)
