@@ -16,6 +16,7 @@ EXPECTED_OUTPUT = {
         "expected: (B=8, 3) float32",
         "found:    shape (3,) float32",
     ],
+    "frozen_statistics.py": ["frozen samples: 0.0", "live samples: 20.0"],
     "custom_container.py": [
         "update_statistics never reached",
         "(Normalizer)",

@@ -1,0 +1,46 @@
+"""Every rule a contract message cites links to a section that exists in the docs."""
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+
+from nnx_ppo.contract import checks, env_checks
+from nnx_ppo.contract.errors import DOCS_URL, rule_text
+from nnx_ppo.networks import types
+
+ROOT = Path(__file__).resolve().parents[2]
+LINK = re.compile(re.escape(DOCS_URL) + r"([a-z_]+)\.html#([a-z0-9-]+)")
+
+
+def _anchors(page: str) -> set[str]:
+    """The ids Sphinx gives the page's sections: explicit labels and slugged titles."""
+    text = (ROOT / "docs" / f"{page}.rst").read_text()
+    labels = set(re.findall(r"^\.\. _([a-z0-9-]+):$", text, re.MULTILINE))
+    lines = text.splitlines()
+    titles = {
+        re.sub(r"[^a-z0-9]+", "-", line.lower()).strip("-")
+        for line, under in itertools.pairwise(lines)
+        if line and under and set(under) <= set("=-~^") and len(under) >= len(line)
+    }
+    return labels | titles
+
+
+def test_rule_text_links_into_the_docs() -> None:
+    assert rule_text("a rule", "rules") == f"a rule (see {DOCS_URL}contract.html#rules)"
+
+
+@pytest.mark.parametrize("page", ["contract", "environments"])
+def test_every_cited_section_exists(page: str) -> None:
+    cited = {
+        match.groups()
+        for module in (checks, env_checks, types)
+        for value in vars(module).values()
+        if isinstance(value, str)
+        for match in LINK.finditer(value)
+    }
+    on_page = {anchor for cited_page, anchor in cited if cited_page == page}
+    assert on_page, f"no rule links to {page}.html"
+    missing = on_page - _anchors(page)
+    assert not missing, f"{page}.rst has no section for {sorted(missing)}"
