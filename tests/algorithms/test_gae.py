@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nnx_ppo import ContractError
 from nnx_ppo.algorithms.ppo import gae
 
 GAMMA, LAMBDA = 0.9, 0.8
@@ -132,6 +133,9 @@ def test_an_input_shaped_unlike_the_rewards_is_named(argument):
         "truncated": jnp.zeros((4, 3), bool),
     }
     inputs[argument] = inputs[argument][:, :2]
-    message = rf"gae: {argument} has shape \(4, 2\), but rewards has shape \(4, 3\)"
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ContractError) as caught:
         gae(**inputs, lambda_=LAMBDA, gamma=GAMMA)
+    assert caught.value.where == "gae"
+    assert caught.value.leaf == argument
+    assert caught.value.expected.endswith("[Array, 'T B'] with T=4, B=3")
+    assert "[4,2]" in caught.value.found

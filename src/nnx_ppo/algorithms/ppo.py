@@ -55,6 +55,8 @@ from nnx_ppo.algorithms.types import (
     Transition,
 )
 from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.axes import BoolHistory, Carry, FloatHistory, Scalar
+from nnx_ppo.contract.checks import typechecked
 from nnx_ppo.networks.types import (
     ModuleState,
     PPONetworkOutput,
@@ -69,6 +71,7 @@ __all__ = [
     "new_training_state",
     "ppo_loss",
     "ppo_step",
+    "ppo_steps",
     "train_ppo",
 ]
 
@@ -78,15 +81,16 @@ _EPSILON = 1e-8
 # ------------------------------------------------------------------------------ score
 
 
+@typechecked
 def gae(
-    rewards: Float[Array, "T B"],
-    values: Float[Array, "T B"],
-    next_values: Float[Array, "T B"],
-    done: Bool[Array, "T B"],
-    truncated: Bool[Array, "T B"],
+    rewards: FloatHistory,
+    values: FloatHistory,
+    next_values: FloatHistory,
+    done: BoolHistory,
+    truncated: BoolHistory,
     lambda_: ScalarLike,
     gamma: ScalarLike,
-) -> Float[Array, "T B"]:
+) -> FloatHistory:
     """Generalised advantage estimates of one reward leaf.
 
     ``delta_t = r_t + gamma * V(next_obs_t) * (not terminated_t) - V(obs_t)`` with
@@ -102,31 +106,19 @@ def gae(
       lambda_, gamma: GAE's lambda and the discount.
 
     Raises:
-      ValueError: ``values``, ``next_values``, ``done`` or ``truncated`` is not
-        shaped like ``rewards``.
+      ContractError: an input is not ``(T, B)`` with the ``T`` and ``B`` of
+        ``rewards``; the message names the argument and both shapes.
     """
-    for name, array in (
-        ("values", values),
-        ("next_values", next_values),
-        ("done", done),
-        ("truncated", truncated),
-    ):
-        if jnp.shape(array) != jnp.shape(rewards):
-            raise ValueError(
-                f"gae: {name} has shape {jnp.shape(array)}, but rewards has shape "
-                f"{jnp.shape(rewards)}; every input is (T, B), one entry per step and env"
-            )
     terminated = jnp.logical_and(done, jnp.logical_not(truncated))
-    deltas = rewards + gamma * jnp.where(terminated, 0.0, next_values) - values
+    deltas = jnp.asarray(rewards + gamma * jnp.where(terminated, 0.0, next_values) - values)
 
-    def step(
-        later: Float[Array, " B"], inputs: tuple[Float[Array, " B"], Bool[Array, " B"]]
-    ) -> tuple[Float[Array, " B"], Float[Array, " B"]]:
-        delta, ended = inputs
+    def step(later: Array, inputs: tuple[Array, Array]) -> tuple[Array, Array]:
+        delta, ended = inputs  # one step's (B,) rows
         advantage = delta + gamma * lambda_ * jnp.where(ended, 0.0, later)
         return advantage, advantage
 
-    _, advantages = jax.lax.scan(step, jnp.zeros_like(deltas[0]), (deltas, done), reverse=True)
+    ended = jnp.asarray(done)
+    _, advantages = jax.lax.scan(step, jnp.zeros_like(deltas[0]), (deltas, ended), reverse=True)
     return jax.lax.stop_gradient(advantages)
 
 
@@ -135,9 +127,10 @@ def _per_reward_leaf(flags: Any, rewards: Any) -> Any:
     return jax.tree.map(lambda _: flags, rewards) if isinstance(flags, jax.Array) else flags
 
 
+@typechecked
 def compute_advantages(
     rollout_data: Transition, gae_lambda: ScalarLike, discounting_factor: ScalarLike
-) -> tuple[PyTree[Float[Array, "T B"]], PyTree[Float[Array, "T B"]]]:
+) -> tuple[PyTree[FloatHistory], PyTree[FloatHistory]]:
     """GAE per reward leaf from the rollout's own value estimates.
 
     Returns:
@@ -211,20 +204,22 @@ def _standardize(advantages: Any, mode: str) -> Any:
     return jax.tree.map(lambda a: (a - pooled.mean()) / (pooled.std() + _EPSILON), advantages)
 
 
+@typechecked
 def _clipped_surrogate(
-    log_ratio: Float[Array, "T B"], advantage: Float[Array, "T B"], clip_range: float
-) -> Float[Array, ""]:
+    log_ratio: FloatHistory, advantage: FloatHistory, clip_range: float
+) -> Scalar:
     ratio = jnp.exp(log_ratio)
     clipped = jnp.clip(ratio, 1.0 - clip_range, 1.0 + clip_range)
     return -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
 
 
+@typechecked
 def _value_loss(
-    value: Float[Array, "T B"],
-    old_value: Float[Array, "T B"],
-    target: Float[Array, "T B"],
+    value: FloatHistory,
+    old_value: FloatHistory,
+    target: FloatHistory,
     clip_range: float | None,
-) -> Float[Array, ""]:
+) -> Scalar:
     error = (value - target) ** 2
     if clip_range is not None:
         clipped = old_value + jnp.clip(value - old_value, -clip_range, clip_range)
@@ -232,14 +227,15 @@ def _value_loss(
     return 0.5 * jnp.mean(error)
 
 
+@typechecked
 def ppo_loss(
     networks: StatefulModule,
-    network_state: ModuleState,
+    network_state: Carry,
     rollout_data: Transition,
-    advantages: PyTree[Float[Array, "T B"]],
-    value_targets: PyTree[Float[Array, "T B"]],
+    advantages: PyTree[FloatHistory],
+    value_targets: PyTree[FloatHistory],
     config: PPOConfig,
-) -> tuple[Float[Array, ""], dict[str, Any]]:
+) -> tuple[Scalar, dict[str, Any]]:
     """The PPO loss of a minibatch of whole environments.
 
     ``clipped surrogate (per action leaf) + critic_loss_weight * value loss (per

@@ -19,8 +19,10 @@ from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree, Shaped
 from nnx_ppo.algorithms.metrics import summarize
 from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, Shared, Transition
 from nnx_ppo.contract import ContractError, checks_enabled
+from nnx_ppo.contract.axes import Batched, Carry, FloatHistory, HistoryTree, Mask, PerEnvKeys
+from nnx_ppo.contract.checks import typechecked
 from nnx_ppo.contract.env_checks import check_action_tree, check_env_state, check_env_unbatched
-from nnx_ppo.networks.types import ModuleState, StatefulModule, checked_ppo_output
+from nnx_ppo.networks.types import StatefulModule, checked_ppo_output
 
 __all__ = [
     "episode_ended",
@@ -35,11 +37,12 @@ __all__ = [
 ]
 
 Tree = TypeVar("Tree")
-Carry = TypeVar("Carry")
+ScanCarry = TypeVar("ScanCarry")
 
 
+@typechecked
 def tree_where(
-    mask: Bool[Array, " B"],
+    mask: Mask,
     on_true: Tree,
     on_false: Tree,
     unmapped: Collection[str] = frozenset(),
@@ -83,12 +86,12 @@ def tree_where(
 
 def scan_module(
     module: StatefulModule,
-    body: Callable[[StatefulModule, Carry, Any], tuple[Carry, Any]],
-    init: Carry,
+    body: Callable[[StatefulModule, ScanCarry, Any], tuple[ScanCarry, Any]],
+    init: ScanCarry,
     xs: Any = None,
     *,
     length: int | None = None,
-) -> tuple[Carry, Any]:
+) -> tuple[ScanCarry, Any]:
     """``jax.lax.scan`` of ``body(module, carry, x)``, the module's variables held fixed.
 
     Forward passes never write NNX variables (SPEC section 1), so the module's
@@ -96,7 +99,7 @@ def scan_module(
     """
     graphdef, state = nnx.split(module)
 
-    def step(carry: Carry, x: Any) -> tuple[Carry, Any]:
+    def step(carry: ScanCarry, x: Any) -> tuple[ScanCarry, Any]:
         return body(nnx.merge(graphdef, state), carry, x)
 
     return jax.lax.scan(step, init, xs, length=length)
@@ -226,7 +229,7 @@ def unmapped_state_paths(env: RLEnv) -> frozenset[str]:
     )
 
 
-def reset_envs(env: RLEnv, keys: Key[Array, " B"]) -> EnvState:
+def reset_envs(env: RLEnv, keys: PerEnvKeys) -> EnvState:
     """``env.reset`` vmapped over ``keys``, one env per key, checked while JAX traces.
 
     :class:`~nnx_ppo.algorithms.types.Shared` nodes of the state stay unbatched.
@@ -259,9 +262,13 @@ def _flatten_time(tree: Any) -> Any:
     return jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), tree)
 
 
+@typechecked
 def _values_after_steps(
-    networks: StatefulModule, carries: ModuleState, next_obs: Any, time_and_envs: tuple[int, int]
-) -> PyTree[Float[Array, "T B"]]:
+    networks: StatefulModule,
+    carries: HistoryTree,
+    next_obs: HistoryTree,
+    time_and_envs: tuple[int, int],
+) -> PyTree[FloatHistory]:
     """The value of every ``next_obs`` under its pre-reset carry, in one flat batch.
 
     Rows are independent (forward passes are per-sample pure), so the ``(T, B)``
@@ -272,14 +279,15 @@ def _values_after_steps(
     return jax.tree.map(lambda v: v.reshape(time_and_envs), values)
 
 
+@typechecked
 def unroll_env(
     env: RLEnv,
     env_state: EnvState,
     networks: StatefulModule,
-    network_state: ModuleState,
+    network_state: Carry,
     unroll_length: int,
     rng_key: PRNGKeyArray,
-) -> tuple[ModuleState, EnvState, Transition]:
+) -> tuple[Carry, EnvState, Transition]:
     """Step ``n_envs`` environments ``unroll_length`` times with the network acting.
 
     Where an episode ends, that env is swapped for a fresh one and its carry for
@@ -306,8 +314,8 @@ def unroll_env(
     fresh_states = batched.reset(jax.random.split(rng_key, n_envs))
 
     def step(
-        networks: StatefulModule, carry: tuple[ModuleState, EnvState], _: None
-    ) -> tuple[tuple[ModuleState, EnvState], tuple[Transition, ModuleState]]:
+        networks: StatefulModule, carry: tuple[Carry, EnvState], _: None
+    ) -> tuple[tuple[Carry, EnvState], tuple[Transition, Carry]]:
         network_state, env_state = carry
         out = networks(network_state, env_state.obs)
         output = checked_ppo_output(out.output, "unroll_env")
@@ -339,16 +347,17 @@ def unroll_env(
     return final_carry, final_env_state, transitions.replace(next_value_estimates=next_values)
 
 
-def _per_env(leaf: Shaped[Array, "..."], n_envs: int) -> Shaped[Array, "B ..."]:
+def _per_env(leaf: Shaped[Array, "..."], n_envs: int) -> Batched:
     """A metric leaf as ``(B, ...)``: scalars (shared by every env) are broadcast."""
     return jnp.broadcast_to(leaf, (n_envs,)) if leaf.ndim == 0 else leaf
 
 
-def _masked(alive: Bool[Array, " B"], leaf: Shaped[Array, "B ..."]) -> Array:
+def _masked(alive: Mask, leaf: Batched) -> Array:
     widened = alive.reshape(alive.shape + (1,) * (leaf.ndim - 1))
     return jnp.where(widened, leaf, jnp.zeros_like(leaf))
 
 
+@typechecked
 def eval_rollout(
     env: RLEnv,
     networks: StatefulModule,

@@ -1,56 +1,93 @@
-"""jaxtyping aliases for the axes of the contract, in one place.
+"""The contract's vocabulary: one jaxtyping alias per idea, used on every public signature.
 
-``B`` is the flat batch axis of a module call, ``T`` the time axis of a rollout
-history. Every array-facing signature of the package is written with these.
+``B`` is the flat batch axis of a module call (one row per environment), ``T`` the
+time axis of a rollout. Every array-facing signature in the package is written with
+these aliases, and where an annotation is written it is checked (with beartype,
+dimension names bound across the call): on the contract methods of every
+:class:`~nnx_ppo.networks.types.StatefulModule` by the installed checks, and on the
+engine's public functions by :func:`nnx_ppo.contract.checks.typechecked`.
+
+Leaves are ``Shaped`` (any dtype) where a pytree may hold integer or boolean
+observations, and ``Float`` where the value is one float array. NumPy arrays are
+accepted wherever JAX arrays are, as JAX accepts them.
+
+Example::
+
+    from nnx_ppo.contract.axes import BatchedTree, Carry, Extras
+
+    class MyCell(StatefulModule):
+        def __call__(self, state: Carry, x: BatchedTree, rollout_extras: Extras = None):
+            ...
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
+import numpy as np
 from jaxtyping import Array, Bool, Float, Key, PyTree, Shaped
 
 __all__ = [
     "Batched",
     "BatchedTree",
+    "BoolHistory",
     "Carry",
+    "CarrySlice",
+    "Extras",
     "FloatBatch",
+    "FloatHistory",
     "History",
     "HistoryTree",
+    "Mask",
     "PerEnvKeys",
     "RegularizationLoss",
     "Scalar",
+    "Unbatched",
 ]
 
-Batched: TypeAlias = Shaped[Array, "B *feat"]
-"""One array leaf of a module call: a flat batch axis, then features."""
+_Arrays: TypeAlias = Array | np.ndarray
 
-BatchedTree: TypeAlias = PyTree[Shaped[Array, "B ..."]]
-"""A pytree whose every leaf leads with the batch axis ``B``."""
+Batched: TypeAlias = Shaped[_Arrays, "B *feat"]
+"""One array of a module call: the batch axis, then features."""
 
-Carry: TypeAlias = PyTree[Shaped[Array, "B ..."]]
-"""A module's carry state: every leaf leads with ``B`` (the scan carry)."""
+BatchedTree: TypeAlias = PyTree[Shaped[_Arrays, "B ..."]]
+"""A module's input or output: a pytree whose every leaf leads with ``B``."""
 
-History: TypeAlias = Shaped[Array, "T B *feat"]
+Carry: TypeAlias = PyTree[Shaped[_Arrays, "B ..."]]
+"""A module's carry (its scan state): every leaf leads with ``B``."""
+
+CarrySlice: TypeAlias = PyTree[Shaped[_Arrays, "..."]]
+"""What ``reset_state`` sees: a batched carry, or under ``vmap`` one env's slice of it."""
+
+Extras: TypeAlias = PyTree[Shaped[_Arrays, "B ..."]] | None
+"""The ``rollout_extras`` of one call: ``(B, *feat)`` leaves, or ``None``."""
+
+History: TypeAlias = Shaped[_Arrays, "T B *feat"]
 """One leaf of a rollout history: time, then batch, then features."""
 
-HistoryTree: TypeAlias = PyTree[Shaped[Array, "T B ..."]]
-"""A pytree whose every leaf leads with ``(T, B)``."""
+HistoryTree: TypeAlias = PyTree[Shaped[_Arrays, "T B ..."]]
+"""What ``update_statistics`` receives: the stacked emissions, leaves ``(T, B, *feat)``."""
 
-FloatBatch: TypeAlias = Float[Array, " B"]
-"""One float per sample."""
+FloatBatch: TypeAlias = Float[_Arrays, " B"]
+"""One float per sample: a log-likelihood, a value estimate."""
 
-Scalar: TypeAlias = Shaped[Array, ""]
-"""A zero-dimensional array."""
+FloatHistory: TypeAlias = Float[_Arrays, "T B"]
+"""One float per step and env: rewards, values, advantages of a rollout."""
 
-RegularizationLoss: TypeAlias = Float[Array, ""] | Float[Array, " B"]
+BoolHistory: TypeAlias = Bool[_Arrays, "T B"]
+"""One flag per step and env: where episodes ended, and which were truncated."""
+
+RegularizationLoss: TypeAlias = Float[_Arrays, ""] | Float[_Arrays, " B"]
 """A module's regularization: a scalar, or one value per sample."""
 
 PerEnvKeys: TypeAlias = Key[Array, " B"]
 """One typed PRNG key per environment, carried in state."""
 
-Extras: TypeAlias = Any
-"""The ``rollout_extras`` channel: a pytree shaped like the state tree, or None."""
-
-Mask: TypeAlias = Bool[Array, " B"]
+Mask: TypeAlias = Bool[_Arrays, " B"]
 """One boolean per environment (e.g. which envs reset)."""
+
+Scalar: TypeAlias = Shaped[_Arrays, ""]
+"""A zero-dimensional array."""
+
+Unbatched: TypeAlias = PyTree[Shaped[_Arrays, "..."]]
+"""One environment's observation, action or state: no batch axis."""

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import jax
 from beartype import beartype
@@ -57,11 +57,14 @@ __all__ = [
     "named_leaves",
     "observe_calls",
     "structure_difference",
+    "typechecked",
 ]
 
 CHECKS_ENV_VAR = "NNX_PPO_CHECKS"
 """Set to ``0`` (or ``false``/``off``/``no``) to turn the contract checks off."""
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 _OFF_VALUES = frozenset({"0", "false", "off", "no"})
 _CHECKS_OVERRIDE: ContextVar[bool | None] = ContextVar("nnx_ppo_checks", default=None)
 _ACTIVE_MODULES: ContextVar[tuple[Any, ...]] = ContextVar("nnx_ppo_active", default=())
@@ -118,6 +121,11 @@ _RULE_ROUTING = rule_text(
     "rollout_extras; a module that is deliberately not updated is wrapped in "
     "FrozenStatistics",
     "statistics",
+)
+_RULE_FUNCTION_ANNOTATIONS = rule_text(
+    "the engine's functions check the jaxtyping annotations on their signatures, with "
+    "T and B bound across the arguments and the result",
+    "rules",
 )
 _RULE_NO_WRITES = rule_text(
     "__call__ writes no variable: parameters change only in the optimizer and running "
@@ -223,7 +231,7 @@ def _entered(module: Any) -> Iterator[None]:
         _ACTIVE_MODULES.reset(token)
 
 
-def _violation(site: _Site, problem: str, **details: str | None) -> ContractError:
+def _violation(site: _Site | str, problem: str, **details: str | None) -> ContractError:
     return ContractError.violation(str(site), problem, **details)
 
 
@@ -424,9 +432,10 @@ def _annotation_checked(fn: Callable[..., Any], where: str) -> Callable[..., Any
     return jaxtyped(typechecker=beartype)(fn)
 
 
-_RULE_ANNOTATIONS = (
+_RULE_ANNOTATIONS = rule_text(
     "annotations a module writes on its own methods are checked, with dimension names "
-    "bound across the call"
+    "bound across the call",
+    "what-is-checked-and-when",
 )
 # jaxtyping's report is several paragraphs; these pick out its facts, one per line.
 _ANNOTATED_PARAMETER = re.compile(r"typechecking parameter '([^']+)'")
@@ -435,7 +444,13 @@ _ANNOTATED_EXPECTED = re.compile(r"^Expected type: (.*?)\.?$", re.MULTILINE)
 _ANNOTATED_BOUND = re.compile(r"axis annotation are as follows\.\n(.*)\Z", re.DOTALL)
 
 
-def _annotation_violation(site: _Site, error: Exception) -> ContractError:
+_NUMPY_OR_JAX = re.compile(r"typing\.Union\[(\w+)\[Array, ('[^']*')\], \1\[ndarray, \2\]\]")
+"""The contract's aliases accept NumPy arrays too; a message shows them as the JAX type."""
+
+
+def _annotation_violation(
+    site: _Site | str, error: Exception, rule: str = _RULE_ANNOTATIONS
+) -> ContractError:
     text = str(error).strip()
     actual = _ANNOTATED_ACTUAL.search(text)
     expected = _ANNOTATED_EXPECTED.search(text)
@@ -445,12 +460,13 @@ def _annotation_violation(site: _Site, error: Exception) -> ContractError:
             "an argument or the return value does not match the jaxtyping annotations on "
             "its signature.",
             found=text,
-            rule=_RULE_ANNOTATIONS,
+            rule=rule,
         )
     parameter = _ANNOTATED_PARAMETER.search(text)
     what = f"argument {parameter.group(1)}" if parameter else "the return value"
     annotation = expected.group(1).removeprefix("<class '").removesuffix("'>")
     annotation = annotation.replace("jaxlib._jax.Array", "Array").replace("jax.Array", "Array")
+    annotation = _NUMPY_OR_JAX.sub(r"\1[Array, \2]", annotation)
     bound = _ANNOTATED_BOUND.search(text)
     if bound is not None:
         annotation += " with " + ", ".join(bound.group(1).split())
@@ -460,7 +476,7 @@ def _annotation_violation(site: _Site, error: Exception) -> ContractError:
         leaf=parameter.group(1) if parameter else "return value",
         expected=annotation,
         found=actual.group(1),
-        rule=_RULE_ANNOTATIONS,
+        rule=rule,
     )
 
 
@@ -471,6 +487,32 @@ def _call_annotated(site: _Site, typed: Callable[..., Any], *args: Any, **kwargs
         raise
     except (TypeCheckError, BeartypeCallHintViolation) as error:
         raise _annotation_violation(site, error) from error
+
+
+def typechecked(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Check ``fn``'s jaxtyping annotations on every call while the checks are on.
+
+    For the engine's public functions (``gae``, ``ppo_loss``, ``unroll_env``, ...):
+    dimension names (``T``, ``B``) are bound across the call's arguments and result,
+    and a mismatch raises :class:`~nnx_ppo.ContractError` naming the function, the
+    argument, the annotation with its bound sizes, and what was passed. Under
+    ``jax.jit`` the check runs once, while JAX traces.
+    """
+    typed = jaxtyped(typechecker=beartype)(fn)
+    where = fn.__qualname__
+
+    @functools.wraps(fn)
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if not checks_enabled():
+            return fn(*args, **kwargs)
+        try:
+            return typed(*args, **kwargs)
+        except ContractError:
+            raise
+        except (TypeCheckError, BeartypeCallHintViolation) as error:
+            raise _annotation_violation(where, error, _RULE_FUNCTION_ANNOTATIONS) from None
+
+    return checked
 
 
 # ------------------------------------------------------------------------- the methods

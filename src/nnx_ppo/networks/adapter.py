@@ -24,10 +24,10 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from nnx_ppo.contract import ContractError, describe_module
+from nnx_ppo.contract.axes import BatchedTree, Carry, Extras
 from nnx_ppo.networks.containers import Parallel
 from nnx_ppo.networks.sampling_layers import SampledAction
 from nnx_ppo.networks.types import (
-    ModuleState,
     PPONetworkOutput,
     StatefulModule,
     StatefulModuleOutput,
@@ -76,7 +76,10 @@ class PPOAdapter(Parallel):
         return self.components["value"]
 
     def __call__(
-        self, state: dict[str, ModuleState], x: Any, rollout_extras: dict[str, Any] | None = None
+        self,
+        state: dict[str, Carry],
+        x: BatchedTree,
+        rollout_extras: dict[str, Extras] | None = None,
     ) -> StatefulModuleOutput:
         outputs, rest = self._run_children(state, lambda _: x, rollout_extras)
         sampled = outputs["action"]

@@ -13,16 +13,24 @@ from typing import Any
 
 import jax.numpy as jnp
 from flax import nnx
-from jaxtyping import Array, Float, Shaped
+from jaxtyping import Array, Shaped
 
 from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.axes import (
+    BatchedTree,
+    Carry,
+    CarrySlice,
+    Extras,
+    HistoryTree,
+    RegularizationLoss,
+)
 from nnx_ppo.contract.checks import FROZEN_STATISTICS_MARK
-from nnx_ppo.networks.types import CarryOrSlice, ModuleState, StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = ["Concat", "FrozenStatistics", "Parallel", "Sequential", "Splitter"]
 
 
-def _child_extras(rollout_extras: Any, key: Any) -> Any:
+def _child_extras(rollout_extras: Any, key: Any) -> Extras:
     return None if rollout_extras is None else rollout_extras[key]
 
 
@@ -48,12 +56,12 @@ class Sequential(StatefulModule):
         self.layers = nnx.List(layers)
 
     def __call__(
-        self, state: list[ModuleState], x: Any, rollout_extras: list[Any] | None = None
+        self, state: list[Carry], x: BatchedTree, rollout_extras: list[Extras] | None = None
     ) -> StatefulModuleOutput:
-        next_state: list[ModuleState] = []
+        next_state: list[Carry] = []
         emitted: list[Any] = []
         metrics: dict[int, Any] = {}
-        regularization: Float[Array, ""] | Float[Array, " B"] = jnp.zeros(())
+        regularization: RegularizationLoss = jnp.zeros(())
         for i, layer in enumerate(self.layers):
             out = layer(state[i], x, _child_extras(rollout_extras, i))
             next_state.append(out.next_state)
@@ -63,13 +71,13 @@ class Sequential(StatefulModule):
             x = out.output
         return StatefulModuleOutput(next_state, x, regularization, metrics, emitted)
 
-    def initialize_state(self, batch_size: int) -> list[ModuleState]:
+    def initialize_state(self, batch_size: int) -> list[Carry]:
         return [layer.initialize_state(batch_size) for layer in self.layers]
 
-    def reset_state(self, prev_state: list[CarryOrSlice]) -> list[CarryOrSlice]:
+    def reset_state(self, prev_state: list[CarrySlice]) -> list[CarrySlice]:
         return [layer.reset_state(s) for layer, s in zip(self.layers, prev_state, strict=True)]
 
-    def update_statistics(self, rollout_extras: list[Any]) -> None:
+    def update_statistics(self, rollout_extras: list[HistoryTree]) -> None:
         for layer, extras in zip(self.layers, rollout_extras, strict=True):
             layer.update_statistics(extras)
 
@@ -114,16 +122,16 @@ class _KeyedContainer(StatefulModule):
 
     def _run_children(
         self,
-        state: dict[str, ModuleState],
+        state: dict[str, Carry],
         inputs: Callable[[str], Any],
-        rollout_extras: dict[str, Any] | None,
+        rollout_extras: dict[str, Extras] | None,
     ) -> tuple[dict[str, Any], StatefulModuleOutput]:
         """Call each child on ``inputs(key)``; return the outputs and the merged rest."""
         outputs: dict[str, Any] = {}
-        next_state: dict[str, ModuleState] = {}
+        next_state: dict[str, Carry] = {}
         emitted: dict[str, Any] = {}
         metrics: dict[str, Any] = {}
-        regularization: Float[Array, ""] | Float[Array, " B"] = jnp.zeros(())
+        regularization: RegularizationLoss = jnp.zeros(())
         for key, module in self.children():
             out = module(state[key], inputs(key), _child_extras(rollout_extras, key))
             outputs[key] = out.output
@@ -133,13 +141,13 @@ class _KeyedContainer(StatefulModule):
             regularization = regularization + out.regularization_loss
         return outputs, StatefulModuleOutput(next_state, None, regularization, metrics, emitted)
 
-    def initialize_state(self, batch_size: int) -> dict[str, ModuleState]:
+    def initialize_state(self, batch_size: int) -> dict[str, Carry]:
         return {k: m.initialize_state(batch_size) for k, m in self.children()}
 
-    def reset_state(self, prev_state: dict[str, CarryOrSlice]) -> dict[str, CarryOrSlice]:
+    def reset_state(self, prev_state: dict[str, CarrySlice]) -> dict[str, CarrySlice]:
         return {k: m.reset_state(prev_state[k]) for k, m in self.children()}
 
-    def update_statistics(self, rollout_extras: dict[str, Any]) -> None:
+    def update_statistics(self, rollout_extras: dict[str, HistoryTree]) -> None:
         for key, module in self.children():
             module.update_statistics(rollout_extras[key])
 
@@ -160,7 +168,10 @@ class Parallel(_KeyedContainer):
         super().__init__(modules, kwargs)
 
     def __call__(
-        self, state: dict[str, ModuleState], x: Any, rollout_extras: dict[str, Any] | None = None
+        self,
+        state: dict[str, Carry],
+        x: BatchedTree,
+        rollout_extras: dict[str, Extras] | None = None,
     ) -> StatefulModuleOutput:
         outputs, rest = self._run_children(state, lambda _: x, rollout_extras)
         return rest.replace(output=outputs)
@@ -181,9 +192,9 @@ class Concat(_KeyedContainer):
 
     def __call__(
         self,
-        state: dict[str, ModuleState],
-        x: Mapping[str, Any],
-        rollout_extras: dict[str, Any] | None = None,
+        state: dict[str, Carry],
+        x: Mapping[str, BatchedTree],
+        rollout_extras: dict[str, Extras] | None = None,
     ) -> StatefulModuleOutput:
         if not isinstance(x, Mapping) or set(x) != set(self.components):
             found = sorted(x) if isinstance(x, Mapping) else type(x).__name__
@@ -253,17 +264,17 @@ class FrozenStatistics(StatefulModule):
         self.module = module
 
     def __call__(
-        self, state: ModuleState, x: Any, rollout_extras: Any = None
+        self, state: Carry, x: BatchedTree, rollout_extras: Extras = None
     ) -> StatefulModuleOutput:
         return self.module(state, x, rollout_extras)
 
-    def initialize_state(self, batch_size: int) -> ModuleState:
+    def initialize_state(self, batch_size: int) -> Carry:
         return self.module.initialize_state(batch_size)
 
-    def reset_state(self, prev_state: CarryOrSlice) -> CarryOrSlice:
+    def reset_state(self, prev_state: CarrySlice) -> CarrySlice:
         return self.module.reset_state(prev_state)
 
-    def update_statistics(self, rollout_extras: Any) -> None:
+    def update_statistics(self, rollout_extras: HistoryTree) -> None:
         del rollout_extras  # held fixed, by declaration
 
 

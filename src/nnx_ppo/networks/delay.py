@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int, PyTree, Shaped
 
 from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.axes import BatchedTree
 from nnx_ppo.networks.normalizer import canonical_tree, check_feature_shapes
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
@@ -67,7 +68,7 @@ class Delay(StatefulModule):
     def __call__(
         self,
         state: DelayCarry,
-        x: PyTree[Shaped[Array, "B ..."]],
+        x: BatchedTree,
         rollout_extras: None = None,
     ) -> StatefulModuleOutput:
         x = canonical_tree(x)

@@ -11,8 +11,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jaxtyping import Array, Float, PyTree, Shaped
+from jaxtyping import Array, Float, Shaped
 
+from nnx_ppo.contract.axes import BatchedTree, Extras, HistoryTree
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = ["Normalizer", "NormalizerStatistics", "canonical_tree", "check_feature_shapes"]
@@ -145,8 +146,8 @@ class Normalizer(StatefulModule):
     def __call__(
         self,
         state: tuple[()],
-        x: PyTree[Shaped[Array, "B ..."]],
-        rollout_extras: PyTree[Shaped[Array, "B ..."]] | None = None,
+        x: BatchedTree,
+        rollout_extras: Extras = None,
     ) -> StatefulModuleOutput:
         x = canonical_tree(x)
         check_feature_shapes("Normalizer.__call__", "x", self.mean.get_value(), x, "B")
@@ -165,7 +166,7 @@ class Normalizer(StatefulModule):
         output = jax.tree.map(standardise, x, self.mean.get_value(), self.M2.get_value())
         return StatefulModuleOutput((), output, jnp.zeros(()), {}, x)
 
-    def update_statistics(self, rollout_extras: PyTree[Shaped[Array, "T B ..."]]) -> None:
+    def update_statistics(self, rollout_extras: HistoryTree) -> None:
         """Fold the ``(T, B, *shape)`` history of inputs into the running statistics."""
         history = canonical_tree(rollout_extras)
         check_feature_shapes(

@@ -12,9 +12,18 @@ from typing import Any, TypeAlias
 
 import jax
 from flax import nnx
-from jaxtyping import Array, Float, PyTree, Shaped
+from jaxtyping import PyTree
 
 from nnx_ppo.contract import ContractError, checks_enabled, install_checks
+from nnx_ppo.contract.axes import (
+    BatchedTree,
+    Carry,
+    CarrySlice,
+    Extras,
+    FloatBatch,
+    HistoryTree,
+    RegularizationLoss,
+)
 from nnx_ppo.contract.checks import CONTRACT_METHODS, describe_leaf, named_leaves
 from nnx_ppo.contract.errors import rule_text
 
@@ -28,12 +37,11 @@ __all__ = [
     "checked_ppo_output",
 ]
 
-ModuleState: TypeAlias = PyTree[Shaped[Array, "B ..."]]
-"""A module's carry state: any pytree of arrays that lead with the batch axis."""
+ModuleState: TypeAlias = Carry
+"""A module's carry, leaves ``(B, ...)``: :data:`nnx_ppo.contract.axes.Carry` by its 0.3.0 name."""
 
-CarryOrSlice: TypeAlias = PyTree[Shaped[Array, "..."]]
-"""What ``reset_state`` sees: a batched carry, or (under ``vmap``) one env's slice of it,
-without the batch axis. Annotate ``reset_state`` with this, not with :data:`ModuleState`."""
+CarryOrSlice: TypeAlias = CarrySlice
+"""What ``reset_state`` sees: :data:`nnx_ppo.contract.axes.CarrySlice` by its older name."""
 
 
 class Replaceable:
@@ -60,11 +68,11 @@ class StatefulModuleOutput(Replaceable):
         ``update_statistics``; ``(B, *feat)`` leaves, or ``None``.
     """
 
-    next_state: ModuleState
-    output: Any
-    regularization_loss: Float[Array, ""] | Float[Array, " B"]
+    next_state: Carry
+    output: BatchedTree
+    regularization_loss: RegularizationLoss
     metrics: dict[Any, Any]
-    rollout_extras: Any = None
+    rollout_extras: Extras = None
 
 
 @jax.tree_util.register_dataclass
@@ -78,9 +86,9 @@ class PPONetworkOutput(Replaceable):
       value_estimates: a pytree like the reward tree, leaves ``(B,)``.
     """
 
-    actions: Any
-    loglikelihoods: Any
-    value_estimates: Any
+    actions: BatchedTree
+    loglikelihoods: PyTree[FloatBatch]
+    value_estimates: PyTree[FloatBatch]
 
 
 _RULE_PPO_OUTPUT = rule_text(
@@ -194,7 +202,7 @@ class StatefulModule(nnx.Module, abc.ABC, metaclass=_ContractMeta):
 
     @abc.abstractmethod
     def __call__(
-        self, state: ModuleState, x: Any, rollout_extras: Any = None
+        self, state: Carry, x: BatchedTree, rollout_extras: Extras = None
     ) -> StatefulModuleOutput:
         """Run one step on a flat batch.
 
@@ -208,12 +216,12 @@ class StatefulModule(nnx.Module, abc.ABC, metaclass=_ContractMeta):
           A :class:`StatefulModuleOutput`.
         """
 
-    def initialize_state(self, batch_size: int) -> ModuleState:
+    def initialize_state(self, batch_size: int) -> Carry:
         """A fresh carry for ``batch_size`` environments. Stateless modules return ``()``."""
         del batch_size
         return ()
 
-    def reset_state(self, prev_state: CarryOrSlice) -> CarryOrSlice:
+    def reset_state(self, prev_state: CarrySlice) -> CarrySlice:
         """The carry after an episode reset, same tree, shapes and dtypes as ``prev_state``.
 
         Called on a batched carry and, under ``vmap``, on one env's unbatched slice,
@@ -221,7 +229,7 @@ class StatefulModule(nnx.Module, abc.ABC, metaclass=_ContractMeta):
         """
         return prev_state
 
-    def update_statistics(self, rollout_extras: Any) -> None:
+    def update_statistics(self, rollout_extras: HistoryTree) -> None:
         """Fold a rollout's emissions, leaves ``(T, B, *feat)``, into running statistics.
 
         Called once per training step, after the gradient phase. Containers route

@@ -29,8 +29,9 @@ from flax import nnx
 from jaxtyping import Array, Float, Key
 
 from nnx_ppo.contract.arguments import require_int, require_number
+from nnx_ppo.contract.axes import BatchedTree, Carry, Extras
 from nnx_ppo.networks.containers import Parallel, _KeyedContainer
-from nnx_ppo.networks.types import ModuleState, StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = [
     "Filter",
@@ -93,13 +94,13 @@ class Flattener(StatefulModule):
         self.preserve_levels = require_int("Flattener", "preserve_levels", preserve_levels, 0)
 
     def __call__(
-        self, state: tuple[()], x: Any, rollout_extras: None = None
+        self, state: tuple[()], x: BatchedTree, rollout_extras: None = None
     ) -> StatefulModuleOutput:
         output = _flatten_below(x, self.preserve_levels, "x")
         return StatefulModuleOutput((), output, _no_regularization(), {}, None)
 
 
-def _flatten_below(x: Any, levels: int, where: str) -> Any:
+def _flatten_below(x: BatchedTree, levels: int, where: str) -> Any:
     if levels == 0:
         leaves = jax.tree.leaves(x)
         if not leaves:
@@ -158,13 +159,13 @@ class Filter(StatefulModule):
         self.spec: tuple[tuple[str, FilterSpec], ...] = tuple(spec.items())
 
     def __call__(
-        self, state: tuple[()], x: Any, rollout_extras: None = None
+        self, state: tuple[()], x: BatchedTree, rollout_extras: None = None
     ) -> StatefulModuleOutput:
         output = {out_key: _extract(x, how, out_key) for out_key, how in self.spec}
         return StatefulModuleOutput((), output, _no_regularization(), {}, None)
 
 
-def _extract(x: Any, how: FilterSpec, out_key: str) -> Any:
+def _extract(x: BatchedTree, how: FilterSpec, out_key: str) -> Any:
     if callable(how):
         return how(x)
     path = how if isinstance(how, tuple) else (how,)
@@ -193,7 +194,7 @@ class Scale(StatefulModule):
         self.factor = float(factor)
 
     def __call__(
-        self, state: tuple[()], x: Any, rollout_extras: None = None
+        self, state: tuple[()], x: BatchedTree, rollout_extras: None = None
     ) -> StatefulModuleOutput:
         output = jax.tree.map(lambda leaf: leaf * self.factor, x)
         return StatefulModuleOutput((), output, _no_regularization(), {}, None)
@@ -215,7 +216,10 @@ class Merge(Parallel):
     """
 
     def __call__(
-        self, state: dict[str, ModuleState], x: Any, rollout_extras: dict[str, Any] | None = None
+        self,
+        state: dict[str, Carry],
+        x: BatchedTree,
+        rollout_extras: dict[str, Extras] | None = None,
     ) -> StatefulModuleOutput:
         outputs, rest = self._run_children(state, lambda _: x, rollout_extras)
         merged: dict[Any, Any] = {}
@@ -250,9 +254,9 @@ class Map(_KeyedContainer):
 
     def __call__(
         self,
-        state: dict[str, ModuleState],
-        x: Mapping[str, Any],
-        rollout_extras: dict[str, Any] | None = None,
+        state: dict[str, Carry],
+        x: Mapping[str, BatchedTree],
+        rollout_extras: dict[str, Extras] | None = None,
     ) -> StatefulModuleOutput:
         if not isinstance(x, Mapping):
             raise TypeError(
