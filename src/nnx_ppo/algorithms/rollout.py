@@ -33,6 +33,7 @@ __all__ = [
     "reset_envs",
     "scan_module",
     "tree_where",
+    "unmapped_state_paths",
     "unroll_env",
 ]
 
