@@ -22,6 +22,7 @@ from nnx_ppo.contract import ContractError, checks_enabled
 from nnx_ppo.contract.axes import Batched, Carry, FloatHistory, HistoryTree, Mask, PerEnvKeys
 from nnx_ppo.contract.checks import typechecked
 from nnx_ppo.contract.env_checks import check_action_tree, check_env_state, check_env_unbatched
+from nnx_ppo.contract.errors import rule_text
 from nnx_ppo.networks.types import StatefulModule, checked_ppo_output
 
 __all__ = [
@@ -74,8 +75,12 @@ def tree_where(
                 leaf="state" + jax.tree_util.keystr(path),
                 expected=f"(B={mask.shape[0]}, ...)",
                 found="not an array" if shape is None else f"shape {tuple(shape)}",
-                rule="every per-env leaf leads with B; wrap leaves that carry no env "
-                "axis in nnx_ppo.algorithms.types.Shared (SPEC section 4)",
+                rule=rule_text(
+                    "every per-env leaf leads with B; wrap leaves that carry no env axis in "
+                    "nnx_ppo.algorithms.types.Shared",
+                    "the-contract",
+                    "environments",
+                ),
             )
         widened = mask.reshape(mask.shape + (1,) * (when_true.ndim - 1))
         return jnp.where(widened, when_true, when_false)
@@ -95,7 +100,7 @@ def scan_module(
 ) -> tuple[ScanCarry, Any]:
     """``jax.lax.scan`` of ``body(module, carry, x)``, the module's variables held fixed.
 
-    Forward passes never write NNX variables (SPEC section 1), so the module's
+    Forward passes never write NNX variables (a checked rule), so the module's
     state is closed over rather than carried; gradients still flow through it.
     """
     graphdef, state = nnx.split(module)
@@ -253,8 +258,12 @@ def n_envs_of(env_state: EnvState, where: str = "n_envs_of") -> int:
                 leaf="env_state.done" + jax.tree_util.keystr(path),
                 expected="(B,): a batched env state, leaves (B, ...)",
                 found=f"shape {jnp.shape(done)}",
-                rule="the library holds n_envs env states batched along a leading axis B; "
-                "build them with reset_envs or new_training_state (SPEC section 4)",
+                rule=rule_text(
+                    "the library holds n_envs env states batched along a leading axis B; "
+                    "build them with reset_envs or new_training_state",
+                    "the-contract",
+                    "environments",
+                ),
             )
     return int(jnp.shape(jax.tree.leaves(env_state.done)[0])[0])
 

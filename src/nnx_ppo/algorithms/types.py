@@ -1,6 +1,6 @@
 """The data the PPO engine passes around: environments, transitions, training state.
 
-Axes follow the contract (SPEC section 1): ``B`` is the environment axis
+Axes follow the contract (the docs' batching contract page): ``B`` is the environment axis
 (``n_envs``), ``T`` the time axis of a rollout. A :class:`Transition` holds one
 step, leaves ``(B, ...)``, or a whole rollout stacked by the scan, leaves
 ``(T, B, ...)``.

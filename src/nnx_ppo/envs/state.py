@@ -1,7 +1,7 @@
 """The state of one built-in environment, and the time limit they share.
 
-Every built-in environment follows the MuJoCo Playground convention (SPEC
-section 4): ``reset(key) -> State`` and ``step(state, action) -> State`` for
+Every built-in environment follows the MuJoCo Playground convention (the docs'
+environments page): ``reset(key) -> State`` and ``step(state, action) -> State`` for
 **one** environment, which the library vmaps over ``n_envs``.
 
 Conventions shared by the built-in environments:
@@ -62,7 +62,7 @@ class State:
 
 @runtime_checkable
 class EnvState(Protocol):
-    """One environment's state, as in MuJoCo Playground (SPEC section 4).
+    """One environment's state, as in MuJoCo Playground.
 
     The fields are read-only properties so that frozen dataclasses (Playground's
     ``State``, :class:`nnx_ppo.envs.State`) satisfy the protocol. ``done`` is a

@@ -1,6 +1,7 @@
 """Containers: modules made of modules, routing state, extras and statistics.
 
-Every container follows the four rules of the contract (SPEC section 3): children
+Every container follows the four container rules (the docs' "Writing a custom
+container" page): children
 live in NNX-tracked attributes; ``state`` and ``rollout_extras`` are sliced per
 child the same way and reassembled into mirroring trees; children's
 ``regularization_loss`` is summed and their ``metrics`` nested under the child's

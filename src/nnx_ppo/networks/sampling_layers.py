@@ -37,6 +37,7 @@ from jaxtyping import Array, Float, Int, Key, Shaped
 
 from nnx_ppo.contract import ContractError, describe_module
 from nnx_ppo.contract.arguments import require_int, require_number
+from nnx_ppo.contract.errors import rule_text
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import (
     new_env_keys,
@@ -179,8 +180,10 @@ class ActionSampler(StatefulModule):
             leaf="rollout_extras",
             expected=f"shape {expected.shape} {expected.dtype}",
             found=f"shape {stored.shape} {stored.dtype}",
-            rule="in loss replay a sampler is given back the raw action it emitted in "
-            "rollout (SPEC section 2)",
+            rule=rule_text(
+                "in loss replay a sampler is given back the raw action it emitted in rollout",
+                "rules",
+            ),
         )
 
 

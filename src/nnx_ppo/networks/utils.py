@@ -9,9 +9,9 @@ Modules:
 * :class:`Merge`: run children on the same input and merge their dict outputs into one.
 * :class:`Map`: run each child on the same-named entry of a dict input.
 
-:class:`Merge` and :class:`Map` are containers and follow the rules of SPEC
-section 3: carry and extras are dicts by child key, regularization is summed,
-metrics are nested under the child's key, and ``update_statistics``,
+:class:`Merge` and :class:`Map` are containers and follow the container rules
+(the docs' "Writing a custom container" page): carry and extras are dicts by child
+key, regularization is summed, metrics are nested under the child's key, and ``update_statistics``,
 ``initialize_state`` and ``reset_state`` are routed like ``__call__``.
 
 Functions:
@@ -50,7 +50,7 @@ def new_env_keys(rngs: nnx.Rngs, batch_size: int) -> Key[Array, " B"]:
 
     For ``initialize_state`` of modules that draw random numbers in their forward
     pass: the keys then live in the carry, so the randomness of env ``i`` depends
-    only on its own carry row (SPEC section 1).
+    only on its own carry row (the forward path is per-sample pure).
     """
     return jax.random.split(rngs(), batch_size)
 
