@@ -15,8 +15,9 @@ from typing import Any
 import jax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
 
+from nnx_ppo.contract.axes import Carry
 from nnx_ppo.envs.state import EnvState, RLEnv
-from nnx_ppo.networks.types import ModuleState, PPONetworkOutput, Replaceable
+from nnx_ppo.networks.types import PPONetworkOutput, Replaceable
 
 __all__ = [
     "EnvState",
@@ -126,7 +127,7 @@ class TrainingState(Replaceable):
     """
 
     networks: Any
-    network_states: ModuleState
+    network_states: Carry
     env_states: Any
     optimizer: Any
     rng_key: PRNGKeyArray

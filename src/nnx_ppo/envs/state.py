@@ -27,7 +27,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+
+from nnx_ppo.contract.axes import Scalar, Unbatched
 
 __all__ = ["EnvState", "RLEnv", "State", "time_limit"]
 
@@ -48,9 +50,9 @@ class State:
         memory task); Playground keeps its ``mjx.Data`` in this field.
     """
 
-    obs: PyTree[Shaped[Array, "..."]]
-    reward: PyTree[Float[Array, ""]]
-    done: Float[Array, ""]
+    obs: Unbatched
+    reward: PyTree[Scalar]
+    done: Scalar
     metrics: dict[str, Any]
     info: dict[str, Any]
     data: Any = ()
@@ -88,7 +90,12 @@ class EnvState(Protocol):
 
 @runtime_checkable
 class RLEnv(Protocol):
-    """One unbatched environment; the library vmaps ``reset`` and ``step`` over envs."""
+    """One unbatched environment; the library vmaps ``reset`` and ``step`` over envs.
+
+    ``step`` takes the env's own state type and one env's action (an
+    :data:`~nnx_ppo.contract.axes.Unbatched` tree); the protocol leaves both as
+    ``Any``, since a protocol's parameters must accept every env's narrower types.
+    """
 
     def reset(self, rng: PRNGKeyArray, /) -> EnvState: ...
     def step(self, state: Any, action: Any, /) -> EnvState: ...
