@@ -5,7 +5,8 @@ exception type of the contract, and the switch that turns the checks off.
 """
 
 from nnx_ppo.contract import CHECKS_ENV_VAR, ContractError, checks, checks_enabled
+from nnx_ppo.networks.summary import summary
 
 __version__ = "0.4.0.dev0"
 
-__all__ = ["CHECKS_ENV_VAR", "ContractError", "__version__", "checks", "checks_enabled"]
+__all__ = ["CHECKS_ENV_VAR", "ContractError", "__version__", "checks", "checks_enabled", "summary"]
