@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, PyTree, Shaped
+from rich import box
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
@@ -139,7 +140,7 @@ class NetworkSummary:
     line per module, indented under the container that called it and named by its
     path below that container's; leaves of pytrees by key, one per line. A
     contract violation found in the abstract step is not raised: the table stops at
-    the module that broke the contract, that row is marked ``✗``, and the error's
+    the module that broke the contract, that row's name is marked ``✗``, and the error's
     message follows the table.
 
     Attributes:
@@ -157,27 +158,25 @@ class NetworkSummary:
 
     def table(self) -> Table:
         """The rows as a :class:`rich.table.Table`."""
-        table = Table(title=f"{self.network_class}: {self.parameters:,} parameters")
-        table.add_column("")
-        table.add_column("module")
-        table.add_column("class")
+        table = Table(
+            title=f"{self.network_class}: {self.parameters:,} parameters",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+        )
+        # On a narrow console every cell folds: nothing is cut off.
+        table.add_column("module", overflow="fold")
         for column in ("input", "output", "carry", "extras"):
-            table.add_column(column)
-        table.add_column("params", justify="right")
-        table.add_column("statistics")
-        enclosing: list[str] = []  # the paths of the rows enclosing this one, by depth
-        for row in self.rows:
-            del enclosing[row.depth :]
-            parent = enclosing[-1] if enclosing else ""
-            enclosing.append(row.path)
-            name = row.path.removeprefix(parent) if row.path.startswith(parent) else row.path
+            table.add_column(column, overflow="fold")
+        table.add_column("params", justify="right", overflow="fold")
+        table.add_column("statistics", overflow="fold")
+        for row, label in zip(self.rows, self._labels(), strict=True):
             statistics = ""
             if row.keeps_statistics:
                 statistics = _cell(row.history) if row.history is not None else "yes"
             table.add_row(
-                Text("✗", style="bold red") if row.error is not None else "",
-                "  " * row.depth + (name or "(network)"),
-                row.module_class,
+                Text(f"{label} ({row.module_class})").append(
+                    " ✗" if row.error is not None else "", style="bold red"
+                ),
                 _cell(row.input),
                 _cell(row.output),
                 _cell(row.carry),
@@ -186,6 +185,19 @@ class NetworkSummary:
                 statistics,
             )
         return table
+
+    def _labels(self) -> list[str]:
+        """Each row's name: its path below the enclosing row's, indented by its depth.
+
+        The network itself is ``(network)``."""
+        labels, enclosing = [], []  # enclosing: the paths of the rows around this one
+        for row in self.rows:
+            del enclosing[row.depth :]
+            parent = enclosing[-1] if enclosing else ""
+            enclosing.append(row.path)
+            name = row.path.removeprefix(parent) if row.path.startswith(parent) else row.path
+            labels.append("  " * row.depth + (name or "(network)"))
+        return labels
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         del console, options
