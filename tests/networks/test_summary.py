@@ -45,14 +45,19 @@ def modules_by_path(network: StatefulModule) -> dict[str, StatefulModule]:
 
 
 def real_calls(network: StatefulModule, obs: Any) -> list[tuple[str, CallRecord]]:
-    """One real step and update_statistics on a batch of B, each checked call with its path."""
-    paths = {id(module): path for path, module in modules_by_path(network).items()}
-    records: list[CallRecord] = []
-    x = jax.tree.map(lambda leaf: jnp.stack([leaf] * B), obs)
-    with checks(True), observe_calls(records.append):
-        out = network(network.initialize_state(B), x)
-        network.update_statistics(jax.tree.map(lambda e: jnp.stack([e] * T), out.rollout_extras))
-    return [(paths[id(r.module)], r) for r in records]
+    """A compiled step and update_statistics on a batch of B: each checked call, with its path."""
+    records: list[tuple[str, CallRecord]] = []
+
+    @nnx.jit
+    def step(network: StatefulModule, x: Any) -> None:
+        inner = {id(module): path for path, module in modules_by_path(network).items()}
+        with checks(True), observe_calls(lambda r: records.append((inner[id(r.module)], r))):
+            out = network(network.initialize_state(B), x)
+            history = jax.tree.map(lambda e: jnp.stack([e] * T), out.rollout_extras)
+            network.update_statistics(history)
+
+    step(network, jax.tree.map(lambda leaf: jnp.stack([leaf] * B), obs))
+    return records
 
 
 def param_count(module: Any) -> int:
@@ -167,7 +172,9 @@ class KeepsStatistics(StatefulModule):
     def __init__(self) -> None:
         self.count = nnx.BatchStat(jnp.zeros(()))
 
-    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> StatefulModuleOutput:
+    def __call__(
+        self, state: Any, x: jax.Array, rollout_extras: Any = None
+    ) -> StatefulModuleOutput:
         return StatefulModuleOutput(state, x, jnp.zeros(()), {}, x)
 
     def update_statistics(self, rollout_extras: jax.Array) -> None:
@@ -180,7 +187,9 @@ class ForgetsStatistics(StatefulModule):
     def __init__(self) -> None:
         self.inner = KeepsStatistics()
 
-    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> StatefulModuleOutput:
+    def __call__(
+        self, state: Any, x: jax.Array, rollout_extras: Any = None
+    ) -> StatefulModuleOutput:
         return self.inner(state, x, rollout_extras)
 
 
@@ -208,14 +217,20 @@ def test_print_summary_prints_and_returns_the_summary() -> None:
     assert isinstance(result.rows[1], ModuleRow)
 
 
+class StopsTraining(Exception):
+    """Raised in place of training: the CLI test needs only what is printed before it."""
+
+
 @pytest.mark.parametrize("quiet", [False, True])
 def test_train_prints_the_summary_unless_quiet(
-    quiet: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    quiet: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tiny = ["--set", "ppo.n_envs=4", "--set", "ppo.rollout_length=8", "--set", "ppo.n_minibatches=1"]
-    tiny += ["--set", "ppo.n_epochs=1", "--set", "eval.every_steps=1000", "--set", "eval.n_envs=2"]
-    tiny += ["--set", "network.hidden_sizes=[4]", "--set", "checkpoint_every_steps=1000"]
-    flags = ["--quiet"] if quiet else []
-    assert main(["train", "--steps", "32", "--run-dir", str(tmp_path), *tiny, *flags]) == 0
+    def train_ppo(*args: Any, **kwargs: Any) -> None:
+        raise StopsTraining
+
+    monkeypatch.setattr("nnx_ppo.algorithms.ppo.train_ppo", train_ppo)
+    flags = ["--set", "network.hidden_sizes=[4]", *(["--quiet"] if quiet else [])]
+    with pytest.raises(StopsTraining):
+        main(["train", "--run-dir", str(tmp_path), *flags])
     printed = capsys.readouterr().out
     assert ("Sequential: 55 parameters" in printed) is not quiet

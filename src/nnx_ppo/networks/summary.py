@@ -69,7 +69,7 @@ class LeafShape:
         return f"{self.key} {text}" if self.key else text
 
 
-def leaf_shapes(tree: Any, axes: tuple[tuple[str, int], ...]) -> tuple[LeafShape, ...]:
+def _leaf_shapes(tree: Any, axes: tuple[tuple[str, int], ...]) -> tuple[LeafShape, ...]:
     """The :class:`LeafShape` of every leaf of ``tree``, by key.
 
     Args:
@@ -161,7 +161,7 @@ class NetworkSummary:
         table = Table(
             title=f"{self.network_class}: {self.parameters:,} parameters",
             box=box.SIMPLE_HEAD,
-            pad_edge=False,
+            show_edge=False,
         )
         # On a narrow console every cell folds: nothing is cut off.
         table.add_column("module", overflow="fold")
@@ -203,13 +203,20 @@ class NetworkSummary:
         del console, options
         yield self.table()
         if self.error is not None:
-            yield Text("contract violation: ", style="bold red", end="")
+            yield Text(_VIOLATION, style="bold red", end="")
             yield Text(str(self.error))
 
     def __str__(self) -> str:
+        """The table as plain text, 160 columns wide at most, and the error's message unwrapped."""
         buffer = io.StringIO()
-        Console(file=buffer, width=160, color_system=None).print(self)
-        return buffer.getvalue().rstrip("\n")
+        Console(file=buffer, width=160, color_system=None).print(self.table())
+        lines = [line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines()]
+        if self.error is not None:
+            lines.append(_VIOLATION + str(self.error))
+        return "\n".join(lines)
+
+
+_VIOLATION = "contract violation: "
 
 
 def _cell(shapes: tuple[LeafShape, ...] | None) -> str:
@@ -253,10 +260,7 @@ def summary(
     traced: list[_Traced] = []
     nnx.eval_shape(lambda net, x: traced.append(_trace_step(net, x)), network, batch)
     (step,) = traced
-    parameters = sum(
-        int(jnp.size(leaf)) for leaf in jax.tree.leaves(nnx.state(network, nnx.Param))
-    )
-    return NetworkSummary(type(network).__name__, step.rows, parameters, step.error)
+    return NetworkSummary(type(network).__name__, step.rows, _parameter_count(network), step.error)
 
 
 def print_summary(
@@ -264,7 +268,7 @@ def print_summary(
     example_input: PyTree[Shaped[Array, "..."] | jax.ShapeDtypeStruct],
     console: Console | None = None,
 ) -> NetworkSummary:
-    """:func:`summary` of ``network``, printed to ``console`` (a new one by default), and returned."""
+    """:func:`summary` of ``network``, printed to ``console`` (default: a new one), returned."""
     result = summary(network, example_input)
     (console or Console()).print(result)
     return result
@@ -309,7 +313,9 @@ def _trace_step(network: StatefulModule, x: PyTree[Shaped[Array, "B ..."]]) -> _
     calls = [r for r in records if r.method == "__call__"] or [
         r for r in records if r.method == "initialize_state"
     ]
-    histories = {id(r.module): r.arguments[0][1] for r in records if r.method == "update_statistics"}
+    histories = {
+        id(r.module): r.arguments[0][1] for r in records if r.method == "update_statistics"
+    }
     # The checks that raised: the innermost record holding the error; its enclosing
     # calls hold the same error object, passed through.
     failed = next((r for r in records if error is not None and r.error is error), None)
@@ -327,21 +333,21 @@ def _trace_step(network: StatefulModule, x: PyTree[Shaped[Array, "B ..."]]) -> _
                 path=format_graph_path(network, path) if path is not None else "?",
                 depth=record.depth - calls[-1].depth,
                 module_class=type(module).__name__,
-                input=leaf_shapes(record.arguments[1][1], batch) if called else None,
-                output=leaf_shapes(returned.output, batch) if returned else None,
-                carry=leaf_shapes(carry, batch),
-                extras=leaf_shapes(returned.rollout_extras, batch) if returned else None,
-                parameters=sum(
-                    int(jnp.size(leaf)) for leaf in jax.tree.leaves(nnx.state(module, nnx.Param))
-                ),
+                input=_leaf_shapes(record.arguments[1][1], batch) if called else None,
+                output=_leaf_shapes(returned.output, batch) if returned else None,
+                carry=_leaf_shapes(carry, batch),
+                extras=_leaf_shapes(returned.rollout_extras, batch) if returned else None,
+                parameters=_parameter_count(module),
                 keeps_statistics=is_stats_bearing(module),
-                history=None
-                if history is None
-                else leaf_shapes(history, (("T", _TIME), *batch)),
+                history=None if history is None else _leaf_shapes(history, (("T", _TIME), *batch)),
                 error=error if failed is not None and _raised_in(failed, record) else None,
             )
         )
     return _Traced(tuple(rows), error)
+
+
+def _parameter_count(module: StatefulModule) -> int:
+    return sum(int(jnp.size(leaf)) for leaf in jax.tree.leaves(nnx.state(module, nnx.Param)))
 
 
 def _raised_in(failed: CallRecord, record: CallRecord) -> bool:
