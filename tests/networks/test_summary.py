@@ -234,3 +234,27 @@ def test_train_prints_the_summary_unless_quiet(
         main(["train", "--run-dir", str(tmp_path), *flags])
     printed = capsys.readouterr().out
     assert ("Sequential: 55 parameters" in printed) is not quiet
+
+
+class UnbatchedCarry(StatefulModule):
+    """Its initialize_state forgets the batch axis."""
+
+    def initialize_state(self, batch_size: int) -> jax.Array:
+        return jnp.zeros(3)
+
+    def __call__(
+        self, state: jax.Array, x: jax.Array, rollout_extras: Any = None
+    ) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {})
+
+
+def test_a_violation_in_initialize_state_lists_the_modules_asked_for_a_carry() -> None:
+    network = Sequential([Dense(4, 3, nnx.Rngs(0)), UnbatchedCarry()])
+    with nnx_ppo.checks(False):  # the summary turns the checks on for its step
+        result = nnx_ppo.summary(network, jnp.zeros(4))
+    assert result.error is not None and result.error.found == "shape (3,) float32"
+    assert [(row.path, row.input, row.error is not None) for row in result.rows] == [
+        ("", None, False),
+        (".layers[0]", None, False),
+        (".layers[1]", None, True),
+    ]
