@@ -44,6 +44,9 @@ _BATCH = 37
 _TIME = 29
 """The length of the abstract rollout history given to ``update_statistics``."""
 
+_OUTSIDE_THE_GRAPH = "(not in the network's graph)"
+"""The path of a module called in the step that ``nnx.iter_graph(network)`` does not reach."""
+
 
 @dataclass(frozen=True)
 class LeafShape:
@@ -97,14 +100,18 @@ class ModuleRow:
 
     Attributes:
       path: where the module sits in the network, as Python would write it
-        (``".layers[2].action"``); ``""`` for the network itself.
+        (``".layers[1].components['action']"``); ``""`` for the network itself, and
+        ``"(not in the network's graph)"`` for a module the network does not hold in
+        an NNX-tracked attribute.
       depth: how many contract modules' calls enclose this one (0 for the network).
       module_class: the module's class name.
       input: the leaves of the ``x`` its ``__call__`` was given; ``None`` when the
-        step failed before calling it (the row then shows its carry alone).
+        step failed in ``initialize_state``, before any ``__call__``: the rows are then
+        the modules asked for a carry.
       output: the leaves of the ``output`` it returned; ``None`` when the call did
         not return.
-      carry: the leaves of its carry ``state``; empty for a module that carries nothing.
+      carry: the leaves of its carry ``state`` (what its ``initialize_state`` returned,
+        when the step failed there); empty for a module that carries nothing.
       extras: the leaves of the ``rollout_extras`` it emitted; empty when it emitted
         ``None``, ``None`` when the call did not return.
       parameters: the number of ``nnx.Param`` elements in the module, its children's
@@ -157,7 +164,14 @@ class NetworkSummary:
     error: ContractError | None
 
     def table(self) -> Table:
-        """The rows as a :class:`rich.table.Table`."""
+        """The rows as a :class:`rich.table.Table`.
+
+        Its columns: the module (its name, see above, and class), ``input``,
+        ``output``, ``carry``, ``extras``, ``params``, and ``statistics``: for a module
+        that keeps running statistics, the history its ``update_statistics`` received
+        (``yes`` when the step ended before it), blank for the others. ``-`` marks what
+        a call did not return.
+        """
         table = Table(
             title=f"{self.network_class}: {self.parameters:,} parameters",
             box=box.SIMPLE_HEAD,
@@ -276,6 +290,8 @@ def print_summary(
 
 @dataclass(frozen=True)
 class _Traced:
+    """What the abstract step found: its rows, and the contract violation it ended on."""
+
     rows: tuple[ModuleRow, ...]
     error: ContractError | None
 
@@ -318,7 +334,7 @@ def _trace_step(network: StatefulModule, x: PyTree[Shaped[Array, "B ..."]]) -> _
     }
     # The checks that raised: the innermost record holding the error; its enclosing
     # calls hold the same error object, passed through.
-    failed = next((r for r in records if error is not None and r.error is error), None)
+    failed = None if error is None else next(r for r in records if r.error is error)
     batch = (("B", _BATCH),)
     rows = []
     for record in _preorder(calls):
@@ -330,8 +346,8 @@ def _trace_step(network: StatefulModule, x: PyTree[Shaped[Array, "B ..."]]) -> _
         history = histories.get(id(module))
         rows.append(
             ModuleRow(
-                path=format_graph_path(network, path) if path is not None else "?",
-                depth=record.depth - calls[-1].depth,
+                path=_OUTSIDE_THE_GRAPH if path is None else format_graph_path(network, path),
+                depth=record.depth - calls[-1].depth,  # the outermost call ends last
                 module_class=type(module).__name__,
                 input=_leaf_shapes(record.arguments[1][1], batch) if called else None,
                 output=_leaf_shapes(returned.output, batch) if returned else None,
