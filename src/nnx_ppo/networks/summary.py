@@ -26,6 +26,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
+from nnx_ppo.contract.axes import BatchedTree
 from nnx_ppo.contract.checks import (
     CallRecord,
     checks,
@@ -309,7 +310,7 @@ class _Call:
             yield from child.preorder()
 
 
-def _trace_step(network: StatefulModule, x: PyTree[Shaped[Array, "B ..."]]) -> _Traced:
+def _trace_step(network: StatefulModule, x: BatchedTree) -> _Traced:
     """Inside the abstract evaluation: one step of ``network`` on ``x``, its calls tabulated."""
     records: list[CallRecord] = []
     error: ContractError | None = None
