@@ -113,6 +113,13 @@ EXPECTED_OUTPUT = {
     "training_divergence.py": [
         "PPO step ending at env step 64: the loss is NaN or infinite (epoch 0, minibatch 0).",
     ],
+    "network_summary.py": [
+        "Sequential: 211 parameters",
+        "  .layers[0] (Normalizer)               (B, 4)    (B, 4)",
+        "   .layers[1] (LeakyMemory) ✗   (B, 3)   -        ['h'] (B, 3)      -             0",
+        "  found:    shape (3,) float32",
+        "the failing row: .layers[1] True",
+    ],
     "checkpoint_resume.py": [
         "stopped early at 192 of 320",
         "steps on disk: [0, 128, 192]",

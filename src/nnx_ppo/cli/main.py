@@ -47,6 +47,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--run-dir", type=Path, help="where to write the run (default: runs/...)")
     train.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue this run")
+    train.add_argument("--quiet", action="store_true", help="skip the network summary at start")
 
     evaluate = commands.add_parser("eval", help="evaluate a run's latest checkpoint")
     evaluate.add_argument("run_dir", type=Path)
@@ -132,6 +133,7 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
     from nnx_ppo.cli.progress import TrainingProgress
     from nnx_ppo.cli.run_dir import RunLogger, plot_learning_curve
+    from nnx_ppo.networks.network_summary import print_summary
 
     run_config = _resolve_config(args)
     train_config = config_from_dict(run_config["train"])
@@ -150,6 +152,8 @@ def _train(args: argparse.Namespace, console: Console) -> int:
 
     env = _make_env(run_config)
     network = _make_network(env, run_config)
+    if not args.quiet:
+        print_summary(network, jax.eval_shape(env.reset, jax.random.key(0)).obs, console)
     initial_state = None
     if args.resume is not None:
         template = new_training_state(

@@ -18,6 +18,7 @@ from nnx_ppo.networks.factories import (
     make_mlp_layers,
 )
 from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.network_summary import print_summary, summary
 from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.recurrent import GRU, LSTM, LSTMCarry
 from nnx_ppo.networks.sampling_layers import (
@@ -73,4 +74,6 @@ __all__ = [
     "make_mlp",
     "make_mlp_actor_critic",
     "make_mlp_layers",
+    "print_summary",
+    "summary",
 ]

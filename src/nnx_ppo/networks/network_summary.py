@@ -1,0 +1,382 @@
+"""A table of a network's contract modules: shapes, carry, extras, parameters, statistics.
+
+:func:`summary` runs one step of a network abstractly, with :func:`flax.nnx.eval_shape`:
+no floating-point work is done and no activation is allocated, so it costs the same
+for any network size. It builds a batch from one unbatched example input,
+initialises the carry, calls the network, and folds the emitted ``rollout_extras``,
+stacked over time, into ``update_statistics``. Every checked contract-method call
+is watched with :func:`nnx_ppo.contract.checks.observe_calls`, so the table shows
+what each module really received and returned in that call, with the batch axis
+written ``B`` and the time axis of a history written ``T``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, PyTree, Shaped
+from rich import box
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.table import Table
+from rich.text import Text
+
+from nnx_ppo.contract.axes import BatchedTree
+from nnx_ppo.contract.checks import (
+    CallRecord,
+    checks,
+    format_graph_path,
+    is_stats_bearing,
+    observe_calls,
+)
+from nnx_ppo.contract.errors import ContractError
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+
+__all__ = ["LeafShape", "ModuleRow", "NetworkSummary", "print_summary", "summary"]
+
+_BATCH = 37
+"""The batch size of the abstract call: a prime no feature size is likely to equal."""
+
+_TIME = 29
+"""The length of the abstract rollout history given to ``update_statistics``."""
+
+_OUTSIDE_THE_GRAPH = "(not in the network's graph)"
+"""The path of a module called in the step that ``nnx.iter_graph(network)`` does not reach."""
+
+
+@dataclass(frozen=True)
+class LeafShape:
+    """The shape and dtype of one array leaf, its contract axes named.
+
+    Attributes:
+      key: the leaf's path in its pytree, as :func:`jax.tree_util.keystr` writes it
+        (``"['agent_0']"``, ``".actions"``); ``""`` when the tree is one array.
+      shape: the shape, its leading contract axes written ``"B"`` (and ``"T"`` in a
+        history) in place of their sizes, e.g. ``("B", 4)`` or ``("T", "B", 4)``.
+      dtype: the dtype's name, e.g. ``"float32"``.
+    """
+
+    key: str
+    shape: tuple[int | str, ...]
+    dtype: str
+
+    def __str__(self) -> str:
+        dims = ", ".join(str(d) for d in self.shape)
+        text = f"({dims},)" if len(self.shape) == 1 else f"({dims})"
+        if self.dtype != "float32":
+            text += f" {self.dtype}"
+        return f"{self.key} {text}" if self.key else text
+
+
+def _leaf_shapes(tree: Any, axes: tuple[tuple[str, int], ...]) -> tuple[LeafShape, ...]:
+    """The :class:`LeafShape` of every leaf of ``tree``, by key.
+
+    Args:
+      tree: a pytree of arrays (concrete, traced or ``jax.ShapeDtypeStruct``).
+      axes: the leading axes to name, as (name, size) pairs: ``(("B", 8),)`` for a
+        call's leaves, ``(("T", 5), ("B", 8))`` for a history. A leading dimension
+        is named only where its size is the bound one, so a leaf that breaks the
+        contract shows its sizes as found.
+    """
+    shapes = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        shape: list[int | str] = [int(d) for d in getattr(leaf, "shape", ())]
+        for position, (name, size) in enumerate(axes):
+            if position < len(shape) and shape[position] == size:
+                shape[position] = name
+        dtype = getattr(leaf, "dtype", None)
+        dtype_name = str(dtype) if dtype is not None else type(leaf).__name__
+        shapes.append(LeafShape(jax.tree_util.keystr(path), tuple(shape), dtype_name))
+    return tuple(shapes)
+
+
+@dataclass(frozen=True)
+class ModuleRow:
+    """One contract module of a :class:`NetworkSummary`, as its call in the abstract step saw it.
+
+    Attributes:
+      path: where the module sits in the network, as Python would write it
+        (``".layers[1].components['action']"``); ``""`` for the network itself, and
+        ``"(not in the network's graph)"`` for a module the network does not hold in
+        an NNX-tracked attribute.
+      depth: how many contract modules' calls enclose this one (0 for the network).
+      module_class: the module's class name.
+      input: the leaves of the ``x`` its ``__call__`` was given; ``None`` when the
+        step failed in ``initialize_state``, before any ``__call__``: the rows are then
+        the modules asked for a carry.
+      output: the leaves of the ``output`` it returned; ``None`` when the call did
+        not return.
+      carry: the leaves of its carry ``state`` (what its ``initialize_state`` returned,
+        when the step failed there); empty for a module that carries nothing.
+      extras: the leaves of the ``rollout_extras`` it emitted; empty when it emitted
+        ``None``, ``None`` when the call did not return.
+      parameters: the number of ``nnx.Param`` elements in the module, its children's
+        included.
+      keeps_statistics: whether the module keeps running statistics (it defines
+        ``update_statistics`` and holds no contract module), see
+        :func:`nnx_ppo.contract.checks.is_stats_bearing`.
+      history: the leaves of the ``(T, B, *feat)`` history its ``update_statistics``
+        received; ``None`` when it was not called with one.
+      error: the :class:`~nnx_ppo.ContractError` this module's own checks raised, in
+        any of its contract methods; ``None`` otherwise (also for a container whose
+        child raised).
+    """
+
+    path: str
+    depth: int
+    module_class: str
+    input: tuple[LeafShape, ...] | None
+    output: tuple[LeafShape, ...] | None
+    carry: tuple[LeafShape, ...]
+    extras: tuple[LeafShape, ...] | None
+    parameters: int
+    keeps_statistics: bool
+    history: tuple[LeafShape, ...] | None
+    error: ContractError | None
+
+
+@dataclass(frozen=True)
+class NetworkSummary:
+    """What :func:`summary` returns: one row per contract-module call, outermost first.
+
+    Print it (``print(s)``, or ``rich.print(s)`` for colour) to see the table: one
+    line per module, indented under the container that called it and named by its
+    path below that container's; leaves of pytrees by key, one per line. A
+    contract violation found in the abstract step is not raised: the table stops at
+    the module that broke the contract, that row's name is marked ``✗``, and the error's
+    message follows the table.
+
+    Attributes:
+      network_class: the class name of the summarised network.
+      rows: the modules in call order, each after the container that called it.
+      parameters: the number of ``nnx.Param`` elements in the whole network.
+      error: the :class:`~nnx_ppo.ContractError` the abstract step raised, or ``None``.
+        ``raise summary.error`` turns the summary back into the failure.
+    """
+
+    network_class: str
+    rows: tuple[ModuleRow, ...]
+    parameters: int
+    error: ContractError | None
+
+    def table(self) -> Table:
+        """The rows as a :class:`rich.table.Table`.
+
+        Its columns: the module (its name, see above, and class), ``input``,
+        ``output``, ``carry``, ``extras``, ``params``, and ``statistics``: for a module
+        that keeps running statistics, the history its ``update_statistics`` received
+        (``yes`` when the step ended before it), blank for the others. ``-`` marks what
+        a call did not return.
+        """
+        table = Table(
+            title=f"{self.network_class}: {self.parameters:,} parameters",
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+        )
+        # On a narrow console every cell folds: nothing is cut off.
+        table.add_column("module", overflow="fold")
+        for column in ("input", "output", "carry", "extras"):
+            table.add_column(column, overflow="fold")
+        table.add_column("params", justify="right", overflow="fold")
+        table.add_column("statistics", overflow="fold")
+        for row, label in zip(self.rows, self._labels(), strict=True):
+            statistics = ""
+            if row.keeps_statistics:
+                statistics = _cell(row.history) if row.history is not None else "yes"
+            table.add_row(
+                Text(f"{label} ({row.module_class})").append(
+                    " ✗" if row.error is not None else "", style="bold red"
+                ),
+                _cell(row.input),
+                _cell(row.output),
+                _cell(row.carry),
+                _cell(row.extras),
+                f"{row.parameters:,}",
+                statistics,
+            )
+        return table
+
+    def _labels(self) -> list[str]:
+        """Each row's name: its path below the enclosing row's, indented by its depth.
+
+        The network itself is ``(network)``."""
+        labels, enclosing = [], []  # enclosing: the paths of the rows around this one
+        for row in self.rows:
+            del enclosing[row.depth :]
+            parent = enclosing[-1] if enclosing else ""
+            enclosing.append(row.path)
+            name = row.path.removeprefix(parent) if row.path.startswith(parent) else row.path
+            labels.append("  " * row.depth + (name or "(network)"))
+        return labels
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        del console, options
+        yield self.table()
+        if self.error is not None:
+            yield Text(_VIOLATION, style="bold red", end="")
+            yield Text(str(self.error))
+
+    def __str__(self) -> str:
+        """The table as plain text, 160 columns wide at most, and the error's message unwrapped."""
+        buffer = io.StringIO()
+        Console(file=buffer, width=160, color_system=None).print(self.table())
+        lines = [line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines()]
+        if self.error is not None:
+            lines.append(_VIOLATION + str(self.error))
+        return "\n".join(lines)
+
+
+_VIOLATION = "contract violation: "
+
+
+def _cell(shapes: tuple[LeafShape, ...] | None) -> str:
+    if shapes is None:
+        return "-"
+    return "\n".join(str(shape) for shape in shapes)
+
+
+def summary(
+    network: StatefulModule, example_input: PyTree[Shaped[Array, "..."] | jax.ShapeDtypeStruct]
+) -> NetworkSummary:
+    """Summarise ``network``: each contract module's shapes, parameters and statistics.
+
+    One step is evaluated abstractly (see the module docstring): ``network`` is
+    neither run nor changed. The contract checks are turned on for the step, so a
+    violation is found as training would find it.
+
+    Args:
+      network: any contract module, e.g. from
+        :func:`~nnx_ppo.networks.factories.make_default_network`.
+      example_input: ONE sample, unbatched: an array or a pytree of arrays, e.g.
+        ``jnp.zeros(4)``, an env's ``reset(key).obs``, or the same as
+        ``jax.ShapeDtypeStruct`` leaves. The summary adds the batch axis itself.
+
+    Returns:
+      A :class:`NetworkSummary`. A :class:`~nnx_ppo.ContractError` raised in the step
+      is not raised here: it is the summary's ``error``, and its rows stop there.
+
+    Raises:
+      Any other exception the step raises (e.g. a matrix-size mismatch from an
+      ``example_input`` of the wrong width), unchanged.
+
+    Example::
+
+        print(nnx_ppo.summary(network, jnp.zeros(4)))
+    """
+    batch = jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct((_BATCH, *jnp.shape(leaf)), jnp.result_type(leaf)),
+        example_input,
+    )
+    traced: list[_Traced] = []
+    nnx.eval_shape(lambda net, x: traced.append(_trace_step(net, x)), network, batch)
+    (step,) = traced
+    return NetworkSummary(type(network).__name__, step.rows, _parameter_count(network), step.error)
+
+
+def print_summary(
+    network: StatefulModule,
+    example_input: PyTree[Shaped[Array, "..."] | jax.ShapeDtypeStruct],
+    console: Console | None = None,
+) -> NetworkSummary:
+    """:func:`summary` of ``network``, printed to ``console`` (default: a new one), returned."""
+    result = summary(network, example_input)
+    (console or Console()).print(result)
+    return result
+
+
+@dataclass(frozen=True)
+class _Traced:
+    """What the abstract step found: its rows, and the contract violation it ended on."""
+
+    rows: tuple[ModuleRow, ...]
+    error: ContractError | None
+
+
+@dataclass
+class _Call:
+    """A call record and the records of the checked calls it made, in order."""
+
+    record: CallRecord
+    children: list[_Call]
+
+    def preorder(self) -> Iterator[CallRecord]:
+        yield self.record
+        for child in self.children:
+            yield from child.preorder()
+
+
+def _trace_step(network: StatefulModule, x: BatchedTree) -> _Traced:
+    """Inside the abstract evaluation: one step of ``network`` on ``x``, its calls tabulated."""
+    records: list[CallRecord] = []
+    error: ContractError | None = None
+    with checks(True), observe_calls(records.append):
+        try:
+            state = network.initialize_state(_BATCH)
+            result: StatefulModuleOutput = network(state, x)
+            network.update_statistics(
+                jax.tree.map(
+                    lambda leaf: jnp.broadcast_to(leaf, (_TIME, *leaf.shape)),
+                    result.rollout_extras,
+                )
+            )
+        except ContractError as raised:
+            error = raised
+    paths = {id(node): tuple(path) for path, node in nnx.iter_graph(network)}
+    calls = [r for r in records if r.method == "__call__"] or [
+        r for r in records if r.method == "initialize_state"
+    ]
+    histories = {
+        id(r.module): r.arguments[0][1] for r in records if r.method == "update_statistics"
+    }
+    # The checks that raised: the innermost record holding the error; its enclosing
+    # calls hold the same error object, passed through.
+    failed = None if error is None else next(r for r in records if r.error is error)
+    batch = (("B", _BATCH),)
+    rows = []
+    for record in _preorder(calls):
+        module = record.module
+        path = paths.get(id(module))
+        returned = record.result if isinstance(record.result, StatefulModuleOutput) else None
+        called = record.method == "__call__"
+        carry = record.arguments[0][1] if called else record.result
+        history = histories.get(id(module))
+        rows.append(
+            ModuleRow(
+                path=_OUTSIDE_THE_GRAPH if path is None else format_graph_path(network, path),
+                depth=record.depth - calls[-1].depth,  # the outermost call ends last
+                module_class=type(module).__name__,
+                input=_leaf_shapes(record.arguments[1][1], batch) if called else None,
+                output=_leaf_shapes(returned.output, batch) if returned else None,
+                carry=_leaf_shapes(carry, batch),
+                extras=_leaf_shapes(returned.rollout_extras, batch) if returned else None,
+                parameters=_parameter_count(module),
+                keeps_statistics=is_stats_bearing(module),
+                history=None if history is None else _leaf_shapes(history, (("T", _TIME), *batch)),
+                error=error if failed is not None and _raised_in(failed, record) else None,
+            )
+        )
+    return _Traced(tuple(rows), error)
+
+
+def _parameter_count(module: StatefulModule) -> int:
+    return sum(int(jnp.size(leaf)) for leaf in jax.tree.leaves(nnx.state(module, nnx.Param)))
+
+
+def _raised_in(failed: CallRecord, record: CallRecord) -> bool:
+    """Whether ``failed`` (the call that raised) belongs to the row of ``record``: the same call,
+    or another method of the same module (``update_statistics`` after its ``__call__``)."""
+    return failed is record or (failed.method != record.method and failed.module is record.module)
+
+
+def _preorder(records: list[CallRecord]) -> list[CallRecord]:
+    """``records`` (innermost first, as observed) reordered outermost first, in call order."""
+    pending: dict[int, list[_Call]] = {}
+    for record in records:
+        children = pending.pop(record.depth + 1, [])
+        pending.setdefault(record.depth, []).append(_Call(record, children))
+    return [r for depth in sorted(pending) for call in pending[depth] for r in call.preorder()]
