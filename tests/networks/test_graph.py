@@ -1,0 +1,328 @@
+"""PopulationGraph: the contract, exact delays, resets, static order and clear build errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import nnx_ppo.networks.graph as graph_package
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.envs import make
+from nnx_ppo.networks import (
+    CategoricalSampler,
+    Filter,
+    Flattener,
+    Normalizer,
+    PPOAdapter,
+    Scale,
+    Sequential,
+)
+from nnx_ppo.networks.graph import PopulationGraph
+from nnx_ppo.testing import check_module
+from nnx_ppo.testing.modules import RunningSum, StatsRecorder
+
+
+def identity() -> Scale:
+    """A transform that hands its input on unchanged."""
+    return Scale(1.0)
+
+
+def recurrent_graph() -> PopulationGraph:
+    """Two inputs, a delayed self-loop, delayed reciprocal connections, stateful transforms."""
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("sensory", 3, input_from="position", activation=jnp.tanh)
+    graph.add_input("cue", 2, input_from="cue")
+    graph.add_population("memory", 4, activation=jnp.tanh)
+    graph.add_population("gate", 4)
+    graph.add_population("echo", 3)
+    graph.add_output("motor", 2, output_to="action")
+    graph.connect("sensory", "echo", transform=Normalizer(3))
+    graph.connect("echo", "memory")
+    graph.connect("cue", "memory")
+    graph.connect("memory", "memory", delay=2)
+    graph.connect("memory", "gate", delay=1, reciprocal=True)
+    graph.connect("gate", "gate", transform=RunningSum(4), delay=1)
+    graph.connect("memory", "motor")
+    graph.connect("gate", "motor")
+    graph.connect("echo", "echo", transform=StatsRecorder(3), delay=1)
+    graph.connect("motor", "motor", transform=RunningSum(2), delay=3)
+    graph.finalize()
+    return graph
+
+
+def test_check_module_passes_on_a_graph_with_delayed_loops():
+    example = {"position": jnp.zeros(3), "cue": jnp.zeros(2), "ignored": jnp.zeros(5)}
+    check_module(recurrent_graph, example, batch_sizes=(1, 3), max_examples=3)
+
+
+def test_check_module_passes_on_a_feedforward_graph():
+    def build() -> PopulationGraph:
+        graph = PopulationGraph(nnx.Rngs(1))
+        graph.add_input("a", 2, input_from="x")
+        graph.add_output("b", 3, activation=nnx.relu)
+        graph.connect("a", "b")
+        graph.finalize()
+        return graph
+
+    check_module(build, {"x": jnp.zeros(2)}, batch_sizes=(2,), max_examples=2)
+
+
+def delay_line(delays: tuple[int, ...]) -> PopulationGraph:
+    """``src`` copies ``x``; output ``d{k}`` is ``src`` through an identity with delay ``k``."""
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("src", 2, input_from="x")
+    for k in delays:
+        graph.add_output(f"d{k}", 2)
+        graph.connect("src", f"d{k}", transform=identity(), delay=k)
+    graph.finalize()
+    return graph
+
+
+def inputs(step: int, batch: int) -> dict[str, jax.Array]:
+    """Values unique per (step, env, feature), so an output names the step it came from."""
+    env = np.arange(batch)[:, None]
+    return {"x": jnp.asarray(100.0 * (step + 1) + 10.0 * env + np.arange(2), jnp.float32)}
+
+
+def test_a_delay_k_connection_delivers_the_source_output_from_k_steps_earlier():
+    delays = (1, 2, 4)
+    graph = delay_line(delays)
+    state = graph.initialize_state(3)
+    assert state["populations"]["src"]["buffer"].shape == (3, 4, 2)
+    for step in range(7):
+        out = graph(state, inputs(step, 3))
+        for k in delays:
+            expected = inputs(step - k, 3)["x"] if step >= k else jnp.zeros((3, 2))
+            np.testing.assert_array_equal(out.output[f"d{k}"], expected)
+        state = out.next_state
+
+
+def test_a_delayed_self_loop_accumulates():
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("a", 1, input_from="x")
+    graph.connect("a", "a", transform=identity(), delay=1)
+    graph.add_output("o", 1)
+    graph.connect("a", "o", transform=identity())
+    graph.finalize()
+    state = graph.initialize_state(1)
+    totals = []
+    for value in (1.0, 2.0, 3.0):
+        out = graph(state, {"x": jnp.full((1, 1), value)})
+        totals.append(float(out.output["o"][0, 0]))
+        state = out.next_state
+    assert totals == [1.0, 3.0, 6.0]
+
+
+def test_reset_state_clears_the_ring_buffer_batched_and_per_env():
+    graph = delay_line((2,))
+    state = graph.initialize_state(2)
+    for step in range(3):
+        state = graph(state, inputs(step, 2)).next_state
+    assert float(jnp.abs(state["populations"]["src"]["buffer"]).sum()) > 0
+    for reset in (graph.reset_state(state), jax.vmap(graph.reset_state)(state)):
+        np.testing.assert_array_equal(reset["populations"]["src"]["buffer"], jnp.zeros((2, 2, 2)))
+        np.testing.assert_array_equal(reset["populations"]["src"]["buffer_idx"], [0, 0])
+        # After a reset the delayed connection delivers zeros until it has filled again.
+        first = graph(reset, inputs(10, 2))
+        second = graph(first.next_state, inputs(11, 2))
+        third = graph(second.next_state, inputs(12, 2))
+        np.testing.assert_array_equal(first.output["d2"], jnp.zeros((2, 2)))
+        np.testing.assert_array_equal(second.output["d2"], jnp.zeros((2, 2)))
+        np.testing.assert_array_equal(third.output["d2"], inputs(10, 2)["x"])
+
+
+def test_eager_and_jit_agree_over_a_rollout():
+    graph = recurrent_graph()
+    step = nnx.jit(lambda g, s, x: g(s, x))
+    eager_state = jit_state = graph.initialize_state(2)
+    key = jax.random.key(0)
+    for _ in range(4):
+        key, k1, k2 = jax.random.split(key, 3)
+        x = {"position": jax.random.normal(k1, (2, 3)), "cue": jax.random.normal(k2, (2, 2))}
+        eager, jitted = graph(eager_state, x), step(graph, jit_state, x)
+        jax.tree.map(
+            lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+            (eager.output, eager.next_state, eager.regularization_loss),
+            (jitted.output, jitted.next_state, jitted.regularization_loss),
+        )
+        eager_state, jit_state = eager.next_state, jitted.next_state
+
+
+def test_the_evaluation_order_is_topological_static_and_survives_split_merge():
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_output("z_out", 2)
+    graph.add_population("m_mid", 2)
+    graph.add_input("a_in", 2, input_from="x")
+    graph.connect("m_mid", "z_out")
+    graph.connect("a_in", "m_mid")
+    graph.connect("z_out", "a_in", delay=1)
+    graph.finalize()
+    assert graph.evaluation_order == ("a_in", "m_mid", "z_out")
+    definition, state = nnx.split(graph)
+    assert nnx.merge(definition, state).evaluation_order == graph.evaluation_order
+
+
+def test_regularization_is_per_sample_not_summed_over_the_batch():
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("a", 2, input_from="x")
+    graph.add_output("o", 2)
+    graph.connect("a", "o", transform=RunningSum(2))
+    graph.connect("a", "o", transform=RunningSum(2), delay=1)
+    graph.finalize()
+    x = {"x": jnp.array([[1.0, 0.0], [0.0, 3.0]])}
+    out = graph(graph.initialize_state(2), x)
+    # The same-step RunningSum penalises 1e-3 * |x|^2 per row; the delayed one sees zeros.
+    np.testing.assert_allclose(out.regularization_loss, [1e-3, 9e-3])
+    assert set(out.metrics["connections"]) == {0, 1}
+
+
+def test_a_zero_delay_cycle_fails_at_finalize_and_is_named():
+    graph = PopulationGraph(nnx.Rngs(0))
+    for name in ("a", "b", "c", "d"):
+        graph.add_population(name, 2)
+    graph.add_output("o", 2)
+    graph.connect("d", "a")
+    graph.connect("a", "b")
+    graph.connect("b", "c")
+    graph.connect("c", "a")
+    graph.connect("c", "o")
+    with pytest.raises(ValueError, match="zero-delay cycle: a -> b -> c -> a"):
+        graph.finalize()
+
+
+def test_a_zero_delay_self_loop_is_named():
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_output("a", 2)
+    graph.connect("a", "a")
+    with pytest.raises(ValueError, match="zero-delay cycle: a -> a"):
+        graph.finalize()
+
+
+def test_build_errors_name_the_offender():
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("a", 2, input_from="x")
+    graph.add_output("o", 2, output_to="act")
+    with pytest.raises(ValueError, match="duplicate population 'a'"):
+        graph.add_population("a", 3)
+    with pytest.raises(ValueError, match=r"duplicate output key 'act'.*'o' and 'p'"):
+        graph.add_output("p", 2, output_to="act")
+    with pytest.raises(ValueError, match="unknown destination population 'missing'"):
+        graph.connect("a", "missing")
+    with pytest.raises(ValueError, match="unknown source population 'ghost'"):
+        graph.connect("ghost", "o")
+    with pytest.raises(ValueError, match=r"connection a -> o: delay must .*got -1"):
+        graph.connect("a", "o", delay=-1)
+    with pytest.raises(ValueError, match="reciprocal=True"):
+        graph.connect("a", "o", transform=identity(), reciprocal=True)
+    with pytest.raises(ValueError, match="size of population 'b'"):
+        graph.add_population("b", 0)
+    assert len(graph.connections) == 0
+
+
+def test_finalize_is_required_and_final():
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_output("o", 2)
+    with pytest.raises(RuntimeError, match="not finalized; call finalize"):
+        graph.initialize_state(1)
+    graph.finalize()
+    with pytest.raises(RuntimeError, match="finalized: cannot add population 'b'"):
+        graph.add_population("b", 2)
+    with pytest.raises(RuntimeError, match="finalized: cannot connect 'o' -> 'o'"):
+        graph.connect("o", "o", delay=1)
+    with pytest.raises(RuntimeError, match="finalized: cannot finalize"):
+        graph.finalize()
+
+
+def test_a_graph_without_outputs_is_refused():
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_population("a", 2)
+    with pytest.raises(ValueError, match=r"no output population among \['a'\]"):
+        graph.finalize()
+
+
+def test_call_errors_name_the_key_and_the_connection():
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("a", 2, input_from="x")
+    graph.add_output("o", 3)
+    graph.connect("a", "o", transform=identity(), delay=1)
+    graph.finalize()
+    state = graph.initialize_state(2)
+    with pytest.raises(ValueError, match=r"'a' reads x\['x'\], but the input has keys \['y'\]"):
+        graph(state, {"y": jnp.zeros((2, 2))})
+    with pytest.raises(ValueError, match=r"'a' reads x\['x'\] as \(B=2, 2\), found shape \(2, 5\)"):
+        graph(state, {"x": jnp.zeros((2, 5))})
+    with pytest.raises(ValueError, match=r"connection a -> o \(delay 1\) \(Scale\) must return"):
+        graph(state, {"x": jnp.zeros((2, 2))})
+
+
+def test_reciprocal_adds_both_directions_with_their_own_dense():
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_population("a", 3)
+    graph.add_output("b", 2)
+    graph.connect("a", "b", delay=1, reciprocal=True)
+    graph.finalize()
+    edges = [(c.src, c.dst, c.delay) for c in graph.connections]
+    assert edges == [("a", "b", 1), ("b", "a", 1)]
+    shapes = [c.transform.linear.kernel.shape for c in graph.connections]
+    assert shapes == [(3, 2), (2, 3)]
+
+
+def test_all_is_exactly_the_public_names():
+    public = {
+        name
+        for name, value in vars(graph_package).items()
+        if not name.startswith("_") and isinstance(value, type)
+    }
+    assert sorted(graph_package.__all__) == sorted(public)
+
+
+def graph_memory_policy(obs_size: int, n_actions: int, rngs: nnx.Rngs) -> Sequential:
+    """An actor-critic whose only memory is the graph's delayed self-loop on ``memory``."""
+    graph = PopulationGraph(rngs)
+    graph.add_input("sensory", obs_size, input_from="obs")
+    graph.add_population("memory", 32, activation=jnp.tanh)
+    graph.add_output("policy", n_actions)
+    graph.add_output("value", 1)
+    graph.connect("sensory", "memory")
+    graph.connect("memory", "memory", delay=1)
+    graph.connect("memory", "policy")
+    graph.connect("memory", "value")
+    graph.finalize()
+    return Sequential(
+        [
+            Filter({"obs": lambda obs: obs}),
+            graph,
+            PPOAdapter(
+                action=Sequential(
+                    [
+                        Filter({"policy": "policy"}),
+                        Flattener(),
+                        CategoricalSampler(rngs, entropy_weight=0.01),
+                    ]
+                ),
+                value=Sequential([Filter({"value": "value"}), Flattener()]),
+            ),
+        ]
+    )
+
+
+def test_a_graph_policy_learns_the_memory_task():
+    env = make("memory")
+    network = graph_memory_policy(env.observation_size, env.action_size, nnx.Rngs(0))
+    config = TrainConfig(
+        ppo=PPOConfig(
+            n_envs=32,
+            rollout_length=24,
+            total_steps=15_000,
+            learning_rate=3e-3,
+            critic_loss_weight=0.5,
+            gradient_clipping=0.5,
+        ),
+        eval=EvalConfig(every_steps=15_000, n_envs=256, max_episode_length=10),
+        seed=0,
+    )
+    result = train_ppo(env, network, config)
+    # Remembering the cue scores 1; without memory the expected return is 0.
+    assert result.eval_history[-1]["eval/episode_reward/mean"] >= 0.9
