@@ -120,6 +120,13 @@ EXPECTED_OUTPUT = {
         "  found:    shape (3,) float32",
         "the failing row: .layers[1] True",
     ],
+    "population_graph.py": [
+        "inputs 1, 2, 3, 4 -> late [0.0, 0.0, 1.0, 2.0]",
+        "after a reset, buffer: [0. 0.]",
+        "zero-delay cycle: a -> b -> a",
+        "evaluation order: ('sensory', 'memory', 'policy', 'value')",
+        "actions (5,) values (5,)",
+    ],
     "checkpoint_resume.py": [
         "stopped early at 192 of 320",
         "steps on disk: [0, 128, 192]",
