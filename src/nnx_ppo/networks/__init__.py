@@ -18,6 +18,7 @@ from nnx_ppo.networks.factories import (
     make_mlp_layers,
 )
 from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.graph import PopulationGraph
 from nnx_ppo.networks.network_summary import print_summary, summary
 from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.recurrent import GRU, LSTM, LSTMCarry
@@ -59,6 +60,7 @@ __all__ = [
     "PPOAdapter",
     "PPONetworkOutput",
     "Parallel",
+    "PopulationGraph",
     "SampledAction",
     "Scale",
     "Sequential",
