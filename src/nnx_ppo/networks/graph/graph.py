@@ -99,7 +99,19 @@ class PopulationGraph(StatefulModule):
 
     Args:
       rngs: initialises the default :class:`~nnx_ppo.networks.feedforward.Dense`
-        transform of each connection made without one.
+        transform of each connection made without one; the graph lets go of it in
+        :meth:`finalize`.
+
+    Attributes:
+      populations: the :class:`~nnx_ppo.networks.graph.Population` nodes, by name.
+      connections: the :class:`~nnx_ppo.networks.graph.Connection` edges, in the
+        order of ``connect``.
+      declared: the population names in declaration order.
+      evaluation_order: the population names in the order a call computes them,
+        set by :meth:`finalize`; static structure.
+      incoming: for each population of ``evaluation_order``, the positions in
+        ``connections`` of the connections into it, set by :meth:`finalize`.
+      finalized: whether :meth:`finalize` has run.
 
     Example::
 
@@ -116,6 +128,8 @@ class PopulationGraph(StatefulModule):
     """
 
     def __init__(self, rngs: nnx.Rngs) -> None:
+        if not isinstance(rngs, nnx.Rngs):
+            raise TypeError(f"PopulationGraph rngs must be an nnx.Rngs, got {type(rngs).__name__}")
         self.rngs = rngs
         self.populations: nnx.Dict = nnx.Dict()
         self.connections: nnx.List = nnx.List()
