@@ -78,12 +78,16 @@ def test_the_checked_module_is_left_unchanged() -> None:
 
 
 class TraceCounter(RunningSum):
-    """Counts how often JAX traces its __call__ (a Python side effect runs once per trace)."""
+    """Counts how often JAX traces its __call__, and how often it is called eagerly."""
 
     traces: ClassVar[int] = 0
+    eager_calls: ClassVar[int] = 0
 
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
-        TraceCounter.traces += 1
+        if isinstance(x, jax.core.Tracer):
+            TraceCounter.traces += 1
+        else:
+            TraceCounter.eager_calls += 1
         return super().__call__(state, x, rollout_extras)
 
 
@@ -123,7 +127,7 @@ def test_a_contract_error_is_wrapped_with_its_cause_even_with_checks_switched_of
         check_module(HalfPrecisionCarry(2), jnp.zeros(2), max_examples=3)
     error = caught.value
     assert isinstance(error, AssertionError)
-    assert isinstance(error.__cause__, nnx_ppo.ContractError)
+    assert isinstance(error.cause, nnx_ppo.ContractError)
     assert error.property == ModuleProperty.CARRY_PRESERVATION
     assert error.leaf == "next_state['total']"
     assert error.sizes == {"B": 1, "T": 1}
@@ -143,7 +147,7 @@ def test_an_error_inside_the_module_is_reported_with_the_property() -> None:
     with pytest.raises(ContractPropertyError) as caught:
         check_module(Normalizer(3), jnp.zeros(4), max_examples=3)
     assert caught.value.property == ModuleProperty.CHECKED_CALL
-    assert isinstance(caught.value.__cause__, ValueError)
+    assert isinstance(caught.value.cause, ValueError)
     assert "Normalizer.__call__: x has shape (1, 4), expected (B, 3)" in str(caught.value)
 
 

@@ -490,5 +490,5 @@ def test_env_bug_is_caught_and_named(bug: str) -> None:
 def test_a_traced_branch_is_reported_with_jax_s_own_error() -> None:
     with pytest.raises(ContractPropertyError) as caught:
         check_env(PythonBranchEnv(), n_envs=2, steps=3)
-    assert isinstance(caught.value.__cause__, jax.errors.TracerBoolConversionError)
+    assert isinstance(caught.value.cause, jax.errors.TracerBoolConversionError)
     assert "TracerBoolConversionError" in str(caught.value)

@@ -33,13 +33,13 @@ from nnx_ppo.contract.env_checks import (
     check_env_unbatched,
     is_size,
 )
-from nnx_ppo.testing.check_module import (
+from nnx_ppo.testing._harness import (
     ContractPropertyError,
     as_numpy,
     contract_leaf,
+    describe_difference,
     fast_compile_options,
     property_failure,
-    show_values,
 )
 
 __all__ = ["TRUNCATION_KEYS", "EnvProperty", "check_env", "random_action"]
@@ -146,7 +146,7 @@ class _EnvKit:
         try:
             self.reference = check_env_unbatched(self.env, reset_key)
         except Exception as error:
-            raise self.failed_call(EnvProperty.RESET, "env.reset on one key", error) from error
+            raise self.failed_call(EnvProperty.RESET, "env.reset on one key", error) from None
         try:
             # Shapes suffice here; the rollout below draws actual actions.
             action = jax.eval_shape(self.action_fn, action_key)
@@ -156,7 +156,7 @@ class _EnvKit:
         except Exception as error:
             raise self.failed_call(
                 EnvProperty.STEP, "env.step on one environment's state", error
-            ) from error
+            ) from None
 
     def rollout(self) -> jax.stages.Wrapped:
         """A freshly traced ``jit(key -> (reset states, stepped states))`` over ``n_envs``.
@@ -201,7 +201,7 @@ class _EnvKit:
                 EnvProperty.VMAP_JIT,
                 f"jax.jit of env.reset and env.step vmapped over {self.n_envs} envs",
                 error,
-            ) from error
+            ) from None
         # A pure env traces to the same program twice; only if it does not are both run
         # (compiling is what costs). Programs may also differ harmlessly (a host
         # callback's id), so it is the states that decide.
@@ -225,9 +225,9 @@ class _EnvKit:
                     EnvProperty.DETERMINISM,
                     f"two runs from the same key, each traced anew, give different states from "
                     f"{stage}.",
-                    leaf=f"{_where(name, a, b)} of {index}",
+                    leaf=f"{name}, indexed {index}",
                     expected="the same values in both runs",
-                    found=f"first run {show_values(a)}, second run {show_values(b)}",
+                    found=f"first run vs second run: {describe_difference(a, b)}",
                 )
 
     def check_truncation(self, states: Any, trajectory: Any) -> None:
@@ -296,17 +296,6 @@ class _EnvKit:
                 )
 
 
-def _where(name: str, a: np.ndarray, b: np.ndarray) -> str:
-    """``name``, and the index of the first entry where ``a`` and ``b`` differ."""
-    if a.shape != b.shape or a.ndim == 0:
-        return name
-    differ = a != b
-    if np.issubdtype(a.dtype, np.inexact):
-        differ &= ~(np.isnan(a) & np.isnan(b))
-    first = np.argwhere(differ)
-    return name if not first.size else f"{name} at index {tuple(int(i) for i in first[0])}"
-
-
 def check_env(
     env: Any,
     *,
@@ -354,6 +343,7 @@ def check_env(
         and quotes the error of the contract check (or of the env) that caused it.
       TypeError, ValueError: the arguments are malformed.
     """
+    __tracebackhide__ = True  # pytest shows the caller's line and the message
     for method in ("reset", "step"):
         if not callable(getattr(env, method, None)):
             raise TypeError(f"check_env: {type(env).__name__} has no {method} method")
@@ -366,7 +356,11 @@ def check_env(
     )
     if action_fn is None:
         _action_size(env)  # a missing action_size is a usage error, raised now
-    with checks(True):
-        kit.check_single_env()
-        states, trajectory = kit.check_batched()
-        kit.check_truncation(states, trajectory)
+    try:
+        with checks(True):
+            kit.check_single_env()
+            states, trajectory = kit.check_batched()
+            kit.check_truncation(states, trajectory)
+    except ContractPropertyError as error:
+        # The message says it all: no library frames, no chained cause (kept as .cause).
+        raise error.with_traceback(None) from None
