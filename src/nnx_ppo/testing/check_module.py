@@ -869,27 +869,41 @@ def _check_statistics_not_trained(case: _Case) -> None:
 
 
 def _check_eager_compiled(case: _Case) -> None:
-    """The last step (in rollout and in replay), ``reset_state`` and
-    ``update_statistics``, run eagerly on the caller's module, against the compiled."""
-    ex, last = case.ex, case.ex.time_length - 1
-    # Eager calls take JAX arrays, as the library would give them.
-    x, stored, states, final = jax.tree.map(
+    """Run eagerly, on the caller's module, the first env alone: ``initialize_state(1)``,
+    its last step in rollout and in replay, its ``reset_state``, and
+    ``update_statistics`` of its first step; compare with the compiled calls.
+
+    One env and one step, since batch-of-one agreement and the statistics
+    properties already tie them to the batch and the rollout: eager execution
+    compiles every operation for every new shape, and one shape keeps that to one
+    compile per operation. The contract checks ran on the compiled calls; the
+    eager ones run without them.
+    """
+    ex, last, first = case.ex, case.ex.time_length - 1, np.asarray([0])
+    history = jax.tree.map(lambda leaf: leaf[:1], _env_rows(case.rollout.extras(), first))
+    # Eager calls take JAX arrays, as the library gives them.
+    x, stored, states, final, history = jax.tree.map(
         jnp.asarray,
         (
-            _at_step(ex.inputs, last),
-            _at_step(case.rollout.extras(), last),
-            (case.rollout.states[last], case.replay.states[last]),
-            case.rollout.outputs[-1].next_state,
+            _rows(_at_step(ex.inputs, last), first),
+            _rows(_at_step(case.rollout.extras(), last), first),
+            _rows((case.rollout.states[last], case.replay.states[last]), first),
+            _rows(case.rollout.outputs[-1].next_state, first),
+            history,
         ),
     )
-    history = jax.tree.map(jnp.asarray, case.rollout.extras())
+    with _phase(ModuleProperty.EAGER_COMPILED, "initialize_state(1)"):
+        compiled_initial, _ = host(case.kit.initialize(case.kit.variables, 1))
+        compiled_statistics = host(case.kit.fold(case.variables, history))
     with (
-        _phase(ModuleProperty.EAGER_COMPILED, "the eager calls"),
+        checks(False),
+        _phase(ModuleProperty.EAGER_COMPILED, "initialize_state(1) run eagerly"),
         case.kit.eager(case.kit.variables) as module,
     ):
-        initial = host(module.initialize_state(ex.batch_size))
+        initial = host(module.initialize_state(1))
     with (
-        _phase(ModuleProperty.EAGER_COMPILED, "the eager calls"),
+        checks(False),
+        _phase(ModuleProperty.EAGER_COMPILED, "a call run eagerly"),
         case.kit.eager(case.variables) as module,
     ):
         rollout = host(module(states[0], x, None))
@@ -897,50 +911,48 @@ def _check_eager_compiled(case: _Case) -> None:
         reset = host(module.reset_state(final))
         module.update_statistics(history)
         statistics = host(_variable_values(nnx.state(module)))
-    name = case.kit.name
+
+    def env_0(out: StatefulModuleOutput, extras: bool) -> list[tuple[str, Any]]:
+        return _step_leaves(_rows(out, first), batched_only=True, extras=extras)
+
+    def variables(values: dict[str, Any]) -> list[tuple[str, Any]]:
+        return [(f"{case.kit.name}.{leaf}", value) for leaf, value in sorted(values.items())]
+
     results = [
         (
-            "initialize_state",
-            [named_leaves("state", case.initial)],
-            [named_leaves("state", initial)],
-            None,
+            "initialize_state(1)",
+            named_leaves("state", compiled_initial),
+            named_leaves("state", initial),
         ),
         (
             "__call__",
-            [_step_leaves(case.rollout.outputs[last], batched_only=False, extras=True)],
-            [_step_leaves(rollout, batched_only=False, extras=True)],
-            [last],
+            env_0(case.rollout.outputs[last], True),
+            _step_leaves(rollout, batched_only=True, extras=True),
         ),
         (
             "__call__ in replay",
-            [_step_leaves(case.replay.outputs[last], batched_only=False, extras=False)],
-            [_step_leaves(replay, batched_only=False, extras=False)],
-            [last],
+            env_0(case.replay.outputs[last], False),
+            _step_leaves(replay, batched_only=True, extras=False),
         ),
         (
             "reset_state",
-            [named_leaves("reset_state(state)", case.reset[0])],
-            [named_leaves("reset_state(state)", reset)],
-            None,
+            named_leaves("reset_state(state)", _rows(case.reset[0], first)),
+            named_leaves("reset_state(state)", reset),
         ),
-        (
-            "update_statistics",
-            [[(f"{name}.{leaf}", value) for leaf, value in sorted(case.statistics.items())]],
-            [[(f"{name}.{leaf}", value) for leaf, value in sorted(statistics.items())]],
-            None,
-        ),
+        ("update_statistics", variables(compiled_statistics), variables(statistics)),
     ]
-    for what, compiled, eager, steps in results:
+    for what, compiled, eager in results:
         case.compare(
             ModuleProperty.EAGER_COMPILED,
-            compiled,
-            eager,
+            [compiled],
+            [eager],
             lambda m, what=what: (
                 f"{what} run eagerly gives a different {m.leaf} than compiled with jax.jit.",
                 "compiled",
                 "eager",
             ),
-            steps=steps,
+            lambda row: "env 0",
+            steps=[last] if what.startswith("__call__") else None,
         )
 
 
@@ -1091,9 +1103,9 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         ModuleProperty.EAGER_COMPILED,
         "outputs are the same eagerly and compiled: nothing (e.g. the order of a "
         "container's children) depends on how NNX sorts a module's attributes",
-        "``initialize_state``, the last step of the rollout and of the replay, "
-        "``reset_state`` and ``update_statistics``, run eagerly on your module, give what "
-        "the compiled calls gave",
+        "the first env alone, run eagerly on your module: ``initialize_state(1)``, its "
+        "last step in the rollout and in the replay, its ``reset_state``, and "
+        "``update_statistics`` of its first step, give what the compiled calls gave",
         _check_eager_compiled,
     ),
     PropertyCheck(
