@@ -119,6 +119,10 @@ class ContractPropertyError(AssertionError):
         self.cause = cause
 
 
+# Reported under the name users import it by.
+ContractPropertyError.__module__ = "nnx_ppo.testing"
+
+
 def property_failure(
     checker: str,
     prop: str,
