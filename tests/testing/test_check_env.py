@@ -13,6 +13,7 @@ import nnx_ppo
 from nnx_ppo import envs
 from nnx_ppo.envs import State
 from nnx_ppo.testing import ContractPropertyError, EnvProperty, check_env, random_action
+from nnx_ppo.testing.check_env import ENV_PROPERTIES
 
 
 class Walker:
@@ -177,3 +178,10 @@ def test_a_determinism_failure_summarises_the_arrays_instead_of_printing_them() 
         "first at index (0, 9): 2.0 vs 3.0; largest difference 1" in message
     ), message
     assert len(message.splitlines()) == 5, message
+
+
+def test_the_table_orders_every_property_once_and_the_docstring_lists_it() -> None:
+    assert [row.property for row in ENV_PROPERTIES] == list(EnvProperty)
+    doc = check_env.__doc__ or ""
+    listed = [doc.index(f"{number}. ``{prop}``:") for number, prop in enumerate(EnvProperty, 1)]
+    assert listed == sorted(listed)

@@ -24,7 +24,7 @@ from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.sampling_layers import CategoricalSampler
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.testing import ContractPropertyError, ModuleProperty, check_module
-from nnx_ppo.testing.check_module import MAX_EXAMPLES_ENV_VAR
+from nnx_ppo.testing.check_module import MAX_EXAMPLES_ENV_VAR, MODULE_PROPERTIES
 from nnx_ppo.testing.modules import Linear, RunningSum, StatsRecorder
 
 
@@ -51,6 +51,15 @@ ACCUMULATOR_INPUT = {
     "scale": jax.ShapeDtypeStruct((), jnp.int32),
     "on": jax.ShapeDtypeStruct((), jnp.bool_),
 }
+
+
+def test_the_table_orders_every_property_once_and_the_docstring_lists_it() -> None:
+    assert [row.property for row in MODULE_PROPERTIES] == list(ModuleProperty)
+    doc = check_module.__doc__ or ""
+    listed = [doc.index(f"{number}. ``{prop}``:") for number, prop in enumerate(ModuleProperty, 1)]
+    assert listed == sorted(listed)
+    for row in MODULE_PROPERTIES:
+        assert " ".join(row.rule.split()[:6]) in " ".join(doc.split())
 
 
 def test_modules_and_factories_with_pytree_inputs_pass() -> None:

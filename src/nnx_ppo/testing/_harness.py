@@ -9,6 +9,8 @@ docstring and the docs cannot drift apart.
 from __future__ import annotations
 
 import enum
+import functools
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -75,9 +77,11 @@ def document_properties(docstring: str | None, table: Sequence[PropertyCheck[Any
     items: list[str] = []
     for number, row in enumerate(table, start=1):
         when = "" if row.applies is None else f" *Only when {row.applies.text}.*"
-        head = f"{number}. "
-        items.append(f"{indent}{head}``{row.property}``: {row.compared}.{when}")
-        items.append(f"{indent}{' ' * len(head)}Rule: {row.rule}.")
+        head = f"{indent}{number}. "
+        body = indent + " " * (len(head) - len(indent))
+        fill = functools.partial(textwrap.fill, width=88, subsequent_indent=body)
+        items.append(fill(f"``{row.property}``: {row.compared}.{when}", initial_indent=head))
+        items.append(fill(f"Rule: {row.rule}.", initial_indent=body))
     return "\n".join([*lines[:at], *items, *lines[at + 1 :]])
 
 
