@@ -121,7 +121,7 @@ class _EnvKit:
         self.action_fn = action_fn
         self.name = type(env).__name__
         self.reference: Any = None
-        self.lowered: jax.stages.Lowered | None = None
+        self.program = ""  # the rollout's traced program, as text
         self.result: tuple[Any, Any] = (None, None)
 
     def fail(self, prop: EnvProperty, sentence: str, **details: Any) -> ContractPropertyError:
@@ -189,8 +189,9 @@ class _EnvKit:
     def check_batched(self) -> None:
         """Compile and run the rollout; keep its program and its states on the host."""
         try:
-            self.lowered = self.rollout().lower(self.key)
-            self.result = jax.device_get(self.lowered.compile()(self.key))
+            lowered = self.rollout().lower(self.key)
+            self.result = jax.device_get(lowered.compile()(self.key))
+            self.program = lowered.as_text()
         except Exception as error:
             raise self.failed_call(
                 EnvProperty.VMAP_JIT,
@@ -203,7 +204,7 @@ class _EnvKit:
         # (compiling is what costs). Programs may also differ harmlessly (a host
         # callback's id), so it is the states that decide.
         second = self.rollout()
-        if second.lower(self.key).as_text() != self.lowered.as_text():
+        if second.lower(self.key).as_text() != self.program:
             self._compare_runs(self.result, jax.device_get(second(self.key)))
 
     def _compare_runs(self, first: Any, second: Any) -> None:

@@ -281,7 +281,7 @@ def _where_rows(
         where = mask.reshape(mask.shape + (1,) * (old.ndim - 1))
         if is_key(old):
             data = np.where(where[..., None], as_numpy(new), as_numpy(old))
-            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(old))
+            return jax.random.wrap_key_data(jnp.asarray(data), impl=jax.random.key_impl(old))
         return np.where(where, new, old)
 
     return jax.tree.map(pick, fresh, current)
