@@ -94,7 +94,11 @@ def test_the_example_input_may_be_an_npy_array(cells: str, tmp_path: Path) -> No
         ("kit_cli_cells", [], "expected MODULE:FACTORY, e.g. my_pkg.cells:make_cell"),
         ("no_such_package.cells:make", [], "cannot import no_such_package.cells"),
         ("kit_cli_cells:make_nothing", [], "kit_cli_cells has no attribute 'make_nothing'"),
-        ("kit_cli_cells:not_a_module", [], "needs a StatefulModule"),
+        (
+            "kit_cli_cells:not_a_module",
+            [],
+            "kit_cli_cells:not_a_module gives a value of type int: expected a StatefulModule",
+        ),
         (
             "kit_cli_cells:make_broken",
             [],

@@ -117,11 +117,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
     found = _load(args.target)
     example_input = _example_input(args)
     module = found
-    if not isinstance(found, StatefulModule) and callable(found):
+    if not isinstance(module, StatefulModule) and callable(module):
         try:
-            module = found()
+            module = module()
         except Exception as error:
             raise ValueError(f"{args.target}() raised {type(error).__name__}: {error}") from error
+    if not isinstance(module, StatefulModule):
+        raise ValueError(
+            f"{args.target} gives a value of type {type(module).__name__}: expected a "
+            "StatefulModule or a function of no arguments that builds one"
+        )
     options: dict[str, Any] = {"stochastic": args.stochastic}
     for option in ("max_examples", "batch_sizes", "time_lengths"):
         if getattr(args, option) is not None:
