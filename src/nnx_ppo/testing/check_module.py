@@ -498,7 +498,8 @@ class _ModuleKit:
             out = host(out)
             outputs.append(out)
             if names := _written(flags):
-                writes.append(_Write(what, t, names))
+                call = "__call__" if stored is None else "__call__ in replay"
+                writes.append(_Write(call, t, names))
             state = out.next_state
             if ends[t].any():
                 where = f"reset_state of the envs whose episode ended at step {t}"
