@@ -81,7 +81,9 @@ def document_properties(docstring: str | None, table: Sequence[PropertyCheck[Any
         body = indent + " " * (len(head) - len(indent))
         fill = functools.partial(textwrap.fill, width=88, subsequent_indent=body)
         items.append(fill(f"``{row.property}``: {row.compared}.{when}", initial_indent=head))
-        items.append(fill(f"Rule: {row.rule}.", initial_indent=body))
+        # A rule is plain text (failures quote it); "*feat" is not reST emphasis.
+        rule = row.rule.replace("*", "\\*")
+        items.append(fill(f"Rule: {rule}.", initial_indent=body))
     return "\n".join([*lines[:at], *items, *lines[at + 1 :]])
 
 
