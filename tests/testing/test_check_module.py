@@ -58,8 +58,9 @@ def test_the_table_orders_every_property_once_and_the_docstring_lists_it() -> No
     doc = check_module.__doc__ or ""
     listed = [doc.index(f"{number}. ``{prop}``:") for number, prop in enumerate(ModuleProperty, 1)]
     assert listed == sorted(listed)
+    words = " ".join(doc.replace("\\*", "*").split())  # the docstring escapes reST's "*"
     for row in MODULE_PROPERTIES:
-        assert " ".join(row.rule.split()[:6]) in " ".join(doc.split())
+        assert " ".join(row.rule.split()) in words
 
 
 def test_modules_and_factories_with_pytree_inputs_pass() -> None:

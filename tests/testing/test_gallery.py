@@ -303,6 +303,16 @@ class RunningMeanAsParam(StatefulModule):
         self.mean[...] = 0.9 * self.mean[...] + 0.1 * rollout_extras.mean(axis=(0, 1))
 
 
+class ResetToOneKey(OneKeyForAllEnvs):
+    """Seeds every env with its own key, but resets every env to the same one."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return {"keys": new_env_keys(nnx.Rngs(0), batch_size)}
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return {"keys": jnp.broadcast_to(jax.random.key(0), prev_state["keys"].shape)}
+
+
 MODULE_BUGS: dict[
     str, tuple[Any, dict[str, Any], ModuleProperty | tuple[ModuleProperty, ...], str]
 ] = {
@@ -408,6 +418,13 @@ MODULE_BUGS: dict[
         {},
         ModuleProperty.STATISTICS_NOT_TRAINED,
         "RunningMeanAsParam.mean",
+    ),
+    "every env reset to the same key": (
+        ResetToOneKey,
+        # Two envs whose episodes end at the same step show it.
+        {"stochastic": True, "batch_sizes": (2,), "time_lengths": (4,)},
+        ModuleProperty.PER_ENV_KEYS,
+        "state['keys'] at step",
     ),
     "per-env keys never split": (
         KeysNeverSplit,

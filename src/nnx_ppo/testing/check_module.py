@@ -973,30 +973,35 @@ def _check_keys(case: _Case) -> None:
             if carry
             else "an empty carry",
         )
-    next_keys = dict(named_leaves("state", case.rollout.outputs[0].next_state))
-    for name, leaf in keys:
-        data = as_numpy(leaf).reshape(ex.batch_size, -1)
-        first_row = {row.tobytes(): env for env, row in reversed(list(enumerate(data)))}
-        for env, row in enumerate(data):
-            if first_row[row.tobytes()] != env:
+    # Every carry of the rollout: the initial one, and those after episode ends.
+    for t, (state, out) in enumerate(zip(case.rollout.states, case.rollout.outputs, strict=True)):
+        given = dict(named_leaves("state", state))
+        advanced = dict(named_leaves("state", out.next_state))
+        for name, _ in keys:
+            data = as_numpy(given[name]).reshape(ex.batch_size, -1)
+            first_row = {row.tobytes(): env for env, row in reversed(list(enumerate(data)))}
+            for env, row in enumerate(data):
+                if first_row[row.tobytes()] != env:
+                    raise case.fail(
+                        ModuleProperty.PER_ENV_KEYS,
+                        f"envs share a key in {name}: they would draw the same random numbers.",
+                        leaf=f"{name} at step {t}, env {env}",
+                        expected="a distinct key per env, from initialize_state and from "
+                        "reset_state after an episode ends",
+                        found=f"env {env} holds the key of env {first_row[row.tobytes()]}",
+                    )
+            stuck = np.flatnonzero(
+                (as_numpy(advanced[name]).reshape(ex.batch_size, -1) == data).all(axis=1)
+            )
+            if stuck.size:
                 raise case.fail(
                     ModuleProperty.PER_ENV_KEYS,
-                    f"envs share a key in {name}: they would draw the same random numbers.",
-                    leaf=f"{name}, env {env}",
-                    expected="a distinct key per env from initialize_state",
-                    found=f"env {env} holds the key of env {first_row[row.tobytes()]}",
+                    f"the key in {name} did not change from one step to the next: every step "
+                    "would draw the same random numbers.",
+                    leaf=f"next_state{name.removeprefix('state')} at step {t}, env {stuck[0]}",
+                    expected="next_state's keys split from state's (split_env_keys)",
+                    found="the key the step was given",
                 )
-        advanced = as_numpy(next_keys[name]).reshape(ex.batch_size, -1)
-        stuck = np.flatnonzero((advanced == data).all(axis=1))
-        if stuck.size:
-            raise case.fail(
-                ModuleProperty.PER_ENV_KEYS,
-                f"the key in {name} did not change from one step to the next: every step "
-                "would draw the same random numbers.",
-                leaf=f"next_state{name.removeprefix('state')} at step 0, env {stuck[0]}",
-                expected="next_state's keys split from state's (split_env_keys)",
-                found="the key the step was given",
-            )
 
 
 _PURITY = (
