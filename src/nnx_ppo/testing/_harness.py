@@ -76,7 +76,7 @@ def document_properties(docstring: str | None, table: Sequence[PropertyCheck[Any
     indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
     items: list[str] = []
     for number, row in enumerate(table, start=1):
-        when = "" if row.applies is None else f" *Only when {row.applies.text}.*"
+        when = "" if row.applies is None else f" Only when {row.applies.text}."
         head = f"{indent}{number}. "
         body = indent + " " * (len(head) - len(indent))
         fill = functools.partial(textwrap.fill, width=88, subsequent_indent=body)

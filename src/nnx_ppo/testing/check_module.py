@@ -1119,8 +1119,9 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
     PropertyCheck(
         ModuleProperty.PER_ENV_KEYS,
         "randomness in the forward path comes from per-env keys in the carry: one distinct "
-        "typed key per env, split every step",
-        "the carry holds typed PRNG keys, a distinct one per env, and each call splits them",
+        "typed key per env, split every step, reset to distinct keys",
+        "the carry holds typed PRNG keys, a distinct one per env at every step (after "
+        "episode ends too), and each call splits them",
         _check_keys,
         Condition("``stochastic=True``", lambda case: case.kit.stochastic),
     ),
