@@ -72,6 +72,7 @@ def test_a_failure_exits_1_with_the_kit_s_message_and_no_traceback(
     out = capsys.readouterr().out
     assert "check_module(BatchCentred): property 'batch-of-one agreement' fails at B=2" in out
     assert "leaf:     output at step 0, env 0" in out
+    assert "example=Example(B=2, T=1, episode ends (step, env)=[]" in out
     assert "Traceback" not in out
 
 

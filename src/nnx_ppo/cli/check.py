@@ -55,9 +55,17 @@ def add_parser(commands: Any) -> None:
         help="one sample's input: a .npy array or a .npz dict of arrays, without the batch axis",
     )
     check.add_argument(
-        "--input-dtype", default="float32", help="the dtype of --input-shape (default float32)"
+        "--input-dtype",
+        default="float32",
+        metavar="DTYPE",
+        help="the dtype of --input-shape (default float32)",
     )
-    check.add_argument("--max-examples", type=int, help="Hypothesis examples (default 10)")
+    check.add_argument(
+        "--max-examples",
+        type=int,
+        metavar="N",
+        help="Hypothesis examples (default: NNX_PPO_MAX_EXAMPLES, else 10)",
+    )
     check.add_argument("--batch-sizes", type=int, nargs="+", metavar="B", help="batch sizes")
     check.add_argument("--time-lengths", type=int, nargs="+", metavar="T", help="rollout lengths")
     check.add_argument("--stochastic", action="store_true", help="the module draws random numbers")
@@ -134,7 +142,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
     try:
         check_module(module, example_input, **options)
     except ContractPropertyError as failure:
-        console.print(str(failure), markup=False, highlight=False, soft_wrap=True)
+        # The message, and Hypothesis's note of the failing example (its episode ends,
+        # permutation and subset).
+        report = "\n".join([str(failure), *getattr(failure, "__notes__", [])])
+        console.print(report, markup=False, highlight=False, soft_wrap=True)
         return 1
     console.print(
         f"{args.target}: {type(module).__name__} has every property of the contract "
