@@ -13,6 +13,7 @@ import nnx_ppo
 from nnx_ppo import envs
 from nnx_ppo.envs import State
 from nnx_ppo.testing import ContractPropertyError, EnvProperty, check_env, random_action
+from nnx_ppo.testing.check_env import ENV_PROPERTIES
 
 
 class Walker:
@@ -115,7 +116,7 @@ def test_the_checks_run_even_when_switched_off(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv(nnx_ppo.CHECKS_ENV_VAR, "0")
     with pytest.raises(ContractPropertyError) as caught:
         check_env(BatchedDone())
-    assert isinstance(caught.value.__cause__, nnx_ppo.ContractError)
+    assert isinstance(caught.value.cause, nnx_ppo.ContractError)
     assert "as if the env held 3 environments" in str(caught.value)
 
 
@@ -147,3 +148,40 @@ def test_random_actions_follow_action_size_and_discrete_actions() -> None:
     assert float(pendulum.std()) > 0.3
     two_agent = random_action(envs.make("two_agent"), keys[0])
     assert jax.tree.map(jnp.shape, two_agent) == {"agent_0": (2,), "agent_1": (2,)}
+
+
+class TracesCounted(envs.CartPole):
+    """Adds the number of traces so far to one entry of a wide observation: each trace
+    freezes a different count."""
+
+    traces = 0
+
+    def reset(self, rng: Any) -> State:
+        TracesCounted.traces += 1
+        state = super().reset(rng)
+        wide = jnp.zeros((64,)).at[5].set(TracesCounted.traces)
+        return state.replace(obs=jnp.concatenate([state.obs, wide]))
+
+    def step(self, state: State, action: Any) -> State:
+        stepped = super().step(state.replace(obs=state.obs[:4]), action)
+        return stepped.replace(obs=jnp.concatenate([stepped.obs, state.obs[4:]]))
+
+
+def test_a_determinism_failure_summarises_the_arrays_instead_of_printing_them() -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_env(TracesCounted(), n_envs=2, steps=3)
+    message = str(caught.value)
+    assert caught.value.property == EnvProperty.DETERMINISM
+    assert "leaf:     state.obs, indexed (env, ...)" in message
+    assert (
+        "found:    first run vs second run: shape (2, 68) float32, 2 of 136 entries differ; "
+        "first at index (0, 9): 2.0 vs 3.0; largest difference 1" in message
+    ), message
+    assert len(message.splitlines()) == 5, message
+
+
+def test_the_table_orders_every_property_once_and_the_docstring_lists_it() -> None:
+    assert [row.property for row in ENV_PROPERTIES] == list(EnvProperty)
+    doc = check_env.__doc__ or ""
+    listed = [doc.index(f"{number}. ``{prop}``:") for number, prop in enumerate(EnvProperty, 1)]
+    assert listed == sorted(listed)

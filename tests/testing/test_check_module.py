@@ -24,6 +24,7 @@ from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.sampling_layers import CategoricalSampler
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.testing import ContractPropertyError, ModuleProperty, check_module
+from nnx_ppo.testing.check_module import MAX_EXAMPLES_ENV_VAR, MODULE_PROPERTIES
 from nnx_ppo.testing.modules import Linear, RunningSum, StatsRecorder
 
 
@@ -52,6 +53,16 @@ ACCUMULATOR_INPUT = {
 }
 
 
+def test_the_table_orders_every_property_once_and_the_docstring_lists_it() -> None:
+    assert [row.property for row in MODULE_PROPERTIES] == list(ModuleProperty)
+    doc = check_module.__doc__ or ""
+    listed = [doc.index(f"{number}. ``{prop}``:") for number, prop in enumerate(ModuleProperty, 1)]
+    assert listed == sorted(listed)
+    words = " ".join(doc.replace("\\*", "*").split())  # the docstring escapes reST's "*"
+    for row in MODULE_PROPERTIES:
+        assert " ".join(row.rule.split()) in words
+
+
 def test_modules_and_factories_with_pytree_inputs_pass() -> None:
     check_module(Accumulator(), ACCUMULATOR_INPUT, max_examples=5)
     check_module(lambda: Linear(6, 2, rngs=nnx.Rngs(0)), jnp.zeros((2, 3)), max_examples=5)
@@ -78,12 +89,16 @@ def test_the_checked_module_is_left_unchanged() -> None:
 
 
 class TraceCounter(RunningSum):
-    """Counts how often JAX traces its __call__ (a Python side effect runs once per trace)."""
+    """Counts how often JAX traces its __call__, and how often it is called eagerly."""
 
     traces: ClassVar[int] = 0
+    eager_calls: ClassVar[int] = 0
 
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
-        TraceCounter.traces += 1
+        if isinstance(x, jax.core.Tracer):
+            TraceCounter.traces += 1
+        else:
+            TraceCounter.eager_calls += 1
         return super().__call__(state, x, rollout_extras)
 
 
@@ -123,7 +138,7 @@ def test_a_contract_error_is_wrapped_with_its_cause_even_with_checks_switched_of
         check_module(HalfPrecisionCarry(2), jnp.zeros(2), max_examples=3)
     error = caught.value
     assert isinstance(error, AssertionError)
-    assert isinstance(error.__cause__, nnx_ppo.ContractError)
+    assert isinstance(error.cause, nnx_ppo.ContractError)
     assert error.property == ModuleProperty.CARRY_PRESERVATION
     assert error.leaf == "next_state['total']"
     assert error.sizes == {"B": 1, "T": 1}
@@ -143,8 +158,67 @@ def test_an_error_inside_the_module_is_reported_with_the_property() -> None:
     with pytest.raises(ContractPropertyError) as caught:
         check_module(Normalizer(3), jnp.zeros(4), max_examples=3)
     assert caught.value.property == ModuleProperty.CHECKED_CALL
-    assert isinstance(caught.value.__cause__, ValueError)
+    assert isinstance(caught.value.cause, ValueError)
     assert "Normalizer.__call__: x has shape (1, 4), expected (B, 3)" in str(caught.value)
+
+
+class ParamStatistics(StatsRecorder):
+    """Records histories like StatsRecorder, but keeps the count of updates in an nnx.Param."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__(features)
+        self.seen = nnx.Param(jnp.zeros(()))
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        super().update_statistics(rollout_extras)
+        self.seen[...] = self.seen[...] + 1.0
+
+
+def test_a_statistic_kept_in_an_nnx_param_is_named_with_its_module_path() -> None:
+    network = Sequential([RunningSum(3), ParamStatistics(3)])
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(network, jnp.zeros(3), max_examples=3)
+    error = caught.value
+    assert error.property == ModuleProperty.STATISTICS_NOT_TRAINED
+    assert error.leaf == "Sequential.layers.1.seen"
+    message = str(error)
+    assert "update_statistics wrote Sequential.layers.1.seen, an nnx.Param" in message
+    assert (
+        "expected: the statistic seen of Sequential.layers.1 held in an nnx.BatchStat "
+        "(or another nnx.Variable type that is not an nnx.Param)" in message
+    )
+
+
+def test_a_batched_example_input_gets_a_hint_that_it_is_one_sample() -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(RunningSum(4), jnp.zeros((8, 4)), max_examples=3)
+    message = str(caught.value)
+    assert caught.value.property == ModuleProperty.CHECKED_CALL
+    assert "found:    f32[1,8,4]" in message
+    assert (
+        "hint:     example_input is ONE sample, without the batch axis: the kit adds B "
+        "itself. Every leaf of yours leads with 8 (example_input (8, 4)); if 8 is a batch, "
+        "pass one sample, e.g. example_input[0]" in message
+    ), message
+
+
+def test_a_single_axis_example_input_gets_no_batch_hint() -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(HalfPrecisionCarry(2), jnp.zeros(2), max_examples=3)
+    assert "hint:" not in str(caught.value)
+
+
+def test_the_environment_variable_sets_the_default_number_of_examples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    TraceCounter.eager_calls = 0
+    monkeypatch.setenv(MAX_EXAMPLES_ENV_VAR, "4")
+    check_module(TraceCounter(2), jnp.zeros(2), batch_sizes=(1,), time_lengths=(1,))
+    # Each example calls the module eagerly twice (the eager-vs-compiled property).
+    assert TraceCounter.eager_calls == 2 * 4
+    monkeypatch.setenv(MAX_EXAMPLES_ENV_VAR, "many")
+    with pytest.raises(ValueError, match="NNX_PPO_MAX_EXAMPLES must be a positive int"):
+        check_module(TraceCounter(2), jnp.zeros(2))
 
 
 @pytest.mark.parametrize(
@@ -181,14 +255,24 @@ def test_bad_keywords_are_named(keywords: dict[str, Any], error: type, message: 
 # ------------------------------------------------------------------------------ plugin
 
 USER_TESTS = """
+import jax
 import jax.numpy as jnp
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.testing import check_module as kit_check_module
 from nnx_ppo.testing.modules import RunningSum
 
 
 class Batchy(RunningSum):
     def __call__(self, state, x, rollout_extras=None):
         return super().__call__(state, x - x.mean(axis=0), rollout_extras)
+
+
+class EagerCounter(RunningSum):
+    eager_calls = 0
+
+    def __call__(self, state, x, rollout_extras=None):
+        if not isinstance(x, jax.core.Tracer):
+            EagerCounter.eager_calls += 1
+        return super().__call__(state, x, rollout_extras)
 
 
 def test_good_cell(check_module):
@@ -204,12 +288,27 @@ def test_env(check_env):
     check_env(envs.make("pendulum"), n_envs=2, steps=2)
 
 
-def test_option(check_module):
-    assert check_module.keywords == {"max_examples": 3}
+def test_the_option_reaches_a_direct_call():
+    kit_check_module(EagerCounter(2), jnp.zeros(2), batch_sizes=(1,), time_lengths=(1,))
+    # Each example calls the module eagerly twice (the eager-vs-compiled property).
+    assert EagerCounter.eager_calls == 2 * 3
 """
 
 
-def test_the_pytest_plugin_serves_the_kit_as_fixtures(tmp_path: Path) -> None:
+def _failure_section(output: str, test: str) -> list[str]:
+    """The lines pytest prints for one failed test, from its header to the next."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip("_ ") == test)
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i].startswith(("___", "==="))),
+        len(lines),
+    )
+    return lines[start:end]
+
+
+def test_the_pytest_plugin_serves_the_kit_and_reports_a_failure_in_a_few_lines(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TESTS))
     installed = any(
         entry.value == "nnx_ppo.testing.pytest_plugin"
@@ -229,4 +328,9 @@ def test_the_pytest_plugin_serves_the_kit_as_fixtures(tmp_path: Path) -> None:
     )
     output = result.stdout + result.stderr
     assert "1 failed, 3 passed" in output, output
-    assert "check_module(Batchy): property 'batch-of-one agreement' fails at B=2" in output
+    headline = "check_module(Batchy): property 'batch-of-one agreement' fails at B=2"
+    report = _failure_section(output, "test_bad_cell")
+    # The test's own line, the message once, Hypothesis's example; no library frames.
+    assert len(report) <= 20, "\n".join(report)
+    assert sum(headline in line for line in report) == 1, "\n".join(report)
+    assert not any("site-packages" in line or "nnx_ppo/" in line for line in report)

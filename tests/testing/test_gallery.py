@@ -249,6 +249,70 @@ class OneKeyForAllEnvs(KeysNeverSplit):
         return _out({"keys": next_keys}, x + noise)
 
 
+class LockstepClock(Leaky):
+    """Counts each episode's steps in its carry but reads the count off env 0: right while
+    every env starts its episode together, wrong once one env's episode ends alone."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return {"h": jnp.zeros((batch_size, FEATURES)), "t": jnp.zeros((batch_size,))}
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        t = state["t"] + 1.0
+        h = 0.5 * state["h"] + x / t[0]
+        return _out({"h": h, "t": t}, h)
+
+
+class ChildrenInAttributeOrder(StatefulModule):
+    """Applies its children in the order of its attributes: the order they were set in
+    eagerly, sorted by name once NNX has split and merged the module (as jit does)."""
+
+    def __init__(self) -> None:
+        self.widen = Scale(2.0)
+        self.shift = Shift(1.0)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        for child in vars(self).values():
+            if isinstance(child, StatefulModule):
+                x = child((), x).output
+        return _out((), x)
+
+
+class Scale(StatefulModule):
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return _out((), self.factor * x)
+
+
+class Shift(Scale):
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return _out((), x + self.factor)
+
+
+class RunningMeanAsParam(StatefulModule):
+    """Keeps its running mean in an nnx.Param: the optimizer trains it too."""
+
+    def __init__(self) -> None:
+        self.mean = nnx.Param(jnp.zeros(FEATURES))
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return _out((), x - self.mean[...], x)
+
+    def update_statistics(self, rollout_extras: Array) -> None:
+        self.mean[...] = 0.9 * self.mean[...] + 0.1 * rollout_extras.mean(axis=(0, 1))
+
+
+class ResetToOneKey(OneKeyForAllEnvs):
+    """Seeds every env with its own key, but resets every env to the same one."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return {"keys": new_env_keys(nnx.Rngs(0), batch_size)}
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return {"keys": jnp.broadcast_to(jax.random.key(0), prev_state["keys"].shape)}
+
+
 MODULE_BUGS: dict[
     str, tuple[Any, dict[str, Any], ModuleProperty | tuple[ModuleProperty, ...], str]
 ] = {
@@ -336,6 +400,31 @@ MODULE_BUGS: dict[
         {},
         ModuleProperty.STATISTICS,
         "Residual.inner (Normalizer)",
+    ),
+    "step count read off one env": (
+        LockstepClock,
+        {},
+        (ModuleProperty.PERMUTATION, ModuleProperty.BATCH_OF_ONE),
+        "output",
+    ),
+    "children applied in attribute order": (
+        ChildrenInAttributeOrder,
+        {},
+        ModuleProperty.EAGER_COMPILED,
+        "output",
+    ),
+    "running mean kept in an nnx.Param": (
+        RunningMeanAsParam,
+        {},
+        ModuleProperty.STATISTICS_NOT_TRAINED,
+        "RunningMeanAsParam.mean",
+    ),
+    "every env reset to the same key": (
+        ResetToOneKey,
+        # Two envs whose episodes end at the same step show it.
+        {"stochastic": True, "batch_sizes": (2,), "time_lengths": (4,)},
+        ModuleProperty.PER_ENV_KEYS,
+        "state['keys'] at step",
     ),
     "per-env keys never split": (
         KeysNeverSplit,
@@ -490,5 +579,5 @@ def test_env_bug_is_caught_and_named(bug: str) -> None:
 def test_a_traced_branch_is_reported_with_jax_s_own_error() -> None:
     with pytest.raises(ContractPropertyError) as caught:
         check_env(PythonBranchEnv(), n_envs=2, steps=3)
-    assert isinstance(caught.value.__cause__, jax.errors.TracerBoolConversionError)
+    assert isinstance(caught.value.cause, jax.errors.TracerBoolConversionError)
     assert "TracerBoolConversionError" in str(caught.value)

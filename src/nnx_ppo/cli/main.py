@@ -1,4 +1,4 @@
-"""The ``nnx-ppo`` command: ``train``, ``eval`` and ``envs``.
+"""The ``nnx-ppo`` command: ``train``, ``eval``, ``envs`` and ``check``.
 
 ``nnx-ppo train`` trains the built-in cart-pole with its preset and writes a run
 directory (see :mod:`nnx_ppo.cli.run_dir`); ``--env``, ``--config`` and ``--set``
@@ -22,6 +22,8 @@ from flax import nnx
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from nnx_ppo.cli import check
 
 __all__ = ["main"]
 
@@ -55,6 +57,7 @@ def _build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0)
 
     commands.add_parser("envs", help="list environments with their observation/action specs")
+    check.add_parser(commands)
     return parser
 
 
@@ -265,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _train(args, console)
         if args.command == "eval":
             return _evaluate(args, console)
+        if args.command == "check":
+            return check.run(args, console)
         return _list_envs(console)
     except (ValueError, TypeError, FileNotFoundError) as error:
         console.print(

@@ -1,9 +1,11 @@
 """The contract test kit: run the contract's property checks on your own modules and envs.
 
 * :func:`check_module`: every property of the module contract (per-sample purity,
-  carry preservation, reset, replay, statistics routing, no writes in the
-  forward path), checked with Hypothesis on random batch sizes, rollout lengths
-  and inputs. Fails with :class:`ContractPropertyError`, an ``AssertionError``.
+  carry preservation, reset, replay across episode ends, statistics routing, no
+  writes in the forward path, eager and compiled agreement), checked with
+  Hypothesis on random batch sizes, rollout lengths, episode ends and inputs.
+  Fails with :class:`ContractPropertyError`, an ``AssertionError``. The command
+  ``nnx-ppo check MODULE:FACTORY`` runs it from the command line.
 * :func:`check_env`: the env contract (one unbatched env, vmappable, jittable,
   deterministic given the key, a well-formed truncation signal).
 * :mod:`nnx_ppo.testing.pytest_plugin`: the same two as pytest fixtures,

@@ -1,9 +1,11 @@
 """``check_env``: the environment side of the contract, checked on a short rollout.
 
 The library vmaps one unbatched environment over ``n_envs`` and compiles its
-steps (SPEC section 4). :func:`check_env` does the same on a short rollout with
-random actions and checks what the library relies on; the shape checks are
-those of :mod:`nnx_ppo.contract.env_checks`, run while JAX traces.
+steps. :func:`check_env` does the same on a short rollout with random actions and
+checks what the library relies on; the shape checks are those of
+:mod:`nnx_ppo.contract.env_checks`, run while JAX traces. The properties live in one
+ordered table, :data:`ENV_PROPERTIES`: the checks run in its order, and
+:func:`check_env`'s docstring lists them from it.
 
 Example::
 
@@ -33,44 +35,35 @@ from nnx_ppo.contract.env_checks import (
     check_env_unbatched,
     is_size,
 )
-from nnx_ppo.testing.check_module import (
+from nnx_ppo.testing._harness import (
     ContractPropertyError,
+    PropertyCheck,
     as_numpy,
     contract_leaf,
+    describe_difference,
+    document_properties,
     fast_compile_options,
     property_failure,
-    show_values,
 )
 
-__all__ = ["TRUNCATION_KEYS", "EnvProperty", "check_env", "random_action"]
+__all__ = ["ENV_PROPERTIES", "TRUNCATION_KEYS", "EnvProperty", "check_env", "random_action"]
 
 TRUNCATION_KEYS = ("truncated", "truncation")
 """The ``info`` entries that mark a time-limit end: this library's and MuJoCo Playground's."""
 
 
 class EnvProperty(enum.StrEnum):
-    """The properties :func:`check_env` checks, in the order it checks them."""
+    """The names of the properties :func:`check_env` checks.
+
+    The order they run in, their rules and what each compares are the rows of
+    :data:`ENV_PROPERTIES`.
+    """
 
     RESET = "single-env reset"
     STEP = "single-env step"
     VMAP_JIT = "vmappable and jittable"
     DETERMINISM = "deterministic given the key"
     TRUNCATION = "truncation signal"
-
-
-_RULES: dict[EnvProperty, str] = {
-    EnvProperty.RESET: "env.reset(key) takes one key and returns one environment's state: "
-    "scalar done, a scalar or pytree of scalars for reward, obs a pytree of arrays, "
-    "metrics and info dicts (SPEC section 4)",
-    EnvProperty.STEP: "env.step(state, action) returns one environment's state with exactly "
-    "the tree, shapes and dtypes env.reset returned (SPEC section 4)",
-    EnvProperty.VMAP_JIT: "the library runs jax.jit(jax.vmap(env.reset)) and "
-    "jax.jit(jax.vmap(env.step)) over n_envs (SPEC section 4)",
-    EnvProperty.DETERMINISM: "an environment is a pure function of its key, state and action: "
-    "no Python-side state or NumPy randomness, which jax.jit would freeze at trace time",
-    EnvProperty.TRUNCATION: "info['truncated'] (or Playground's info['truncation']) is a "
-    "bool-like flag shaped like done, and a truncated step is a done step (SPEC section 5)",
-}
 
 
 def _action_size(env: Any) -> Any:
@@ -128,6 +121,8 @@ class _EnvKit:
         self.action_fn = action_fn
         self.name = type(env).__name__
         self.reference: Any = None
+        self.program = ""  # the rollout's traced program, as text
+        self.result: tuple[Any, Any] = (None, None)
 
     def fail(self, prop: EnvProperty, sentence: str, **details: Any) -> ContractPropertyError:
         sizes = {"n_envs": self.n_envs, "steps": self.steps}
@@ -141,22 +136,23 @@ class _EnvKit:
 
     # ------------------------------------------------------------------------- checks
 
-    def check_single_env(self) -> None:
-        reset_key, action_key = jax.random.split(self.key)
+    def check_reset(self) -> None:
         try:
-            self.reference = check_env_unbatched(self.env, reset_key)
+            self.reference = check_env_unbatched(self.env, jax.random.split(self.key)[0])
         except Exception as error:
-            raise self.failed_call(EnvProperty.RESET, "env.reset on one key", error) from error
+            raise self.failed_call(EnvProperty.RESET, "env.reset on one key", error) from None
+
+    def check_step(self) -> None:
         try:
             # Shapes suffice here; the rollout below draws actual actions.
-            action = jax.eval_shape(self.action_fn, action_key)
+            action = jax.eval_shape(self.action_fn, jax.random.split(self.key)[1])
             check_action_tree(action, self.env, where=f"{self.name}.step")
             stepped = jax.eval_shape(self.env.step, self.reference, action)
             check_env_state(stepped, where=f"{self.name}.step", reference=self.reference)
         except Exception as error:
             raise self.failed_call(
                 EnvProperty.STEP, "env.step on one environment's state", error
-            ) from error
+            ) from None
 
     def rollout(self) -> jax.stages.Wrapped:
         """A freshly traced ``jit(key -> (reset states, stepped states))`` over ``n_envs``.
@@ -190,25 +186,26 @@ class _EnvKit:
 
         return jax.jit(run, compiler_options=fast_compile_options())
 
-    def check_batched(self) -> tuple[Any, Any]:
-        """Run the rollout; return its ``(reset states, stepped states)`` on the host."""
-        first = self.rollout()
+    def check_batched(self) -> None:
+        """Compile and run the rollout; keep its program and its states on the host."""
         try:
-            lowered = first.lower(self.key)
-            result = jax.device_get(lowered.compile()(self.key))
+            lowered = self.rollout().lower(self.key)
+            self.result = jax.device_get(lowered.compile()(self.key))
+            self.program = lowered.as_text()
         except Exception as error:
             raise self.failed_call(
                 EnvProperty.VMAP_JIT,
                 f"jax.jit of env.reset and env.step vmapped over {self.n_envs} envs",
                 error,
-            ) from error
+            ) from None
+
+    def check_determinism(self) -> None:
         # A pure env traces to the same program twice; only if it does not are both run
         # (compiling is what costs). Programs may also differ harmlessly (a host
         # callback's id), so it is the states that decide.
         second = self.rollout()
-        if second.lower(self.key).as_text() != lowered.as_text():
-            self._compare_runs(result, jax.device_get(second(self.key)))
-        return result
+        if second.lower(self.key).as_text() != self.program:
+            self._compare_runs(self.result, jax.device_get(second(self.key)))
 
     def _compare_runs(self, first: Any, second: Any) -> None:
         for stage, index, a_states, b_states in (
@@ -225,12 +222,13 @@ class _EnvKit:
                     EnvProperty.DETERMINISM,
                     f"two runs from the same key, each traced anew, give different states from "
                     f"{stage}.",
-                    leaf=f"{_where(name, a, b)} of {index}",
+                    leaf=f"{name}, indexed {index}",
                     expected="the same values in both runs",
-                    found=f"first run {show_values(a)}, second run {show_values(b)}",
+                    found=f"first run vs second run: {describe_difference(a, b)}",
                 )
 
-    def check_truncation(self, states: Any, trajectory: Any) -> None:
+    def check_truncation(self) -> None:
+        states, trajectory = self.result
         for stage, batch, lead in (
             ("reset", states, (self.n_envs,)),
             ("step", trajectory, (self.steps, self.n_envs)),
@@ -296,15 +294,54 @@ class _EnvKit:
                 )
 
 
-def _where(name: str, a: np.ndarray, b: np.ndarray) -> str:
-    """``name``, and the index of the first entry where ``a`` and ``b`` differ."""
-    if a.shape != b.shape or a.ndim == 0:
-        return name
-    differ = a != b
-    if np.issubdtype(a.dtype, np.inexact):
-        differ &= ~(np.isnan(a) & np.isnan(b))
-    first = np.argwhere(differ)
-    return name if not first.size else f"{name} at index {tuple(int(i) for i in first[0])}"
+ENV_PROPERTIES: tuple[PropertyCheck[_EnvKit], ...] = (
+    PropertyCheck(
+        EnvProperty.RESET,
+        "env.reset(key) takes one key and returns one environment's state: scalar done, a "
+        "scalar or pytree of scalars for reward, obs a pytree of arrays, metrics and info "
+        "dicts",
+        "``env.reset`` on one key returns one environment's state: ``done`` a scalar (or "
+        "one per reward leaf), ``reward`` a scalar or a pytree of scalars, ``obs`` a "
+        "pytree of arrays, ``metrics`` and ``info`` dicts (traced with ``jax.eval_shape``, "
+        "nothing computed)",
+        _EnvKit.check_reset,
+    ),
+    PropertyCheck(
+        EnvProperty.STEP,
+        "env.step(state, action) returns one environment's state with exactly the tree, "
+        "shapes and dtypes env.reset returned",
+        "one random action fits ``env.action_size``, and ``env.step`` returns exactly the "
+        "tree, shapes and dtypes ``reset`` returned (the obs structure included)",
+        _EnvKit.check_step,
+    ),
+    PropertyCheck(
+        EnvProperty.VMAP_JIT,
+        "the library runs jax.jit(jax.vmap(env.reset)) and jax.jit(jax.vmap(env.step)) over n_envs",
+        "``jax.jit`` of ``reset`` and of ``steps`` steps, both ``jax.vmap``-ed over "
+        "``n_envs``, runs, with the checks of the first two repeated on every state while "
+        "JAX traces",
+        _EnvKit.check_batched,
+    ),
+    PropertyCheck(
+        EnvProperty.DETERMINISM,
+        "an environment is a pure function of its key, state and action: no Python-side "
+        "state or NumPy randomness, which jax.jit would freeze at trace time",
+        "a second, freshly traced run from the same key gives bitwise the same states",
+        _EnvKit.check_determinism,
+    ),
+    PropertyCheck(
+        EnvProperty.TRUNCATION,
+        "info['truncated'] (or Playground's info['truncation']) is a bool-like flag shaped "
+        "like done, and a truncated step is a done step",
+        '``info["truncated"]`` and Playground\'s ``info["truncation"]``, where present, '
+        "are bool-like (bool, or 0 and 1), one flag per environment (or per ``done`` "
+        "leaf), and set only where ``done`` is",
+        _EnvKit.check_truncation,
+    ),
+)
+"""The properties :func:`check_env` checks, in the order it checks them."""
+
+_RULES: dict[str, str] = {row.property: row.rule for row in ENV_PROPERTIES}
 
 
 def check_env(
@@ -315,27 +352,12 @@ def check_env(
     key: PRNGKeyArray | None = None,
     action_fn: Callable[[PRNGKeyArray], Any] | None = None,
 ) -> None:
-    """Check an environment against the env side of the contract (SPEC section 4).
+    """Check an environment against the env side of the contract.
 
-    Checks, in this order (the names are :class:`EnvProperty` values):
+    Checks, in this order (the names are :class:`EnvProperty` values, the rules
+    those quoted by a failure):
 
-    1. ``single-env reset``: ``env.reset`` takes one key and returns one
-       environment's state: ``done`` a scalar (or one per reward leaf), ``reward``
-       a scalar or a pytree of scalars, ``obs`` a pytree of arrays, ``metrics``
-       and ``info`` dicts (traced with ``jax.eval_shape``, nothing computed).
-    2. ``single-env step``: one random action fits ``env.action_size``, and
-       ``env.step`` returns exactly the tree, shapes and dtypes ``reset`` returned
-       (the obs structure included).
-    3. ``vmappable and jittable``: ``jax.jit`` of ``reset`` and of ``steps`` steps,
-       both ``jax.vmap``-ed over ``n_envs``, runs, with the checks of 1 and 2
-       repeated on every state while JAX traces.
-    4. ``deterministic given the key``: a second, freshly traced run from the same
-       key gives bitwise the same states (an env that keeps Python-side state or
-       draws with NumPy freezes different numbers into each trace).
-    5. ``truncation signal``: ``info["truncated"]`` and Playground's
-       ``info["truncation"]``, where present, are bool-like (bool, or 0 and 1),
-       one flag per environment (or per ``done`` leaf), and set only where
-       ``done`` is.
+    <properties>
 
     Environments are stepped on after their episode ends (no reset in between):
     choose ``steps`` and the env's time limit so the rollout shows what you want
@@ -354,6 +376,7 @@ def check_env(
         and quotes the error of the contract check (or of the env) that caused it.
       TypeError, ValueError: the arguments are malformed.
     """
+    __tracebackhide__ = True  # pytest shows the caller's line and the message
     for method in ("reset", "step"):
         if not callable(getattr(env, method, None)):
             raise TypeError(f"check_env: {type(env).__name__} has no {method} method")
@@ -366,7 +389,13 @@ def check_env(
     )
     if action_fn is None:
         _action_size(env)  # a missing action_size is a usage error, raised now
-    with checks(True):
-        kit.check_single_env()
-        states, trajectory = kit.check_batched()
-        kit.check_truncation(states, trajectory)
+    try:
+        with checks(True):
+            for row in ENV_PROPERTIES:
+                row.check(kit)
+    except ContractPropertyError as error:
+        # The message says it all: no library frames, no chained cause (kept as .cause).
+        raise error.with_traceback(None) from None
+
+
+check_env.__doc__ = document_properties(check_env.__doc__, ENV_PROPERTIES)

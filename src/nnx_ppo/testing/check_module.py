@@ -3,9 +3,13 @@
 The runtime checks (:mod:`nnx_ppo.contract.checks`) catch what one call's shapes and
 trees show. The properties that need several calls, per-sample purity, replay,
 statistics, are what this kit adds: it runs your module on random batch sizes,
-rollout lengths and inputs, compares the calls with each other, and on failure
-raises :class:`ContractPropertyError` naming the property, the smallest batch size
-and rollout length Hypothesis found that fail, and the leaf that differed.
+rollout lengths, episode ends and inputs, compares the calls with each other, and
+on failure raises :class:`ContractPropertyError` naming the property, the smallest
+batch size and rollout length Hypothesis found that fail, and the leaf that
+differed.
+
+The properties live in one ordered table, :data:`MODULE_PROPERTIES`: the checks run
+in its order, and :func:`check_module`'s docstring lists them from it.
 
 Example::
 
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,16 +37,32 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from jaxtyping import Array, Bool, PyTree, Shaped
 
-from nnx_ppo.contract import ContractError, checks, format_violation
+from nnx_ppo.contract import checks
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.checks import named_leaves
 from nnx_ppo.networks.adapter import is_sampled_action
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule, StatefulModuleOutput
+from nnx_ppo.testing._harness import (
+    Condition,
+    ContractPropertyError,
+    PropertyCheck,
+    as_numpy,
+    contract_leaf,
+    document_properties,
+    fast_compile_options,
+    host,
+    is_key,
+    property_failure,
+    show_values,
+)
 from nnx_ppo.testing.strategies import pytree_observations
 
 __all__ = [
     "DEFAULT_BATCH_SIZES",
+    "DEFAULT_MAX_EXAMPLES",
     "DEFAULT_TIME_LENGTHS",
+    "MAX_EXAMPLES_ENV_VAR",
+    "MODULE_PROPERTIES",
     "ContractPropertyError",
     "ModuleProperty",
     "check_module",
@@ -50,22 +72,28 @@ DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 2, 3)
 """The batch sizes :func:`check_module` draws from unless told otherwise. Each size
 compiles the module's step once, so a few small ones keep the check fast."""
 
-DEFAULT_TIME_LENGTHS: tuple[int, ...] = (1, 3)
-"""The rollout lengths :func:`check_module` draws from unless told otherwise."""
+DEFAULT_TIME_LENGTHS: tuple[int, ...] = (1, 4)
+"""The rollout lengths :func:`check_module` draws from unless told otherwise: one
+step, where a failure is simplest to read, and four, long enough for episodes to
+end at different steps in different envs. The step compiles once whatever the
+length, ``update_statistics`` once per length and batch size: two lengths keep
+that to six compiles with the default batch sizes."""
 
+DEFAULT_MAX_EXAMPLES = 10
+"""How many examples :func:`check_module` runs when neither ``max_examples`` nor
+:data:`MAX_EXAMPLES_ENV_VAR` says otherwise."""
 
-def fast_compile_options() -> dict[str, Any] | None:
-    """``jax.jit`` compiler options for the kit's programs, compiled once and run a few times.
-
-    On CPU, skipping the backend's optimisation of machine code saves about 40% of
-    the compile time and costs nothing that matters here. Other backends keep their
-    defaults.
-    """
-    return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+MAX_EXAMPLES_ENV_VAR = "NNX_PPO_MAX_EXAMPLES"
+"""The environment variable that sets :func:`check_module`'s default ``max_examples``
+(e.g. for a nightly job); ``pytest --nnx-ppo-max-examples=N`` sets it for the session."""
 
 
 class ModuleProperty(enum.StrEnum):
-    """The properties :func:`check_module` checks, in the order it checks them."""
+    """The names of the properties :func:`check_module` checks.
+
+    The order they run in, their rules and what each compares are the rows of
+    :data:`MODULE_PROPERTIES`.
+    """
 
     INITIALIZE_STATE = "initialize_state"
     CHECKED_CALL = "checked call"
@@ -79,133 +107,9 @@ class ModuleProperty(enum.StrEnum):
     STORED_ACTION = "replay takes the stored action"
     STATISTICS = "update_statistics routing"
     STATISTICS_ORDER = "statistics fold (T, B) as one batch"
+    STATISTICS_NOT_TRAINED = "statistics are not trainable parameters"
+    EAGER_COMPILED = "eager and compiled agree"
     PER_ENV_KEYS = "per-env keys in carry"
-
-
-_PURITY = (
-    "the forward path is per-sample pure: row i of every output depends only on row i of "
-    "state, x and rollout_extras, and on the parameters (SPEC section 1)"
-)
-_RULES: dict[ModuleProperty, str] = {
-    ModuleProperty.INITIALIZE_STATE: "initialize_state(batch_size) returns a carry whose every "
-    "leaf leads with batch_size (SPEC section 1)",
-    ModuleProperty.CHECKED_CALL: "every call of a rollout passes the contract checks: one B "
-    "binds every leaf of its inputs and outputs (SPEC section 1)",
-    ModuleProperty.CARRY_PRESERVATION: "next_state has exactly the tree, shapes and dtypes of "
-    "state: it is a scan carry (SPEC section 1)",
-    ModuleProperty.NO_WRITES: "__call__ and reset_state never write an NNX variable: running "
-    "statistics change only in update_statistics, and randomness comes from per-env keys in "
-    "the carry (SPEC section 1)",
-    ModuleProperty.PERMUTATION: _PURITY,
-    ModuleProperty.BATCH_OF_ONE: _PURITY,
-    ModuleProperty.RESET_STATE: "reset_state returns the carry's tree, shapes and dtypes, on a "
-    "batched carry and, under vmap, on one env's slice, and resets each env on its own "
-    "(SPEC section 1)",
-    ModuleProperty.REPLAY: "loss replay from the rollout's initial carry, fed the stored "
-    "rollout_extras, reproduces the rollout (SPEC sections 2 and 5)",
-    ModuleProperty.REPLAY_SUBSET: "loss replay of any subset of the envs (a minibatch) "
-    "reproduces those envs' rows of the rollout (SPEC sections 2 and 5)",
-    ModuleProperty.STORED_ACTION: "in loss replay a sampler scores the stored action it is "
-    "given back in rollout_extras, never a fresh sample (SPEC sections 1 and 2)",
-    ModuleProperty.STATISTICS: "update_statistics receives (T, B, *feat) histories, and "
-    "containers route it to every module that keeps statistics (SPEC sections 1 and 3)",
-    ModuleProperty.STATISTICS_ORDER: "a module that aggregates folds T into B and treats the "
-    "result as one batch, so the order of the T * B samples does not matter (SPEC section 1)",
-    ModuleProperty.PER_ENV_KEYS: "randomness in the forward path comes from per-env keys in "
-    "the carry: one distinct typed key per env, split every step (SPEC section 1)",
-}
-
-
-class ContractPropertyError(AssertionError):
-    """A module or an environment broke a property of the contract.
-
-    Raised by :func:`check_module` and :func:`~nnx_ppo.testing.check_env`. An
-    ``AssertionError``, so pytest reports it as a test failure. Where a contract
-    check raised :class:`nnx_ppo.ContractError` (or the module raised), that error
-    is chained as ``__cause__`` and quoted in the message.
-
-    Attributes:
-      property: the name of the broken property (a :class:`ModuleProperty` or
-        :class:`~nnx_ppo.testing.EnvProperty` value).
-      subject: the class name of the module or environment checked.
-      sizes: the sizes of the failing example, e.g. ``{"B": 2, "T": 1}``; for a
-        module, the smallest that Hypothesis found.
-      leaf: the leaf (or variable) that differed, when one did.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        property: str,
-        subject: str,
-        sizes: dict[str, int],
-        leaf: str | None,
-    ) -> None:
-        super().__init__(message)
-        self.property = property
-        self.subject = subject
-        self.sizes = dict(sizes)
-        self.leaf = leaf
-
-
-def property_failure(
-    checker: str,
-    prop: str,
-    subject: str,
-    sizes: dict[str, int],
-    sentence: str,
-    *,
-    leaf: str | None = None,
-    expected: str | None = None,
-    found: str | None = None,
-    rule: str | None = None,
-    cause: BaseException | None = None,
-) -> ContractPropertyError:
-    """Build the error of a failed property; shared by ``check_module`` and ``check_env``.
-
-    The first line names the property and the sizes, then one fact per line as in
-    every contract message; an error that caused the failure is quoted below.
-    """
-    shown = ", ".join(f"{name}={size}" for name, size in sizes.items())
-    message = format_violation(
-        f"{checker}({subject})",
-        f"property '{prop}' fails at {shown}: {sentence}",
-        leaf=leaf,
-        expected=expected,
-        found=found,
-        rule=rule,
-    )
-    if cause is not None:
-        quoted = f"{type(cause).__name__}: {cause}".strip()
-        message += "\n" + "\n".join("    " + line for line in quoted.splitlines())
-    return ContractPropertyError(message, property=prop, subject=subject, sizes=sizes, leaf=leaf)
-
-
-def contract_leaf(error: BaseException) -> str | None:
-    """The leaf a :class:`~nnx_ppo.ContractError` names; else ``None``."""
-    return error.leaf if isinstance(error, ContractError) else None
-
-
-# -------------------------------------------------------------------------- host arrays
-
-
-def _is_key(leaf: Any) -> bool:
-    return jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-
-
-def _host(tree: PyTree[Shaped[Array, "..."]]) -> PyTree[Shaped[Any, "..."]]:
-    """Leaves as NumPy arrays (PRNG keys stay JAX arrays, NumPy has no key dtype).
-
-    The kit slices, permutes and stacks rows on the host: done with JAX outside a
-    compiled function, every new shape would compile a small program of its own.
-    """
-    return jax.tree.map(lambda leaf: leaf if _is_key(leaf) else np.asarray(leaf), tree)
-
-
-def as_numpy(leaf: Any) -> np.ndarray:
-    """A leaf as a NumPy array, a PRNG key as its raw key data."""
-    return np.asarray(jax.random.key_data(leaf) if _is_key(leaf) else leaf)
 
 
 # ----------------------------------------------------------------------------- examples
@@ -213,12 +117,14 @@ def as_numpy(leaf: Any) -> np.ndarray:
 
 @dataclass(frozen=True, repr=False)
 class _Example:
-    """One drawn case: the sizes, two input sequences, and the rows the checks permute or take."""
+    """One drawn case: the sizes, two input sequences, the episode ends, and the rows
+    the checks permute or take."""
 
     batch_size: int
     time_length: int
     inputs: PyTree[Shaped[Any, "T B ..."]]
     other_inputs: PyTree[Shaped[Any, "T B ..."]]
+    ends: Bool[np.ndarray, "T B"]
     permutation: np.ndarray
     subset: np.ndarray
 
@@ -227,8 +133,10 @@ class _Example:
         return {"B": self.batch_size, "T": self.time_length}
 
     def __repr__(self) -> str:
+        ends = [(int(t), int(env)) for t, env in np.argwhere(self.ends)]
         return (
             f"Example(B={self.batch_size}, T={self.time_length}, "
+            f"episode ends (step, env)={ends}, "
             f"permutation={self.permutation.tolist()}, subset={self.subset.tolist()})"
         )
 
@@ -239,7 +147,7 @@ class _Example:
 
 
 def _time_major(batch_major: PyTree[Shaped[Array, "B T ..."]]) -> PyTree[Shaped[Any, "T B ..."]]:
-    return jax.tree.map(lambda leaf: leaf.swapaxes(0, 1), _host(batch_major))
+    return jax.tree.map(lambda leaf: leaf.swapaxes(0, 1), host(batch_major))
 
 
 def _same_values(a: PyTree[Any], b: PyTree[Any]) -> bool:
@@ -263,6 +171,10 @@ def _examples(
     sequences = pytree_observations(with_time, batch_size=batch_size).map(_time_major)
     inputs = draw(sequences)
     other_inputs = draw(sequences.filter(lambda other: not _same_values(other, inputs)))
+    # Episodes end after any step but the last (an end there changes nothing compared);
+    # Hypothesis shrinks towards no ends, so a failure that needs none shows none.
+    row = st.lists(st.booleans(), min_size=batch_size, max_size=batch_size)
+    ends = draw(st.lists(row, min_size=time_length - 1, max_size=time_length - 1))
     rows = range(batch_size)
     subset_size = draw(st.sampled_from([b for b in batch_sizes if b <= batch_size]))
     subset = draw(
@@ -273,18 +185,13 @@ def _examples(
         time_length=time_length,
         inputs=inputs,
         other_inputs=other_inputs,
+        ends=np.asarray([*ends, [False] * batch_size], dtype=bool),
         permutation=np.asarray(draw(st.permutations(rows)), dtype=np.int32),
         subset=np.asarray(subset, dtype=np.int32),
     )
 
 
 # ---------------------------------------------------------------------------- comparing
-
-
-def show_values(values: np.ndarray) -> str:
-    """A short one-line rendering of an array for a message."""
-    text = np.array2string(values, precision=4, threshold=8, separator=", ")
-    return " ".join(text.split())
 
 
 @dataclass(frozen=True)
@@ -363,6 +270,23 @@ def _at_step(tree: PyTree[Shaped[Array, "T ..."]], t: int) -> PyTree[Shaped[Arra
     return jax.tree.map(lambda leaf: leaf[t], tree)
 
 
+def _where_rows(
+    mask: Bool[np.ndarray, " B"],
+    fresh: PyTree[Shaped[Any, "B ..."]],
+    current: PyTree[Shaped[Any, "B ..."]],
+) -> PyTree[Shaped[Any, "B ..."]]:
+    """``fresh`` in the rows where ``mask`` is set, ``current`` elsewhere (on the host)."""
+
+    def pick(new: Any, old: Any) -> Any:
+        where = mask.reshape(mask.shape + (1,) * (old.ndim - 1))
+        if is_key(old):
+            data = np.where(where[..., None], as_numpy(new), as_numpy(old))
+            return jax.random.wrap_key_data(jnp.asarray(data), impl=jax.random.key_impl(old))
+        return np.where(where, new, old)
+
+    return jax.tree.map(pick, fresh, current)
+
+
 def _actions(out: StatefulModuleOutput) -> list[tuple[str, Any]]:
     """The action leaves of a sampler's or a PPO network's output, named."""
     if isinstance(out.output, PPONetworkOutput):
@@ -392,6 +316,26 @@ def _variable_values(variables: nnx.State) -> dict[str, Any]:
     return values
 
 
+def _detached(variables: nnx.State) -> nnx.State:
+    """The same values in new ``nnx.Variable`` objects: ``nnx.split`` and ``nnx.state``
+    hand out the module's own, which an eager call would write through."""
+    return jax.tree.map(lambda leaf: leaf, variables)
+
+
+def _trainable(variables: nnx.State) -> dict[str, tuple[str, str]]:
+    """The names of :func:`_variable_values` held by an ``nnx.Param``, each with its
+    module's path (``""`` at the top) and the variable's attribute name."""
+    trainable: dict[str, tuple[str, str]] = {}
+    for path, variable in nnx.to_flat_state(variables):
+        if not isinstance(variable, nnx.Param):
+            continue
+        name = ".".join(str(part) for part in path)
+        place = (".".join(str(part) for part in path[:-1]), str(path[-1]))
+        for leaf_path, _ in jax.tree_util.tree_flatten_with_path(variable.get_value())[0]:
+            trainable[name + jax.tree_util.keystr(leaf_path)] = place
+    return trainable
+
+
 def _writes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Bool[Array, ""]]:
     """Per variable, whether it was written (added, removed, reshaped or given new values)."""
     flags: dict[str, Bool[Array, ""]] = {}
@@ -399,11 +343,15 @@ def _writes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Bool[Arr
         old, new = before.get(name), after.get(name)
         if old is None or new is None or old.shape != new.shape or old.dtype != new.dtype:
             flags[name] = jnp.asarray(True)
-        elif _is_key(old):
+        elif is_key(old):
             flags[name] = jnp.any(jax.random.key_data(old) != jax.random.key_data(new))
         else:
             flags[name] = jnp.any(old != new)
     return flags
+
+
+def _written(flags: dict[str, Any]) -> list[str]:
+    return [name for name, flag in flags.items() if bool(flag)]
 
 
 class _PhaseError(Exception):
@@ -431,29 +379,44 @@ def _phase(prop: ModuleProperty, what: str) -> Iterator[None]:
 
 
 @dataclass(frozen=True)
-class _Trajectory:
-    """The per-step results of a rollout or a replay, and the variables its calls wrote."""
+class _Write:
+    """NNX variables written by one call of a run."""
 
+    what: str
+    step: int
+    names: list[str]
+
+
+@dataclass(frozen=True)
+class _Trajectory:
+    """A rollout or a replay: the carry each step was given, its results, its writes."""
+
+    states: list[Any]
     outputs: list[StatefulModuleOutput]
-    written: list[tuple[int, list[str]]]
+    writes: list[_Write]
 
     def extras(self) -> Any:
         """The emitted rollout_extras stacked over steps: leaves ``(T, B, *feat)``."""
 
         def stack(*steps: Any) -> Any:
-            return jnp.stack(steps) if _is_key(steps[0]) else np.stack(steps)
+            return jnp.stack(steps) if is_key(steps[0]) else np.stack(steps)
 
         return jax.tree.map(stack, *(o.rollout_extras for o in self.outputs))
 
 
 class _ModuleKit:
-    """The compiled calls of one module and the property checks built on them."""
+    """The module, its compiled calls, and the options of one ``check_module`` call."""
 
     def __init__(self, module: StatefulModule, rtol: float, atol: float, stochastic: bool) -> None:
         self.name = type(module).__name__
+        # The caller's module runs the eager calls: built by the caller, its attributes
+        # keep their order, which nnx.merge would sort (nothing may depend on it).
+        self.module = module
         # Every example starts from these; compiled calls get copies, so neither they
         # nor the caller's module are ever written.
-        self.graphdef, self.variables = nnx.split(module)
+        self.graphdef, variables = nnx.split(module)
+        self.variables = _detached(variables)
+        self.trainable = _trainable(self.variables)
         self.rtol, self.atol, self.stochastic = rtol, atol, stochastic
         # Compiled once per batch size (the step also per extras given or not, the fold
         # per rollout length); the graphdef is closed over and the variables are an
@@ -498,16 +461,20 @@ class _ModuleKit:
         module.update_statistics(history)
         return _variable_values(nnx.state(module))
 
-    # ------------------------------------------------------------------------ helpers
+    # -------------------------------------------------------------------- eager calls
 
-    def _fail(
-        self, prop: ModuleProperty, ex: _Example, sentence: str, **details: Any
-    ) -> ContractPropertyError:
-        return property_failure(
-            "check_module", prop, self.name, ex.sizes, sentence, rule=_RULES[prop], **details
-        )
+    @contextlib.contextmanager
+    def eager(self, variables: nnx.State) -> Iterator[StatefulModule]:
+        """The caller's module, holding ``variables`` until the block ends."""
+        nnx.update(self.module, _detached(variables))
+        try:
+            yield self.module
+        finally:
+            nnx.update(self.module, _detached(self.variables))
 
-    def _run(
+    # ------------------------------------------------------------------------ running
+
+    def run(
         self,
         prop: ModuleProperty,
         what: str,
@@ -515,342 +482,653 @@ class _ModuleKit:
         state: Any,
         inputs: Any,
         stored: Any,
-        time_length: int,
+        ends: Bool[np.ndarray, "T B"],
     ) -> _Trajectory:
-        """Call the module ``time_length`` times from ``state``; ``stored``: replay's extras."""
-        outputs, written = [], []
-        with _phase(prop, what):
-            for t in range(time_length):
-                extras = None if stored is None else _at_step(stored, t)
-                out, flags = self.step(variables, state, _at_step(inputs, t), extras)
-                out = _host(out)
-                outputs.append(out)
-                names = [name for name, flag in flags.items() if bool(flag)]
-                if names:
-                    written.append((t, names))
-                state = out.next_state
-        return _Trajectory(outputs, written)
+        """Call the module once per step from ``state``; ``stored``: replay's extras.
 
-    def _check_no_writes(
-        self, written: list[tuple[int, list[str]]], ex: _Example, what: str
-    ) -> None:
-        if not written:
-            return
-        step, names = written[0]
-        raise self._fail(
-            ModuleProperty.NO_WRITES,
-            ex,
-            f"{what} wrote the NNX variable {names[0]} (at step {step}).",
-            leaf=f"{self.name}.{names[0]}",
-            expected="every NNX variable as it was before the call",
-            found="written: " + ", ".join(f"{self.name}.{n}" for n in names[:4]),
+        After a step where ``ends`` marks an env, that env's carry is reset with
+        ``reset_state`` of the batch, as the library does on an episode end.
+        """
+        states, outputs, writes = [], [], []
+        for t in range(len(ends)):
+            states.append(state)
+            extras = None if stored is None else _at_step(stored, t)
+            with _phase(prop, what):
+                out, flags = self.step(variables, state, _at_step(inputs, t), extras)
+            out = host(out)
+            outputs.append(out)
+            if names := _written(flags):
+                call = "__call__" if stored is None else "__call__ in replay"
+                writes.append(_Write(call, t, names))
+            state = out.next_state
+            if ends[t].any():
+                where = f"reset_state of the envs whose episode ended at step {t}"
+                with _phase(ModuleProperty.RESET_STATE, where):
+                    fresh, _, flags = host(self.reset(variables, state))
+                if names := _written(flags):
+                    writes.append(_Write("reset_state", t, names))
+                state = _where_rows(ends[t], fresh, state)
+        return _Trajectory(states, outputs, writes)
+
+
+class _Case:
+    """One example and the results its properties compare, each computed when first needed.
+
+    The rows of :data:`MODULE_PROPERTIES` are functions of a case: a result two
+    properties need (the rollout, the replay) is computed once, under the property
+    that needs it first, and an error raised while computing it is reported under
+    the property it was computed for.
+    """
+
+    def __init__(self, kit: _ModuleKit, example: _Example) -> None:
+        self.kit = kit
+        self.ex = example
+
+    # -------------------------------------------------------------------- the results
+
+    @functools.cached_property
+    def start(self) -> tuple[Any, nnx.State]:
+        """``initialize_state(B)``'s carry, and the variables after it."""
+        with _phase(ModuleProperty.INITIALIZE_STATE, f"initialize_state({self.ex.batch_size})"):
+            initial, variables = self.kit.initialize(self.kit.variables, self.ex.batch_size)
+        return host(initial), variables
+
+    @property
+    def initial(self) -> Any:
+        return self.start[0]
+
+    @property
+    def variables(self) -> nnx.State:
+        return self.start[1]
+
+    @functools.cached_property
+    def rollout(self) -> _Trajectory:
+        return self.kit.run(
+            ModuleProperty.CHECKED_CALL,
+            "the rollout's __call__",
+            self.variables,
+            self.initial,
+            self.ex.inputs,
+            None,
+            self.ex.ends,
         )
 
-    def _compare(
+    @functools.cached_property
+    def replay(self) -> _Trajectory:
+        return self.kit.run(
+            ModuleProperty.REPLAY,
+            "__call__ in replay (given the stored rollout_extras)",
+            self.variables,
+            self.initial,
+            self.ex.inputs,
+            self.rollout.extras(),
+            self.ex.ends,
+        )
+
+    @functools.cached_property
+    def reset(self) -> tuple[Any, Any, dict[str, Any]]:
+        """``reset_state`` of the rollout's final carry: batched, per env, and its writes."""
+        with _phase(ModuleProperty.RESET_STATE, "reset_state"):
+            return host(self.kit.reset(self.variables, self.rollout.outputs[-1].next_state))
+
+    @functools.cached_property
+    def statistics(self) -> dict[str, Any]:
+        """The variables after ``update_statistics`` of the rollout's history."""
+        with _phase(ModuleProperty.STATISTICS, "update_statistics"):
+            return host(self.kit.fold(self.variables, self.rollout.extras()))
+
+    # ------------------------------------------------------------------------ failing
+
+    def fail(self, prop: ModuleProperty, sentence: str, **details: Any) -> ContractPropertyError:
+        return property_failure(
+            "check_module",
+            prop,
+            self.kit.name,
+            self.ex.sizes,
+            sentence,
+            rule=_RULES[prop],
+            **details,
+        )
+
+    def check_writes(self, writes: list[_Write]) -> None:
+        if not writes:
+            return
+        first, name = writes[0], self.kit.name
+        raise self.fail(
+            ModuleProperty.NO_WRITES,
+            f"{first.what} wrote the NNX variable {first.names[0]} (at step {first.step}).",
+            leaf=f"{name}.{first.names[0]}",
+            expected="every NNX variable as it was before the call",
+            found="written: " + ", ".join(f"{name}.{n}" for n in first.names[:4]),
+        )
+
+    def compare(
         self,
         prop: ModuleProperty,
-        ex: _Example,
         expected: list[list[tuple[str, Any]]],
         found: list[list[tuple[str, Any]]],
         describe: Callable[[_Mismatch], tuple[str, str, str]],
         row_name: Callable[[int], str] = lambda row: f"env {row}",
         *,
-        per_step: bool = True,
+        steps: Sequence[int] | None = None,
     ) -> None:
         """Raise for the first step and leaf where ``found`` differs from ``expected``.
 
-        ``expected`` and ``found`` hold one list of named leaves per step.
+        ``expected`` and ``found`` hold one list of named leaves per step, the steps
+        ``steps`` (``None``: results that are not a rollout's, no step to name).
         ``describe(mismatch)`` returns the sentence and the labels of the expected
-        and found values; ``row_name`` names the row of a leaf that differed;
-        ``per_step=False`` for results that are not a rollout's (no step to name).
+        and found values; ``row_name`` names the row of a leaf that differed.
         """
-        for t, (want, got) in enumerate(zip(expected, found, strict=True)):
-            mismatch = _first_mismatch(want, got, self.rtol, self.atol)
+        labels = [None] * len(expected) if steps is None else list(steps)
+        for t, want, got in zip(labels, expected, found, strict=True):
+            mismatch = _first_mismatch(want, got, self.kit.rtol, self.kit.atol)
             if mismatch is None:
                 continue
             sentence, expected_label, found_label = describe(mismatch)
-            where = f"{mismatch.leaf} at step {t}" if per_step else mismatch.leaf
+            where = mismatch.leaf if t is None else f"{mismatch.leaf} at step {t}"
             if mismatch.row is not None:
                 where += f", {row_name(mismatch.row)}"
             found_note = "; ".join(note for note in (found_label, mismatch.gap) if note)
-            raise self._fail(
+            raise self.fail(
                 prop,
-                ex,
                 sentence,
                 leaf=where,
                 expected=f"{mismatch.expected}  ({expected_label})",
                 found=f"{mismatch.found}  ({found_note})",
             )
 
-    # ---------------------------------------------------------------------- the checks
+    @property
+    def all_steps(self) -> range:
+        return range(self.ex.time_length)
 
-    def check(self, ex: _Example) -> None:
-        """Every property on one example; raises at the first that fails."""
-        with _phase(ModuleProperty.INITIALIZE_STATE, f"initialize_state({ex.batch_size})"):
-            initial, variables = self.initialize(self.variables, ex.batch_size)
-        initial = _host(initial)
-        rollout = self._run(
-            ModuleProperty.CHECKED_CALL,
-            "the rollout's __call__",
-            variables,
-            initial,
-            ex.inputs,
-            None,
-            ex.time_length,
-        )
-        self._check_no_writes(rollout.written, ex, "__call__")
-        self._check_permutation(ex, variables, initial, rollout)
-        self._check_batch_of_one(ex, variables, initial, rollout)
-        self._check_reset(ex, variables, rollout.outputs[-1].next_state)
-        self._check_replay(ex, variables, initial, rollout)
-        self._check_stored_action(ex, variables, initial, rollout)
-        self._check_statistics(ex, variables, rollout.extras())
-        if self.stochastic:
-            self._check_keys(ex, initial, rollout)
 
-    def _check_permutation(
-        self, ex: _Example, variables: nnx.State, initial: Any, rollout: _Trajectory
-    ) -> None:
-        perm = ex.permutation
-        permuted = self._run(
-            ModuleProperty.PERMUTATION,
-            "__call__ on the permuted batch",
-            variables,
-            _rows(initial, perm),
-            _env_rows(ex.inputs, perm),
+# ---------------------------------------------------------------------- the properties
+
+
+def _check_initialize_state(case: _Case) -> None:
+    _ = case.start  # computing it runs the contract checks
+
+
+def _check_rollout(case: _Case) -> None:
+    # The contract checks of every call compare its inputs and outputs, next_state with
+    # state included; an error naming next_state is reported as carry preservation.
+    _ = case.rollout  # computing it runs the contract checks
+
+
+def _check_no_writes(case: _Case) -> None:
+    case.check_writes(case.rollout.writes)
+    case.check_writes(case.replay.writes)
+    if names := _written(case.reset[2]):
+        case.check_writes([_Write("reset_state", case.ex.time_length - 1, names)])
+
+
+def _check_permutation(case: _Case) -> None:
+    ex, perm = case.ex, case.ex.permutation
+    permuted = case.kit.run(
+        ModuleProperty.PERMUTATION,
+        "__call__ on the permuted batch",
+        case.variables,
+        _rows(case.initial, perm),
+        _env_rows(ex.inputs, perm),
+        None,
+        ex.ends[:, perm],
+    )
+    case.check_writes(permuted.writes)
+    case.compare(
+        ModuleProperty.PERMUTATION,
+        [
+            _step_leaves(_rows(o, perm), batched_only=False, extras=True)
+            for o in case.rollout.outputs
+        ],
+        [_step_leaves(o, batched_only=False, extras=True) for o in permuted.outputs],
+        lambda m: (
+            f"permuting the batch by {perm.tolist()} did not permute {m.leaf} the same way.",
+            "in the batch as drawn",
+            "in the permuted batch",
+        ),
+        lambda row: f"env {perm[row]} (row {row} once permuted)",
+        steps=case.all_steps,
+    )
+
+
+def _check_batch_of_one(case: _Case) -> None:
+    ex = case.ex
+    # Every env, not one drawn env: a leak from earlier rows (a cumulative sum over the
+    # batch) leaves the first row intact.
+    for env in range(ex.batch_size):
+        rows = np.asarray([env])
+        alone = case.kit.run(
+            ModuleProperty.BATCH_OF_ONE,
+            "__call__ on a batch of one",
+            case.variables,
+            _rows(case.initial, rows),
+            _env_rows(ex.inputs, rows),
             None,
-            ex.time_length,
+            ex.ends[:, rows],
         )
-        self._check_no_writes(permuted.written, ex, "__call__")
-        self._compare(
-            ModuleProperty.PERMUTATION,
-            ex,
+        case.compare(
+            ModuleProperty.BATCH_OF_ONE,
             [
-                _step_leaves(_rows(o, perm), batched_only=False, extras=True)
-                for o in rollout.outputs
+                _step_leaves(_rows(o, rows), batched_only=True, extras=True)
+                for o in case.rollout.outputs
             ],
-            [_step_leaves(o, batched_only=False, extras=True) for o in permuted.outputs],
-            lambda m: (
-                f"permuting the batch by {perm.tolist()} did not permute {m.leaf} the same way.",
-                "in the batch as drawn",
-                "in the permuted batch",
+            [_step_leaves(o, batched_only=True, extras=True) for o in alone.outputs],
+            lambda m, env=env: (
+                f"env {env} run alone gives a different {m.leaf} than in the batch of "
+                f"{ex.batch_size}.",
+                f"env {env} in the batch of {ex.batch_size}",
+                f"env {env} run alone",
             ),
-            lambda row: f"env {perm[row]} (row {row} once permuted)",
+            lambda row, env=env: f"env {env}",
+            steps=case.all_steps,
         )
 
-    def _check_batch_of_one(
-        self, ex: _Example, variables: nnx.State, initial: Any, rollout: _Trajectory
-    ) -> None:
-        # Every env, not one drawn env: a leak from earlier rows (a cumulative sum over
-        # the batch) leaves the first row intact.
-        for env in range(ex.batch_size):
-            rows = np.asarray([env])
-            alone = self._run(
-                ModuleProperty.BATCH_OF_ONE,
-                "__call__ on a batch of one",
-                variables,
-                _rows(initial, rows),
-                _env_rows(ex.inputs, rows),
-                None,
-                ex.time_length,
-            )
-            self._compare(
-                ModuleProperty.BATCH_OF_ONE,
-                ex,
-                [
-                    _step_leaves(_rows(o, rows), batched_only=True, extras=True)
-                    for o in rollout.outputs
-                ],
-                [_step_leaves(o, batched_only=True, extras=True) for o in alone.outputs],
-                lambda m, env=env: (
-                    f"env {env} run alone gives a different {m.leaf} than in the batch of "
-                    f"{ex.batch_size}.",
-                    f"env {env} in the batch of {ex.batch_size}",
-                    f"env {env} run alone",
-                ),
-                lambda row, env=env: f"env {env}",
-            )
 
-    def _check_reset(self, ex: _Example, variables: nnx.State, state: Any) -> None:
-        with _phase(ModuleProperty.RESET_STATE, "reset_state"):
-            batched, per_env, flags = _host(self.reset(variables, state))
-        self._check_no_writes(
-            [(0, [name for name, flag in flags.items() if bool(flag)])]
-            if any(flags.values())
-            else [],
-            ex,
-            "reset_state",
-        )
-        self._compare(
-            ModuleProperty.RESET_STATE,
-            ex,
-            [named_leaves("reset_state(state)", batched)],
-            [named_leaves("reset_state(state)", per_env)],
-            lambda m: (
-                f"reset_state on one env's slice (under vmap) gives a different {m.leaf} than "
-                "reset_state on the batch.",
-                "reset_state of the batched carry",
-                "reset_state vmapped over the envs",
-            ),
-            per_step=False,
+def _check_reset_state(case: _Case) -> None:
+    batched, per_env, _ = case.reset
+    case.compare(
+        ModuleProperty.RESET_STATE,
+        [named_leaves("reset_state(state)", batched)],
+        [named_leaves("reset_state(state)", per_env)],
+        lambda m: (
+            f"reset_state on one env's slice (under vmap) gives a different {m.leaf} than "
+            "reset_state on the batch.",
+            "reset_state of the batched carry",
+            "reset_state vmapped over the envs",
+        ),
+    )
+
+
+def _check_replay(case: _Case) -> None:
+    ends = np.argwhere(case.ex.ends)
+    resets = f" (episodes ending at (step, env) {[tuple(map(int, e)) for e in ends]})"
+    case.compare(
+        ModuleProperty.REPLAY,
+        [_step_leaves(o, batched_only=False, extras=False) for o in case.rollout.outputs],
+        [_step_leaves(o, batched_only=False, extras=False) for o in case.replay.outputs],
+        lambda m: (
+            "replaying from the rollout's initial carry with the stored rollout_extras "
+            f"gives a different {m.leaf}{resets if ends.size else ''}.",
+            "rollout",
+            "replay",
+        ),
+        steps=case.all_steps,
+    )
+
+
+def _check_replay_subset(case: _Case) -> None:
+    ex, subset = case.ex, case.ex.subset
+    replay_subset = case.kit.run(
+        ModuleProperty.REPLAY_SUBSET,
+        "__call__ in replay of a subset of the envs",
+        case.variables,
+        _rows(case.initial, subset),
+        _env_rows(ex.inputs, subset),
+        _env_rows(case.rollout.extras(), subset),
+        ex.ends[:, subset],
+    )
+    case.compare(
+        ModuleProperty.REPLAY_SUBSET,
+        [
+            _step_leaves(_rows(o, subset), batched_only=True, extras=False)
+            for o in case.rollout.outputs
+        ],
+        [_step_leaves(o, batched_only=True, extras=False) for o in replay_subset.outputs],
+        lambda m: (
+            f"replaying the envs {subset.tolist()} alone gives a different {m.leaf} than "
+            f"the rollout of all {ex.batch_size}.",
+            f"rollout of the batch of {ex.batch_size}",
+            "replay of the subset",
+        ),
+        lambda row: f"env {subset[row]}",
+        steps=case.all_steps,
+    )
+
+
+def _samples_actions(case: _Case) -> bool:
+    return bool(_actions(case.rollout.outputs[0]))
+
+
+def _check_stored_action(case: _Case) -> None:
+    """Replay ``inputs`` fed the extras of a rollout on ``other_inputs``: its actions must
+    be the other rollout's, which a sampler that samples again cannot return."""
+    ex = case.ex
+    other = case.kit.run(
+        ModuleProperty.STORED_ACTION,
+        "the rollout's __call__",
+        case.variables,
+        case.initial,
+        ex.other_inputs,
+        None,
+        ex.ends,
+    )
+    replay = case.kit.run(
+        ModuleProperty.STORED_ACTION,
+        "__call__ in replay",
+        case.variables,
+        case.initial,
+        ex.inputs,
+        other.extras(),
+        ex.ends,
+    )
+    case.compare(
+        ModuleProperty.STORED_ACTION,
+        [_actions(o) for o in other.outputs],
+        [_actions(o) for o in replay.outputs],
+        lambda m: (
+            f"in replay, {m.leaf} is not the action stored in the rollout_extras it was "
+            "given: the module drew a new one.",
+            "the action of the rollout that stored those extras",
+            "the action in replay",
+        ),
+        steps=case.all_steps,
+    )
+
+
+def _check_statistics(case: _Case) -> None:
+    # The contract checks of update_statistics see every module that keeps statistics.
+    _ = case.statistics  # computing it runs the contract checks
+
+
+def _check_statistics_order(case: _Case) -> None:
+    ex, name = case.ex, case.kit.name
+    samples = ex.batch_size * ex.time_length
+    order = np.random.default_rng(samples).permutation(samples)
+
+    def shuffle(leaf: Shaped[Any, "T B ..."]) -> Shaped[Any, "T B ..."]:
+        return leaf.reshape((samples, *leaf.shape[2:]))[order].reshape(leaf.shape)
+
+    with _phase(ModuleProperty.STATISTICS, "update_statistics"):
+        shuffled = host(case.kit.fold(case.variables, jax.tree.map(shuffle, case.rollout.extras())))
+    case.compare(
+        ModuleProperty.STATISTICS_ORDER,
+        [[(f"{name}.{leaf}", value) for leaf, value in case.statistics.items()]],
+        [[(f"{name}.{leaf}", value) for leaf, value in shuffled.items()]],
+        lambda m: (
+            f"update_statistics gives a different {m.leaf} when the same T * B = {samples} "
+            "samples come in another order.",
+            "after the rollout's history",
+            "after the same samples shuffled",
+        ),
+        lambda row: f"entry {row}",
+    )
+
+
+def _check_statistics_not_trained(case: _Case) -> None:
+    before = _variable_values(case.variables)
+    for leaf, (path, variable) in case.kit.trainable.items():
+        if np.array_equal(as_numpy(before[leaf]), case.statistics[leaf], equal_nan=True):
+            continue
+        module = ".".join(part for part in (case.kit.name, path) if part)
+        raise case.fail(
+            ModuleProperty.STATISTICS_NOT_TRAINED,
+            f"update_statistics wrote {module}.{variable}, an nnx.Param: the optimizer "
+            "trains every nnx.Param, so gradient steps would move this statistic too.",
+            leaf=f"{case.kit.name}.{leaf}",
+            expected=f"the statistic {variable} of {module} held in an nnx.BatchStat "
+            "(or another nnx.Variable type that is not an nnx.Param)",
+            found=f"{module}.{variable} is an nnx.Param, written by update_statistics",
         )
 
-    def _check_replay(
-        self, ex: _Example, variables: nnx.State, initial: Any, rollout: _Trajectory
-    ) -> None:
-        stored = rollout.extras()
-        replay = self._run(
-            ModuleProperty.REPLAY,
-            "__call__ in replay (given the stored rollout_extras)",
-            variables,
-            initial,
-            ex.inputs,
-            stored,
-            ex.time_length,
-        )
-        self._check_no_writes(replay.written, ex, "__call__ in replay")
-        self._compare(
-            ModuleProperty.REPLAY,
-            ex,
-            [_step_leaves(o, batched_only=False, extras=False) for o in rollout.outputs],
-            [_step_leaves(o, batched_only=False, extras=False) for o in replay.outputs],
-            lambda m: (
-                "replaying from the rollout's initial carry with the stored rollout_extras "
-                f"gives a different {m.leaf}.",
-                "rollout",
-                "replay",
-            ),
-        )
-        subset = ex.subset
-        replay_subset = self._run(
-            ModuleProperty.REPLAY_SUBSET,
-            "__call__ in replay of a subset of the envs",
-            variables,
-            _rows(initial, subset),
-            _env_rows(ex.inputs, subset),
-            _env_rows(stored, subset),
-            ex.time_length,
-        )
-        self._compare(
-            ModuleProperty.REPLAY_SUBSET,
-            ex,
-            [
-                _step_leaves(_rows(o, subset), batched_only=True, extras=False)
-                for o in rollout.outputs
-            ],
-            [_step_leaves(o, batched_only=True, extras=False) for o in replay_subset.outputs],
-            lambda m: (
-                f"replaying the envs {subset.tolist()} alone gives a different {m.leaf} than "
-                f"the rollout of all {ex.batch_size}.",
-                f"rollout of the batch of {ex.batch_size}",
-                "replay of the subset",
-            ),
-            lambda row: f"env {subset[row]}",
-        )
 
-    def _check_stored_action(
-        self, ex: _Example, variables: nnx.State, initial: Any, rollout: _Trajectory
-    ) -> None:
-        """Replay ``inputs`` fed the extras of a rollout on ``other_inputs``: its actions
-        must be the other rollout's, which a sampler that samples again cannot return."""
-        if not _actions(rollout.outputs[0]):
-            return
-        other = self._run(
-            ModuleProperty.STORED_ACTION,
-            "the rollout's __call__",
-            variables,
-            initial,
-            ex.other_inputs,
-            None,
-            ex.time_length,
-        )
-        replay = self._run(
-            ModuleProperty.STORED_ACTION,
+def _check_eager_compiled(case: _Case) -> None:
+    """Run eagerly, on the caller's module, the first env alone: ``initialize_state(1)``,
+    its last step in rollout and in replay, its ``reset_state``, and
+    ``update_statistics`` of its first step; compare with the compiled calls.
+
+    One env and one step, since batch-of-one agreement and the statistics
+    properties already tie them to the batch and the rollout: eager execution
+    compiles every operation for every new shape, and one shape keeps that to one
+    compile per operation. The contract checks ran on the compiled calls; the
+    eager ones run without them.
+    """
+    ex, last, first = case.ex, case.ex.time_length - 1, np.asarray([0])
+    history = jax.tree.map(lambda leaf: leaf[:1], _env_rows(case.rollout.extras(), first))
+    # Eager calls take JAX arrays, as the library gives them.
+    x, stored, states, final, history = jax.tree.map(
+        jnp.asarray,
+        (
+            _rows(_at_step(ex.inputs, last), first),
+            _rows(_at_step(case.rollout.extras(), last), first),
+            _rows((case.rollout.states[last], case.replay.states[last]), first),
+            _rows(case.rollout.outputs[-1].next_state, first),
+            history,
+        ),
+    )
+    with _phase(ModuleProperty.EAGER_COMPILED, "initialize_state(1)"):
+        compiled_initial, _ = host(case.kit.initialize(case.kit.variables, 1))
+        compiled_statistics = host(case.kit.fold(case.variables, history))
+    with (
+        checks(False),
+        _phase(ModuleProperty.EAGER_COMPILED, "initialize_state(1) run eagerly"),
+        case.kit.eager(case.kit.variables) as module,
+    ):
+        initial = host(module.initialize_state(1))
+    with (
+        checks(False),
+        _phase(ModuleProperty.EAGER_COMPILED, "a call run eagerly"),
+        case.kit.eager(case.variables) as module,
+    ):
+        rollout = host(module(states[0], x, None))
+        replay = host(module(states[1], x, stored))
+        reset = host(module.reset_state(final))
+        module.update_statistics(history)
+        statistics = host(_variable_values(nnx.state(module)))
+
+    def env_0(out: StatefulModuleOutput, extras: bool) -> list[tuple[str, Any]]:
+        return _step_leaves(_rows(out, first), batched_only=True, extras=extras)
+
+    def variables(values: dict[str, Any]) -> list[tuple[str, Any]]:
+        return [(f"{case.kit.name}.{leaf}", value) for leaf, value in sorted(values.items())]
+
+    results = [
+        (
+            "initialize_state(1)",
+            named_leaves("state", compiled_initial),
+            named_leaves("state", initial),
+        ),
+        (
+            "__call__",
+            env_0(case.rollout.outputs[last], True),
+            _step_leaves(rollout, batched_only=True, extras=True),
+        ),
+        (
             "__call__ in replay",
-            variables,
-            initial,
-            ex.inputs,
-            other.extras(),
-            ex.time_length,
-        )
-        self._compare(
-            ModuleProperty.STORED_ACTION,
-            ex,
-            [_actions(o) for o in other.outputs],
-            [_actions(o) for o in replay.outputs],
-            lambda m: (
-                f"in replay, {m.leaf} is not the action stored in the rollout_extras it was "
-                "given: the module drew a new one.",
-                "the action of the rollout that stored those extras",
-                "the action in replay",
+            env_0(case.replay.outputs[last], False),
+            _step_leaves(replay, batched_only=True, extras=False),
+        ),
+        (
+            "reset_state",
+            named_leaves("reset_state(state)", _rows(case.reset[0], first)),
+            named_leaves("reset_state(state)", reset),
+        ),
+        ("update_statistics", variables(compiled_statistics), variables(statistics)),
+    ]
+    for what, compiled, eager in results:
+        case.compare(
+            ModuleProperty.EAGER_COMPILED,
+            [compiled],
+            [eager],
+            lambda m, what=what: (
+                f"{what} run eagerly gives a different {m.leaf} than compiled with jax.jit.",
+                "compiled",
+                "eager",
             ),
+            lambda row: "env 0",
+            steps=[last] if what.startswith("__call__") else None,
         )
 
-    def _check_statistics(self, ex: _Example, variables: nnx.State, history: Any) -> None:
-        samples = ex.batch_size * ex.time_length
-        order = np.random.default_rng(samples).permutation(samples)
 
-        def shuffle(leaf: Shaped[Any, "T B ..."]) -> Shaped[Any, "T B ..."]:
-            return leaf.reshape((samples, *leaf.shape[2:]))[order].reshape(leaf.shape)
-
-        with _phase(ModuleProperty.STATISTICS, "update_statistics"):
-            folded = _host(self.fold(variables, history))
-            shuffled = _host(self.fold(variables, jax.tree.map(shuffle, history)))
-        self._compare(
-            ModuleProperty.STATISTICS_ORDER,
-            ex,
-            [[(f"{self.name}.{name}", value) for name, value in folded.items()]],
-            [[(f"{self.name}.{name}", value) for name, value in shuffled.items()]],
-            lambda m: (
-                f"update_statistics gives a different {m.leaf} when the same T * B = {samples} "
-                "samples come in another order.",
-                "after the rollout's history",
-                "after the same samples shuffled",
-            ),
-            lambda row: f"entry {row}",
-            per_step=False,
+def _check_keys(case: _Case) -> None:
+    ex = case.ex
+    carry = named_leaves("state", case.initial)
+    keys = [(name, leaf) for name, leaf in carry if is_key(leaf)]
+    if not keys:
+        raise case.fail(
+            ModuleProperty.PER_ENV_KEYS,
+            "stochastic=True, but the carry holds no typed PRNG keys.",
+            leaf="state",
+            expected="a (B,) leaf of typed keys, e.g. from nnx_ppo.networks.utils.new_env_keys",
+            found="leaves " + ", ".join(f"{name} {leaf.dtype}" for name, leaf in carry)
+            if carry
+            else "an empty carry",
         )
-
-    def _check_keys(self, ex: _Example, initial: Any, rollout: _Trajectory) -> None:
-        carry = named_leaves("state", initial)
-        keys = [(name, leaf) for name, leaf in carry if _is_key(leaf)]
-        if not keys:
-            raise self._fail(
-                ModuleProperty.PER_ENV_KEYS,
-                ex,
-                "stochastic=True, but the carry holds no typed PRNG keys.",
-                leaf="state",
-                expected="a (B,) leaf of typed keys, e.g. from nnx_ppo.networks.utils.new_env_keys",
-                found="leaves " + ", ".join(f"{name} {leaf.dtype}" for name, leaf in carry)
-                if carry
-                else "an empty carry",
-            )
-        next_keys = dict(named_leaves("state", rollout.outputs[0].next_state))
-        for name, leaf in keys:
-            data = as_numpy(leaf).reshape(ex.batch_size, -1)
+    # Every carry of the rollout: the initial one, and those after episode ends.
+    for t, (state, out) in enumerate(zip(case.rollout.states, case.rollout.outputs, strict=True)):
+        given = dict(named_leaves("state", state))
+        advanced = dict(named_leaves("state", out.next_state))
+        for name, _ in keys:
+            data = as_numpy(given[name]).reshape(ex.batch_size, -1)
             first_row = {row.tobytes(): env for env, row in reversed(list(enumerate(data)))}
             for env, row in enumerate(data):
                 if first_row[row.tobytes()] != env:
-                    raise self._fail(
+                    raise case.fail(
                         ModuleProperty.PER_ENV_KEYS,
-                        ex,
                         f"envs share a key in {name}: they would draw the same random numbers.",
-                        leaf=f"{name}, env {env}",
-                        expected="a distinct key per env from initialize_state",
+                        leaf=f"{name} at step {t}, env {env}",
+                        expected="a distinct key per env, from initialize_state and from "
+                        "reset_state after an episode ends",
                         found=f"env {env} holds the key of env {first_row[row.tobytes()]}",
                     )
-            advanced = as_numpy(next_keys[name]).reshape(ex.batch_size, -1)
-            stuck = np.flatnonzero((advanced == data).all(axis=1))
+            stuck = np.flatnonzero(
+                (as_numpy(advanced[name]).reshape(ex.batch_size, -1) == data).all(axis=1)
+            )
             if stuck.size:
-                raise self._fail(
+                raise case.fail(
                     ModuleProperty.PER_ENV_KEYS,
-                    ex,
                     f"the key in {name} did not change from one step to the next: every step "
                     "would draw the same random numbers.",
-                    leaf=f"next_state{name.removeprefix('state')} at step 0, env {stuck[0]}",
+                    leaf=f"next_state{name.removeprefix('state')} at step {t}, env {stuck[0]}",
                     expected="next_state's keys split from state's (split_env_keys)",
                     found="the key the step was given",
                 )
+
+
+_PURITY = (
+    "the forward path is per-sample pure: row i of every output depends only on row i of "
+    "state, x and rollout_extras, and on the parameters"
+)
+
+MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
+    PropertyCheck(
+        ModuleProperty.INITIALIZE_STATE,
+        "initialize_state(batch_size) returns a carry whose every leaf leads with batch_size",
+        "``initialize_state(B)`` passes the contract checks",
+        _check_initialize_state,
+    ),
+    PropertyCheck(
+        ModuleProperty.CHECKED_CALL,
+        "every call of a rollout passes the contract checks: one B binds every leaf of its "
+        "inputs and outputs",
+        "a rollout of ``T`` compiled calls, with ``reset_state`` of the envs whose episode "
+        "ends (drawn at random), passes the contract checks",
+        _check_rollout,
+    ),
+    PropertyCheck(
+        ModuleProperty.CARRY_PRESERVATION,
+        "next_state has exactly the tree, shapes and dtypes of state: it is a scan carry",
+        "every ``next_state`` of the rollout keeps the carry's tree, shapes and dtypes",
+        _check_rollout,
+    ),
+    PropertyCheck(
+        ModuleProperty.NO_WRITES,
+        "__call__ and reset_state never write an NNX variable: running statistics change "
+        "only in update_statistics, and randomness comes from per-env keys in the carry",
+        "``nnx.state`` before and after every ``__call__`` (in rollout and in replay) and "
+        "every ``reset_state``",
+        _check_no_writes,
+    ),
+    PropertyCheck(
+        ModuleProperty.PERMUTATION,
+        _PURITY,
+        "permuting the carry's, the inputs' and the episode ends' rows permutes every "
+        "output, next state, metric and emitted extra alike",
+        _check_permutation,
+    ),
+    PropertyCheck(
+        ModuleProperty.BATCH_OF_ONE,
+        _PURITY,
+        "every env run alone gives its row of the batch",
+        _check_batch_of_one,
+    ),
+    PropertyCheck(
+        ModuleProperty.RESET_STATE,
+        "reset_state returns the carry's tree, shapes and dtypes, on a batched carry and, "
+        "under vmap, on one env's slice, and resets each env on its own",
+        "``reset_state`` of the rollout's final carry, batched and ``jax.vmap``-ed over "
+        "each env's slice, gives the same carry",
+        _check_reset_state,
+    ),
+    PropertyCheck(
+        ModuleProperty.REPLAY,
+        "loss replay from the rollout's initial carry, fed the stored rollout_extras and "
+        "resetting the carry where episodes ended, reproduces the rollout",
+        "replay from the initial carry with the stored ``rollout_extras`` and the same "
+        "episode ends reproduces the rollout's outputs, carries, losses and metrics",
+        _check_replay,
+    ),
+    PropertyCheck(
+        ModuleProperty.REPLAY_SUBSET,
+        "loss replay of any subset of the envs (a minibatch) reproduces those envs' rows "
+        "of the rollout",
+        "so does replaying a subset of the envs (a minibatch)",
+        _check_replay_subset,
+    ),
+    PropertyCheck(
+        ModuleProperty.STORED_ACTION,
+        "in loss replay a sampler scores the stored action it is given back in "
+        "rollout_extras, never a fresh sample",
+        "replay fed the extras of a rollout on *other* inputs returns that rollout's actions",
+        _check_stored_action,
+        Condition(
+            "the output holds sampled actions (an action sampler, a ``PPOAdapter``)",
+            _samples_actions,
+        ),
+    ),
+    PropertyCheck(
+        ModuleProperty.STATISTICS,
+        "update_statistics receives (T, B, *feat) histories, and containers route it to "
+        "every module that keeps statistics",
+        "``update_statistics`` of the rollout's ``(T, B, *feat)`` history passes the "
+        "contract checks, which include that every module holding statistics was reached",
+        _check_statistics,
+    ),
+    PropertyCheck(
+        ModuleProperty.STATISTICS_ORDER,
+        "a module that aggregates folds T into B and treats the result as one batch, so "
+        "the order of the T * B samples does not matter",
+        "shuffling the ``T * B`` samples of the history changes no statistic",
+        _check_statistics_order,
+    ),
+    PropertyCheck(
+        ModuleProperty.STATISTICS_NOT_TRAINED,
+        "statistics live in nnx.BatchStat (or another non-Param nnx.Variable type): the "
+        "optimizer trains every nnx.Param, update_statistics alone moves statistics",
+        "``update_statistics`` writes no ``nnx.Param``",
+        _check_statistics_not_trained,
+    ),
+    PropertyCheck(
+        ModuleProperty.EAGER_COMPILED,
+        "outputs are the same eagerly and compiled: nothing (e.g. the order of a "
+        "container's children) depends on how NNX sorts a module's attributes",
+        "the first env alone, run eagerly on your module: ``initialize_state(1)``, its "
+        "last step in the rollout and in the replay, its ``reset_state``, and "
+        "``update_statistics`` of its first step, give what the compiled calls gave",
+        _check_eager_compiled,
+    ),
+    PropertyCheck(
+        ModuleProperty.PER_ENV_KEYS,
+        "randomness in the forward path comes from per-env keys in the carry: one distinct "
+        "typed key per env, split every step, reset to distinct keys",
+        "the carry holds typed PRNG keys, a distinct one per env at every step (after "
+        "episode ends too), and each call splits them",
+        _check_keys,
+        Condition("``stochastic=True``", lambda case: case.kit.stochastic),
+    ),
+)
+"""The properties :func:`check_module` checks, in the order it checks them."""
+
+_RULES: dict[str, str] = {row.property: row.rule for row in MODULE_PROPERTIES}
 
 
 # ------------------------------------------------------------------------- the entry
@@ -884,6 +1162,32 @@ def _input_spec(example_input: Any) -> PyTree[jax.ShapeDtypeStruct]:
     return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), example_input)
 
 
+def _batched_example_hint(spec: PyTree[jax.ShapeDtypeStruct]) -> str | None:
+    """A hint for a failure of the shape checks when ``example_input`` may be a batch:
+    every leaf has two axes or more and leads with the same size above one."""
+    named = named_leaves("example_input", spec)
+    # One sample of one flat feature axis, (4,), is the common case and no batch.
+    leading = {leaf.shape[0] if len(leaf.shape) > 1 else None for _, leaf in named}
+    if len(leading) != 1 or None in leading or leading == {1}:
+        return None
+    (size,) = leading
+    shapes = ", ".join(f"{name} {tuple(leaf.shape)}" for name, leaf in named[:3])
+    return (
+        f"example_input is ONE sample, without the batch axis: the kit adds B itself. "
+        f"Every leaf of yours leads with {size} ({shapes}); if {size} is a batch, pass "
+        f"one sample, e.g. example_input[0], or jax.ShapeDtypeStruct of its shape."
+    )
+
+
+_SHAPE_PROPERTIES = frozenset(
+    {
+        ModuleProperty.INITIALIZE_STATE,
+        ModuleProperty.CHECKED_CALL,
+        ModuleProperty.CARRY_PRESERVATION,
+    }
+)
+
+
 def _sizes(name: str, sizes: Sequence[int]) -> tuple[int, ...]:
     if isinstance(sizes, int | str) or not isinstance(sizes, Sequence) or not sizes:
         raise TypeError(f"check_module: {name} must be a non-empty sequence of ints, got {sizes!r}")
@@ -892,13 +1196,28 @@ def _sizes(name: str, sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(checked))
 
 
+def _max_examples(max_examples: int | None) -> int:
+    if max_examples is not None:
+        return require_int("check_module", "max_examples", max_examples)
+    configured = os.environ.get(MAX_EXAMPLES_ENV_VAR)
+    if configured is None:
+        return DEFAULT_MAX_EXAMPLES
+    try:
+        number = int(configured)
+    except ValueError:
+        raise ValueError(
+            f"check_module: {MAX_EXAMPLES_ENV_VAR} must be a positive int, got {configured!r}"
+        ) from None
+    return require_int("check_module", MAX_EXAMPLES_ENV_VAR, number)
+
+
 def check_module(
     module_factory_or_module: StatefulModule | Callable[[], StatefulModule],
     example_input: PyTree[Shaped[Array, "..."] | jax.ShapeDtypeStruct],
     *,
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     time_lengths: Sequence[int] = DEFAULT_TIME_LENGTHS,
-    max_examples: int = 10,
+    max_examples: int | None = None,
     stochastic: bool = False,
     rtol: float = 1e-5,
     atol: float = 1e-5,
@@ -906,43 +1225,25 @@ def check_module(
     """Check every contract property of a module, on random batch sizes, lengths and inputs.
 
     Hypothesis draws a batch size ``B`` from ``batch_sizes``, a rollout length
-    ``T`` from ``time_lengths`` and random inputs shaped like ``example_input``,
-    then checks, in this order (the names are :class:`ModuleProperty` values):
+    ``T`` from ``time_lengths``, random inputs shaped like ``example_input``, the
+    steps after which each env's episode ends, a permutation and a subset of the
+    envs, then checks, in this order (the names are :class:`ModuleProperty`
+    values, the rules those quoted by a failure):
 
-    1. ``initialize_state``: ``initialize_state(B)`` passes the contract checks.
-    2. ``checked call`` and ``carry preservation``: a rollout of ``T`` calls, each
-       compiled with ``jax.jit``, passes the contract checks; ``next_state``
-       keeps the carry's tree, shapes and dtypes.
-    3. ``no variable written in the forward path``: no call (nor ``reset_state``)
-       writes an NNX variable; ``nnx.state`` is compared before and after.
-    4. ``permutation equivariance``: permuting the carry's and the inputs' rows
-       permutes every output, next state, metric and emitted extra alike.
-    5. ``batch-of-one agreement``: every env run alone gives its row of the batch.
-    6. ``reset_state``: on the rollout's final carry, batched, and under
-       ``jax.vmap`` on each env's slice; both give the same carry.
-    7. ``replay consistency``: replaying from the initial carry with the stored
-       ``rollout_extras`` reproduces the rollout's outputs, carries, losses and
-       metrics; ``replay on a subset of the batch``: so does replaying a subset
-       of the envs (a minibatch).
-    8. ``replay takes the stored action`` (when the output holds sampled
-       actions, from an action sampler or a ``PPOAdapter``): replay fed the
-       extras of a rollout on *other* inputs returns that rollout's actions.
-    9. ``update_statistics routing``: ``update_statistics`` with the rollout's
-       ``(T, B, *feat)`` history passes the contract checks, which include that
-       every module holding statistics was reached; ``statistics fold (T, B) as
-       one batch``: shuffling the ``T * B`` samples gives the same statistics.
-    10. ``per-env keys in carry`` (``stochastic=True`` only): the carry holds
-        typed PRNG keys, a distinct one per env, and each call splits them.
+    <properties>
 
     Stochastic modules need no tolerance: their random numbers come from per-env
     keys in the carry, so every comparison above sees the same numbers for the
     same env and holds exactly (up to ``rtol``/``atol`` of float reordering).
-    ``stochastic=True`` adds check 10, which makes sure that is where they come
-    from. A module drawing from an ``nnx.Rngs`` in ``__call__`` fails check 3.
+    ``stochastic=True`` adds the check that this is where they come from. A
+    module drawing from an ``nnx.Rngs`` in ``__call__`` fails ``no variable
+    written in the forward path``.
 
     The contract checks are on during the check whatever ``NNX_PPO_CHECKS`` says.
-    The module is never modified: every example starts from a copy. Do not call
-    this inside a Hypothesis test; it runs its own.
+    Compiled calls run on copies; the eager calls run on your module (so that its
+    attributes keep the order you gave them), which gets its variables back
+    after every example. Do not call this inside a Hypothesis test; it runs its
+    own.
 
     Args:
       module_factory_or_module: the module, or a function of no arguments that builds it.
@@ -951,27 +1252,34 @@ def check_module(
         and dtypes (floats standard normal, integers in ``[-3, 3]``, booleans).
       batch_sizes: the batch sizes to draw ``B`` from; one compile per size.
       time_lengths: the rollout lengths to draw ``T`` from.
-      max_examples: how many examples Hypothesis runs (before shrinking a failure).
-      stochastic: whether the module draws random numbers (adds check 10).
-      rtol, atol: the tolerance of float comparisons (rows of a matmul may round
-        differently in a batch of another size).
+      max_examples: how many examples Hypothesis runs (before shrinking a
+        failure); by default ``NNX_PPO_MAX_EXAMPLES`` from the environment (which
+        ``pytest --nnx-ppo-max-examples`` sets), else 10.
+      stochastic: whether the module draws random numbers (adds ``per-env keys
+        in carry``).
+      rtol, atol: the tolerance of float comparisons. Rows of a matmul may round
+        differently in a batch of another size, and XLA reorders float
+        arithmetic when it fuses a compiled call: the default, ``1e-5``, is
+        about 84 float32 epsilons, room for a few dozen reordered roundings.
 
     Raises:
       ContractPropertyError: a property failed; the message names it, the smallest
         ``B`` and ``T`` Hypothesis found that fail, and the leaf that differed.
       TypeError, ValueError: the arguments are malformed.
     """
+    __tracebackhide__ = True  # pytest shows the caller's line and the message
     module = _build(module_factory_or_module)
     spec = _input_spec(example_input)
     batches = _sizes("batch_sizes", batch_sizes)
     lengths = _sizes("time_lengths", time_lengths)
-    max_examples = require_int("check_module", "max_examples", max_examples)
+    examples = _max_examples(max_examples)
     rtol = require_number("check_module", "rtol", rtol, minimum=0.0)
     atol = require_number("check_module", "atol", atol, minimum=0.0)
     kit = _ModuleKit(module, rtol, atol, bool(stochastic))
+    hint = _batched_example_hint(spec)
 
     @settings(
-        max_examples=max_examples,
+        max_examples=examples,
         deadline=None,
         database=None,
         derandomize=True,
@@ -982,9 +1290,17 @@ def check_module(
     )
     @given(_examples(batches, lengths, spec))
     def check_every_property(example: _Example) -> None:
+        case = _Case(kit, example)
+        failure: _PhaseError | None = None
         try:
-            kit.check(example)
-        except _PhaseError as failure:
+            for row in MODULE_PROPERTIES:
+                if row.applies is None or row.applies.holds(case):
+                    row.check(case)
+        except _PhaseError as caught:
+            failure = caught
+        if failure is not None:
+            # Raised outside the handler, so that nothing is chained: Hypothesis tells
+            # failures apart by their chain, which holds per-trace objects.
             raise property_failure(
                 "check_module",
                 failure.prop,
@@ -994,7 +1310,15 @@ def check_module(
                 leaf=contract_leaf(failure.error),
                 rule=_RULES[failure.prop],
                 cause=failure.error,
-            ) from failure.error
+                hint=hint if failure.prop in _SHAPE_PROPERTIES else None,
+            )
 
-    with checks(True):
-        check_every_property()
+    try:
+        with checks(True):
+            check_every_property()
+    except ContractPropertyError as error:
+        # The message says it all: no library frames, no chained cause (kept as .cause).
+        raise error.with_traceback(None) from None
+
+
+check_module.__doc__ = document_properties(check_module.__doc__, MODULE_PROPERTIES)

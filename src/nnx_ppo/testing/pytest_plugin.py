@@ -9,21 +9,29 @@ Installed with nnx-ppo (a ``pytest11`` entry point), so a test needs no import::
         check_env(MyEnv())
 
 ``pytest --nnx-ppo-max-examples=50`` raises the number of Hypothesis examples of
-every ``check_module`` call that does not set its own ``max_examples`` (e.g. for a
-nightly job). The kit, JAX and Hypothesis are imported when a fixture is first
-used, not when pytest starts.
+every ``check_module`` call that does not set its own ``max_examples``, through the
+fixture or called directly (e.g. for a nightly job): it sets the environment
+variable ``NNX_PPO_MAX_EXAMPLES`` for the session. The kit, JAX and Hypothesis are
+imported when a fixture is first used (or, with the option, when pytest starts).
 """
 
 from __future__ import annotations
 
-import functools
+import os
 from collections.abc import Callable
 
 import pytest
 
-__all__ = ["check_env", "check_module", "pytest_addoption"]
+__all__ = [
+    "check_env",
+    "check_module",
+    "pytest_addoption",
+    "pytest_configure",
+    "pytest_unconfigure",
+]
 
 _MAX_EXAMPLES_OPTION = "--nnx-ppo-max-examples"
+_PREVIOUS = pytest.StashKey[str | None]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,21 +40,41 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         _MAX_EXAMPLES_OPTION,
         type=int,
         default=None,
-        help="Hypothesis examples per check_module call that sets no max_examples itself "
-        "(default: check_module's own, 10).",
+        help="Hypothesis examples per check_module call that sets no max_examples itself, "
+        "fixture or direct call (default: NNX_PPO_MAX_EXAMPLES, else 10).",
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Make ``--nnx-ppo-max-examples`` the default of every ``check_module`` call."""
+    max_examples = config.getoption(_MAX_EXAMPLES_OPTION)
+    if max_examples is None:
+        return
+    from nnx_ppo.testing.check_module import MAX_EXAMPLES_ENV_VAR
+
+    config.stash[_PREVIOUS] = os.environ.get(MAX_EXAMPLES_ENV_VAR)
+    os.environ[MAX_EXAMPLES_ENV_VAR] = str(max_examples)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Give ``NNX_PPO_MAX_EXAMPLES`` back the value it had before the session."""
+    if _PREVIOUS not in config.stash:
+        return
+    from nnx_ppo.testing.check_module import MAX_EXAMPLES_ENV_VAR
+
+    previous = config.stash[_PREVIOUS]
+    if previous is None:
+        os.environ.pop(MAX_EXAMPLES_ENV_VAR, None)
+    else:
+        os.environ[MAX_EXAMPLES_ENV_VAR] = previous
+
+
 @pytest.fixture
-def check_module(request: pytest.FixtureRequest) -> Callable[..., None]:
-    """:func:`nnx_ppo.testing.check_module`, with ``--nnx-ppo-max-examples`` applied."""
+def check_module() -> Callable[..., None]:
+    """:func:`nnx_ppo.testing.check_module`."""
     from nnx_ppo.testing.check_module import check_module as check
 
-    max_examples = request.config.getoption(_MAX_EXAMPLES_OPTION)
-    if max_examples is None:
-        return check
-    # A keyword given in the test overrides this default.
-    return functools.partial(check, max_examples=max_examples)
+    return check
 
 
 @pytest.fixture

@@ -1,0 +1,157 @@
+"""``nnx-ppo check``: the contract test kit from the command line, for CI without a test file.
+
+::
+
+    nnx-ppo check my_project.cells:make_cell --input-shape 4
+    nnx-ppo check my_project.cells:MyCell --example-input sample.npz --max-examples 50
+
+``MODULE:FACTORY`` names a ``StatefulModule``, or a function of no arguments that
+builds one (a class whose constructor needs no arguments included), importable
+from the current directory as with ``python -m``. The example input is one
+sample, without the batch axis: ``--input-shape`` (and ``--input-dtype``) give
+its shape, or ``--example-input`` a ``.npy`` file (one array) or ``.npz`` file (a
+dict of arrays, by name). The command runs :func:`nnx_ppo.testing.check_module`
+and exits 0 when every property holds, 1 with the kit's message when one fails,
+and 2 when the arguments are wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(commands: Any) -> None:
+    """Add the ``check`` subcommand to the ``nnx-ppo`` parser's subcommands."""
+    check = commands.add_parser(
+        "check", help="check a module against the contract (the test kit's check_module)"
+    )
+    check.add_argument(
+        "target",
+        metavar="MODULE:FACTORY",
+        help="the module, or a function of no arguments that builds it, e.g. my_pkg.cells:make",
+    )
+    example = check.add_mutually_exclusive_group(required=True)
+    example.add_argument(
+        "--input-shape",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="the shape of one sample's input, without the batch axis, e.g. --input-shape 4",
+    )
+    example.add_argument(
+        "--example-input",
+        type=Path,
+        metavar="FILE",
+        help="one sample's input: a .npy array or a .npz dict of arrays, without the batch axis",
+    )
+    check.add_argument(
+        "--input-dtype",
+        default="float32",
+        metavar="DTYPE",
+        help="the dtype of --input-shape (default float32)",
+    )
+    check.add_argument(
+        "--max-examples",
+        type=int,
+        metavar="N",
+        help="Hypothesis examples (default: NNX_PPO_MAX_EXAMPLES, else 10)",
+    )
+    check.add_argument("--batch-sizes", type=int, nargs="+", metavar="B", help="batch sizes")
+    check.add_argument("--time-lengths", type=int, nargs="+", metavar="T", help="rollout lengths")
+    check.add_argument("--stochastic", action="store_true", help="the module draws random numbers")
+
+
+def _load(target: str) -> Any:
+    """The object ``MODULE:FACTORY`` names (attributes may be dotted: ``pkg.mod:Class.make``)."""
+    module_name, colon, attribute = target.partition(":")
+    if not colon or not module_name or not attribute:
+        raise ValueError(f"expected MODULE:FACTORY, e.g. my_pkg.cells:make_cell, got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"cannot import {module_name}: {error}") from error
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise ValueError(f"{module_name} has no attribute {attribute!r}")
+        found = getattr(found, part)
+    return found
+
+
+def _example_input(args: argparse.Namespace) -> Any:
+    import jax
+
+    if args.input_shape is not None:
+        try:
+            dtype = np.dtype(args.input_dtype)
+        except TypeError:
+            raise ValueError(f"--input-dtype {args.input_dtype!r} is not a dtype") from None
+        return jax.ShapeDtypeStruct(tuple(args.input_shape), dtype)
+    path: Path = args.example_input
+    if path.suffix not in (".npy", ".npz"):
+        raise ValueError(f"--example-input must be a .npy or .npz file, got {path}")
+    if not path.exists():
+        raise FileNotFoundError(f"--example-input {path} does not exist")
+    loaded = np.load(path)
+    if isinstance(loaded, np.ndarray):
+        return loaded
+    with loaded:
+        return {name: loaded[name] for name in loaded.files}
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    """Run ``nnx-ppo check``; returns the exit status."""
+    try:
+        from nnx_ppo.testing import ContractPropertyError, check_module
+    except ModuleNotFoundError as error:
+        if error.name != "hypothesis":
+            raise
+        raise ValueError(
+            "nnx-ppo check needs Hypothesis: pip install 'nnx-ppo[testing]'"
+        ) from error
+    from nnx_ppo.networks.types import StatefulModule
+
+    found = _load(args.target)
+    example_input = _example_input(args)
+    module = found
+    if not isinstance(module, StatefulModule) and callable(module):
+        try:
+            module = module()
+        except Exception as error:
+            raise ValueError(f"{args.target}() raised {type(error).__name__}: {error}") from error
+    if not isinstance(module, StatefulModule):
+        raise ValueError(
+            f"{args.target} gives a value of type {type(module).__name__}: expected a "
+            "StatefulModule or a function of no arguments that builds one"
+        )
+    options: dict[str, Any] = {"stochastic": args.stochastic}
+    for option in ("max_examples", "batch_sizes", "time_lengths"):
+        if getattr(args, option) is not None:
+            options[option] = getattr(args, option)
+    try:
+        check_module(module, example_input, **options)
+    except ContractPropertyError as failure:
+        # The message, and Hypothesis's note of the failing example (its episode ends,
+        # permutation and subset).
+        report = "\n".join([str(failure), *getattr(failure, "__notes__", [])])
+        console.print(report, markup=False, highlight=False, soft_wrap=True)
+        return 1
+    console.print(
+        f"{args.target}: {type(module).__name__} has every property of the contract "
+        "that check_module checks.",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    return 0

@@ -1,0 +1,125 @@
+"""``nnx-ppo check``: the contract test kit from the command line, run in-process."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nnx_ppo.cli.main import main
+
+CELLS = """
+import jax.numpy as jnp
+from flax import nnx
+
+from nnx_ppo.networks.normalizer import Normalizer
+from nnx_ppo.testing.modules import RunningSum
+
+
+class BatchCentred(RunningSum):
+    def __call__(self, state, x, rollout_extras=None):
+        return super().__call__(state, x - x.mean(axis=0), rollout_extras)
+
+
+def make_good():
+    return RunningSum(3)
+
+
+def make_bad():
+    return BatchCentred(3)
+
+
+def make_broken():
+    raise RuntimeError("no weights on disk")
+
+
+class Pair:
+    @staticmethod
+    def normalizer():
+        return Normalizer({"a": 2, "b": 3})
+
+
+not_a_module = 42
+"""
+
+
+@pytest.fixture
+def cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module of cells in the current directory, under a name no other test imports."""
+    (tmp_path / "kit_cli_cells.py").write_text(textwrap.dedent(CELLS))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "kit_cli_cells"
+
+
+def check(*argv: str) -> int:
+    return main(["check", *argv, "--max-examples", "3"])
+
+
+def test_a_module_that_keeps_the_contract_exits_0(
+    cells: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert check(f"{cells}:make_good", "--input-shape", "3") == 0
+    assert "RunningSum has every property of the contract" in capsys.readouterr().out
+
+
+def test_a_failure_exits_1_with_the_kit_s_message_and_no_traceback(
+    cells: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert check(f"{cells}:make_bad", "--input-shape", "3") == 1
+    out = capsys.readouterr().out
+    assert "check_module(BatchCentred): property 'batch-of-one agreement' fails at B=2" in out
+    assert "leaf:     output at step 0, env 0" in out
+    assert "example=Example(B=2, T=1, episode ends (step, env)=[]" in out
+    assert "Traceback" not in out
+
+
+def test_the_example_input_may_be_an_npz_dict_of_arrays(
+    cells: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    np.savez(tmp_path / "sample.npz", a=np.zeros(2, np.float32), b=np.zeros(3, np.float32))
+    assert check(f"{cells}:Pair.normalizer", "--example-input", "sample.npz") == 0
+    assert "Normalizer has every property" in capsys.readouterr().out
+
+
+def test_the_example_input_may_be_an_npy_array(cells: str, tmp_path: Path) -> None:
+    np.save(tmp_path / "sample.npy", np.zeros(3, np.float32))
+    assert check(f"{cells}:make_good", "--example-input", "sample.npy") == 0
+
+
+@pytest.mark.parametrize(
+    ("target", "extra", "message"),
+    [
+        ("kit_cli_cells", [], "expected MODULE:FACTORY, e.g. my_pkg.cells:make_cell"),
+        ("no_such_package.cells:make", [], "cannot import no_such_package.cells"),
+        ("kit_cli_cells:make_nothing", [], "kit_cli_cells has no attribute 'make_nothing'"),
+        (
+            "kit_cli_cells:not_a_module",
+            [],
+            "kit_cli_cells:not_a_module gives a value of type int: expected a StatefulModule",
+        ),
+        (
+            "kit_cli_cells:make_broken",
+            [],
+            "kit_cli_cells:make_broken() raised RuntimeError: no weights on disk",
+        ),
+        ("kit_cli_cells:make_good", ["--input-dtype", "floaty"], "'floaty' is not a dtype"),
+    ],
+)
+def test_wrong_arguments_exit_2_with_a_message_that_names_them(
+    cells: str, capsys: pytest.CaptureFixture[str], target: str, extra: list[str], message: str
+) -> None:
+    assert check(target, "--input-shape", "3", *extra) == 2
+    assert message in capsys.readouterr().out
+
+
+def test_a_missing_or_unknown_example_file_is_named(
+    cells: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert check(f"{cells}:make_good", "--example-input", "missing.npy") == 2
+    assert "--example-input missing.npy does not exist" in capsys.readouterr().out
+    (tmp_path / "sample.txt").write_text("0 0 0")
+    assert check(f"{cells}:make_good", "--example-input", "sample.txt") == 2
+    assert "must be a .npy or .npz file" in capsys.readouterr().out
