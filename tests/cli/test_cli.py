@@ -123,7 +123,9 @@ def test_a_different_architecture_is_refused_with_the_paths_that_differ(
 
     capsys.readouterr()
     assert main(["train", "--resume", str(run_dir), "--set", "network.hidden_sizes=[16,16]"]) == 2
-    assert "missing from the checkpoint" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "network.hidden_sizes is [16] in the run, [16, 16] here" in shown
+    assert "may not change on resume: env, episode_length, network.kind" in shown
 
 
 def test_broken_checkpoints_are_named(tmp_path: Path) -> None:
