@@ -216,7 +216,7 @@ def _train_locked(
     )
     from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
     from nnx_ppo.cli.progress import TrainingProgress
-    from nnx_ppo.cli.run_dir import RunLogger, trim_metrics, write_atomically
+    from nnx_ppo.cli.run_dir import RunLogger, read_metrics, trim_metrics, write_atomically
 
     try:
         find_checkpoint(run_dir)
@@ -247,29 +247,36 @@ def _train_locked(
             console.print(
                 f"{run_dir} is complete: trained for {start_step:,} of "
                 f"{ppo_config.total_steps:,} steps. Train it further with "
-                f"nnx-ppo train --resume {run_dir} --steps N (N > {start_step:,})"
+                f"nnx-ppo train --resume {run_dir} --steps N (N > {start_step:,})",
+                soft_wrap=True,
             )
             return 0
-        console.print(f"resuming {run_dir} from step {start_step:,}")
+        console.print(f"resuming {run_dir} from step {start_step:,}", soft_wrap=True)
     elif args.resume is not None:
-        console.print(f"{run_dir} has no checkpoint yet: starting it from step 0")
+        console.print(f"{run_dir} has no checkpoint yet: starting it from step 0", soft_wrap=True)
 
     # Only now, with the checkpoint loaded, does the run's config change.
     write_atomically(run_dir / "config.json", json.dumps(run_config, indent=2) + "\n")
-    trim_metrics(run_dir / "metrics.jsonl", start_step if has_checkpoint else -1)
+    if has_checkpoint:
+        trim_metrics(run_dir / "metrics.jsonl", start_step)
+    else:  # what a run that failed before its first checkpoint logged is of no use
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     checkpoint_fn = make_checkpoint_fn(run_dir / CHECKPOINT_SUBDIR, train_config)
     per_step = ppo_config.steps_per_iteration
     planned = max(-(-ppo_config.total_steps // per_step) * per_step, start_step)
     rounded = "" if planned == ppo_config.total_steps else f" (whole PPO steps of {per_step:,})"
     console.print(
         f"training [bold]{run_config['env']}[/bold] to {planned:,} steps{rounded} "
-        f"({jax.default_backend()}), run directory {run_dir}"
+        f"({jax.default_backend()}), run directory {run_dir}",
+        soft_wrap=True,
     )
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     logger = RunLogger(run_dir, purge_from=start_step + 1 if has_checkpoint else 0)
     try:
         with TrainingProgress(planned, console, start_step) as progress:
+            if has_checkpoint:
+                progress.remember(read_metrics(run_dir / "metrics.jsonl"))
 
             def log_fn(metrics: dict[str, float], step: int) -> None:
                 logger(metrics, step)
@@ -315,7 +322,10 @@ def _plot(run_dir: Path, title: str, console: Console) -> None:
     try:
         plot_learning_curve(run_dir / "metrics.jsonl", run_dir / "learning_curve.png", title)
     except (OSError, ValueError) as error:
-        console.print(f"[yellow]warning:[/yellow] no learning curve drawn: {escape(str(error))}")
+        console.print(
+            f"[yellow]warning:[/yellow] no learning curve drawn: {escape(str(error))}",
+            soft_wrap=True,
+        )
 
 
 # ------------------------------------------------------------------------- eval, envs

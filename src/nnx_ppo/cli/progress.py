@@ -88,6 +88,14 @@ class TrainingProgress:
             returns=" | ".join(returns),
         )
 
+    def remember(self, records: list[dict[str, Any]]) -> None:
+        """Take the latest returns (and their steps) from records an earlier session logged."""
+        for record in records:
+            for key in (EVAL_RETURN_KEY, TRAIN_RETURN_KEY):
+                if record.get(key) is not None:
+                    self.latest[key] = record[key]
+                    self.latest_step[key] = int(record["step"])
+
     def summary(self, extra: dict[str, Any]) -> Table:
         """A table of the run's final figures, to print once training ends."""
         table = Table(title="nnx-ppo training summary", show_header=False)
