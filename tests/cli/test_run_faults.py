@@ -6,11 +6,18 @@ one finished run is shared, copied by the tests that change it.
 
 import json
 import os
+import random
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
 import pytest
+from flax import nnx
 
 from nnx_ppo.algorithms import ppo
 from nnx_ppo.algorithms.checkpointing import CheckpointError, find_checkpoint
@@ -18,6 +25,8 @@ from nnx_ppo.cli import run_dir as run_dir_module
 from nnx_ppo.cli.main import main
 from nnx_ppo.cli.presets import follow_run_length, parse_run_config, preset
 from nnx_ppo.cli.run_dir import hold_run_lock, read_metrics, write_atomically
+from nnx_ppo.envs import make
+from nnx_ppo.networks.factories import make_default_network
 
 TINY = [
     "--set", "ppo.n_envs=8",
@@ -53,6 +62,15 @@ def copy_of(run_dir: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "copy"
     shutil.copytree(run_dir, copy)
     return copy
+
+
+def parameters(run_dir: Path) -> list[np.ndarray]:
+    """The network parameters of a run's latest checkpoint."""
+    from nnx_ppo.algorithms.checkpointing import load_checkpoint
+
+    network = make_default_network(make("cartpole"), nnx.Rngs(0), hidden_sizes=[16])
+    load_checkpoint(run_dir, network)
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(nnx.state(network, nnx.Param))]
 
 
 def steps_logged(run_dir: Path) -> list[int]:
@@ -167,8 +185,9 @@ def test_divergence_is_one_message_naming_the_intact_checkpoint(
 
     monkeypatch.setattr(ppo, "ppo_steps", diverging)
     capsys.readouterr()
-    assert train(run_dir, 4 * STEP, "--set", f"checkpoint_every_steps={STEP}") == 1
+    assert train(run_dir, 4 * STEP - 10, "--set", f"checkpoint_every_steps={STEP}") == 1
     shown = capsys.readouterr().out
+    assert "training cartpole to 512 steps (whole PPO steps of 128)" in shown
     assert "Traceback" not in shown
     assert "training diverged: PPO step ending at env step 256: the loss is NaN." in shown
     assert f"resume with nnx-ppo train --resume {run_dir}" in shown
@@ -369,3 +388,69 @@ def test_evaluation_and_checkpoint_cadence_follow_the_run_length() -> None:
     assert scaled["checkpoint_every_steps"] == 5 * 2048
     kept = follow_run_length(config, given={"train.eval.every_steps"})["train"]
     assert kept["eval"]["every_steps"] == 50_000
+
+
+# ------------------------------------------------------------------------------ kill -9
+
+
+def _wait_for(condition: Any, process: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not condition():
+        assert process.poll() is None, process.communicate()[0].decode()
+        assert time.monotonic() < deadline, f"no {what} within 2 minutes"
+        time.sleep(0.005)
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _writing_a_checkpoint(run_dir: Path) -> bool:
+    checkpoints = run_dir / "checkpoints"
+    return checkpoints.is_dir() and any("tmp" in p.name for p in checkpoints.iterdir())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_kill_9_then_resume_continues_from_the_newest_complete_checkpoint(
+    seed: int, finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two kills: one while a checkpoint is written, one at a random point (often an
+    evaluation or a step); then the run resumes to the end and equals an uninterrupted one."""
+    rng = random.Random(seed)
+    run_dir = tmp_path / "run"
+    every_step = ["--set", f"eval.every_steps={STEP}", "--set", f"checkpoint_every_steps={STEP}"]
+    command = [sys.executable, "-m", "nnx_ppo", "train"]
+    sessions = [
+        [*command, "--steps", str(4 * STEP), "--run-dir", str(run_dir), *TINY, *every_step],
+        [*command, "--resume", str(run_dir)],
+    ]
+    metrics = run_dir / "metrics.jsonl"
+    for session, argv in enumerate(sessions):
+        process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=os.environ | {"JAX_PLATFORMS": "cpu"},
+        )
+        try:
+            logged = _lines(metrics)
+            _wait_for(lambda logged=logged: _lines(metrics) > logged, process, "metrics")
+            if session == 0:
+                # A second trainer of the same directory is refused while the first runs.
+                capsys.readouterr()
+                assert train(run_dir, 4 * STEP) == 2
+                assert f"is being trained by process {process.pid}" in capsys.readouterr().out
+                _wait_for(lambda: _writing_a_checkpoint(run_dir), process, "checkpoint write")
+            else:
+                time.sleep(rng.uniform(0.0, 2.0))
+        finally:
+            process.kill()  # SIGKILL: no handler runs, no file is closed cleanly
+            process.wait()
+
+    assert resume(run_dir) == 0
+    assert steps_logged(run_dir) == [k * STEP for k in range(5)]  # exactly one record per step
+    assert find_checkpoint(run_dir)[1] == 4 * STEP
+    # Every resume started from a checkpoint: the result is the uninterrupted run's, bit for
+    # bit (same machine, same compiled step: what resuming promises).
+    for a, b in zip(parameters(finished_run), parameters(run_dir), strict=True):
+        np.testing.assert_array_equal(a, b)

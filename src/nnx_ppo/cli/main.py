@@ -257,10 +257,10 @@ def _train_locked(
 
     # Only now, with the checkpoint loaded, does the run's config change.
     write_atomically(run_dir / "config.json", json.dumps(run_config, indent=2) + "\n")
-    if has_checkpoint:
-        trim_metrics(run_dir / "metrics.jsonl", start_step)
-    else:  # what a run that failed before its first checkpoint logged is of no use
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    # train_ppo logs again from the step after a checkpoint past 0, and from step 0 itself
+    # otherwise (a run without a checkpoint, or resumed from the one at step 0).
+    logged_until = start_step if start_step > 0 else -1
+    trim_metrics(run_dir / "metrics.jsonl", logged_until)
     checkpoint_fn = make_checkpoint_fn(run_dir / CHECKPOINT_SUBDIR, train_config)
     per_step = ppo_config.steps_per_iteration
     planned = max(-(-ppo_config.total_steps // per_step) * per_step, start_step)
@@ -272,11 +272,10 @@ def _train_locked(
     )
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    logger = RunLogger(run_dir, purge_from=start_step + 1 if has_checkpoint else 0)
+    logger = RunLogger(run_dir, purge_from=logged_until + 1)
     try:
         with TrainingProgress(planned, console, start_step) as progress:
-            if has_checkpoint:
-                progress.remember(read_metrics(run_dir / "metrics.jsonl"))
+            progress.remember(read_metrics(run_dir / "metrics.jsonl"))
 
             def log_fn(metrics: dict[str, float], step: int) -> None:
                 logger(metrics, step)

@@ -125,11 +125,13 @@ def _json_number(value: Any) -> float | None:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file, in order.
+    """The records of a ``metrics.jsonl`` file, in order; none if it does not exist yet.
 
     A last line cut short (the process was killed while writing it) is dropped;
     a broken line before the last is an error naming the file and the line.
     """
+    if not path.exists():
+        return []
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     records = []
     for number, line in enumerate(lines, start=1):
@@ -143,10 +145,14 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def trim_metrics(path: Path, last_step: int) -> None:
-    """Keep the records of steps up to ``last_step``: a resumed run logs the later ones again."""
+    """Keep the records of steps up to ``last_step``: a resumed run logs the later ones again.
+
+    With ``last_step < 0`` nothing is kept and the file is not read (what a run
+    that failed before its first checkpoint logged is of no use, even if broken).
+    """
     if not path.exists():
-        return
-    kept = [r for r in read_metrics(path) if r["step"] <= last_step]
+        return  # nothing logged yet
+    kept = [r for r in read_metrics(path) if r["step"] <= last_step] if last_step >= 0 else []
     write_atomically(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
@@ -163,7 +169,7 @@ def plot_learning_curve(metrics_path: Path, out_path: Path, title: str = "") -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = read_metrics(metrics_path) if metrics_path.exists() else []
+    records = read_metrics(metrics_path)
     figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
     for key, label, marker, line in (
         (TRAIN_RETURN_KEY, "training episodes", "", "-"),
