@@ -454,3 +454,19 @@ def test_kill_9_then_resume_continues_from_the_newest_complete_checkpoint(
     # bit (same machine, same compiled step: what resuming promises).
     for a, b in zip(parameters(finished_run), parameters(run_dir), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_resume_refuses_only_the_settings_that_shape_the_saved_state() -> None:
+    from nnx_ppo.cli.presets import changed_on_resume
+
+    saved = preset("cartpole")
+    wanted = json.loads(json.dumps(saved))
+    wanted["train"]["ppo"]["learning_rate"] = 3e-4
+    wanted["train"]["ppo"]["gradient_clipping"] = 1.0  # another value: the same optimizer state
+    assert changed_on_resume(saved, wanted) == []
+    wanted["train"]["ppo"]["gradient_clipping"] = None  # off: another optimizer state
+    wanted["network"]["activation"] = "relu"
+    assert changed_on_resume(saved, wanted) == [
+        'network.activation is "tanh" in the run, "relu" here',
+        "ppo.gradient_clipping is 0.5 in the run, null here",
+    ]

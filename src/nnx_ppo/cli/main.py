@@ -192,6 +192,7 @@ def _refuse_changed_settings(run_dir: Path, run_config: dict[str, Any]) -> None:
     changed = changed_on_resume(_read_run_config(run_dir), run_config)
     if changed:
         fixed = ", ".join(key.removeprefix("train.") for key in FIXED_ON_RESUME)
+        fixed = fixed.replace("gradient_clipping", "gradient_clipping (on or off)")
         raise ValueError(
             f"cannot resume {run_dir} with other settings: {'; '.join(changed)}. These shape "
             f"the saved state and may not change on resume: {fixed}; start a new run instead"

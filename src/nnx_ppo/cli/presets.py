@@ -49,8 +49,12 @@ FIXED_ON_RESUME = (
     "network.hidden_sizes",
     "network.activation",
     "train.ppo.n_envs",
+    "train.ppo.gradient_clipping",
 )
-"""Settings that shape the saved state: a resumed run keeps them."""
+"""Settings that shape the saved state: a resumed run keeps them (clipping: on or off)."""
+
+_ON_OR_OFF = frozenset({"train.ppo.gradient_clipping"})
+"""Of :data:`FIXED_ON_RESUME`, those whose value may change but not whether it is set."""
 
 _COMMON_PPO = {
     "learning_rate": 1e-3,
@@ -243,11 +247,15 @@ def parse_run_config(config: dict[str, Any]) -> tuple[dict[str, Any], TrainConfi
 def changed_on_resume(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """The settings of :data:`FIXED_ON_RESUME` that differ, as ``key (saved here, wanted)``."""
 
+    def fixed(config: dict[str, Any], key: str) -> Any:
+        value = _at(config, key)
+        return value is not None if key in _ON_OR_OFF else value
+
     return [
         f"{key.removeprefix('train.')} is {json.dumps(_at(saved, key))} in the run, "
         f"{json.dumps(_at(wanted, key))} here"
         for key in FIXED_ON_RESUME
-        if _at(saved, key) != _at(wanted, key)
+        if fixed(saved, key) != fixed(wanted, key)
     ]
 
 
