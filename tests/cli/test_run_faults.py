@@ -187,7 +187,7 @@ def test_divergence_is_one_message_naming_the_intact_checkpoint(
     capsys.readouterr()
     assert train(run_dir, 4 * STEP - 10, "--set", f"checkpoint_every_steps={STEP}") == 1
     shown = capsys.readouterr().out
-    assert "training cartpole to 512 steps (whole PPO steps of 128)" in shown
+    assert "training cartpole to 512 steps (502 rounded up to whole PPO steps of 128)" in shown
     assert "Traceback" not in shown
     assert "training diverged: PPO step ending at env step 256: the loss is NaN." in shown
     assert f"resume with nnx-ppo train --resume {run_dir}" in shown

@@ -265,10 +265,14 @@ def _train_locked(
     checkpoint_fn = make_checkpoint_fn(run_dir / CHECKPOINT_SUBDIR, train_config)
     per_step = ppo_config.steps_per_iteration
     planned = max(-(-ppo_config.total_steps // per_step) * per_step, start_step)
-    rounded = "" if planned == ppo_config.total_steps else f" (whole PPO steps of {per_step:,})"
+    rounded = (
+        ""
+        if planned == ppo_config.total_steps
+        else f" ({ppo_config.total_steps:,} rounded up to whole PPO steps of {per_step:,})"
+    )
     console.print(
-        f"training [bold]{run_config['env']}[/bold] to {planned:,} steps{rounded} "
-        f"({jax.default_backend()}), run directory {run_dir}",
+        f"training [bold]{run_config['env']}[/bold] to {planned:,} steps{rounded} on "
+        f"{jax.default_backend()}, run directory {run_dir}",
         soft_wrap=True,
     )
     stop = _StopFlag()
