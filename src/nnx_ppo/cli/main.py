@@ -7,6 +7,8 @@ from its latest checkpoint. Ctrl-C or SIGTERM finishes the current PPO step,
 writes a checkpoint and exits cleanly.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import signal
@@ -15,13 +17,18 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 from flax import nnx
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:  # the command imports the library lazily, to start fast
+    from nnx_ppo.algorithms.config import TrainConfig
+    from nnx_ppo.algorithms.types import RLEnv
+    from nnx_ppo.networks.types import StatefulModule
 
 __all__ = ["main"]
 
@@ -187,15 +194,14 @@ def _train(args: argparse.Namespace, console: Console) -> int:
 
 
 def _refuse_changed_settings(run_dir: Path, run_config: dict[str, Any]) -> None:
-    from nnx_ppo.cli.presets import FIXED_ON_RESUME, changed_on_resume
+    from nnx_ppo.cli.presets import changed_on_resume, fixed_on_resume
 
     changed = changed_on_resume(_read_run_config(run_dir), run_config)
     if changed:
-        fixed = ", ".join(key.removeprefix("train.") for key in FIXED_ON_RESUME)
-        fixed = fixed.replace("gradient_clipping", "gradient_clipping (on or off)")
         raise ValueError(
             f"cannot resume {run_dir} with other settings: {'; '.join(changed)}. These shape "
-            f"the saved state and may not change on resume: {fixed}; start a new run instead"
+            f"the saved state and may not change on resume: {fixed_on_resume()}; start a new "
+            "run instead"
         )
 
 
@@ -204,9 +210,9 @@ def _train_locked(
     console: Console,
     run_dir: Path,
     run_config: dict[str, Any],
-    train_config: Any,
-    env: Any,
-    network: Any,
+    train_config: TrainConfig,
+    env: RLEnv,
+    network: StatefulModule,
 ) -> int:
     from nnx_ppo.algorithms.checkpointing import (
         CHECKPOINT_SUBDIR,

@@ -31,6 +31,7 @@ __all__ = [
     "FIXED_ON_RESUME",
     "apply_override",
     "changed_on_resume",
+    "fixed_on_resume",
     "follow_run_length",
     "leaf_keys",
     "merge",
@@ -55,6 +56,15 @@ FIXED_ON_RESUME = (
 
 _ON_OR_OFF = frozenset({"train.ppo.gradient_clipping"})
 """Of :data:`FIXED_ON_RESUME`, those whose value may change but not whether it is set."""
+
+
+def fixed_on_resume() -> str:
+    """:data:`FIXED_ON_RESUME` in words, for messages."""
+    return ", ".join(
+        key.removeprefix("train.") + (" (on or off)" if key in _ON_OR_OFF else "")
+        for key in FIXED_ON_RESUME
+    )
+
 
 _COMMON_PPO = {
     "learning_rate": 1e-3,
