@@ -111,7 +111,8 @@ EXPECTED_OUTPUT = {
     ],
     "training_video.py": ["step 0: (21, 8, 8, 3) uint8 frames", "step 128: (21, 8, 8, 3) uint8"],
     "training_divergence.py": [
-        "PPO step ending at env step 64: the loss is NaN or infinite (epoch 0, minibatch 0).",
+        "PPO step ending at env step 64: the loss is NaN or infinite (epoch 0, minibatch 0); "
+        "the network and optimizer are left as they were before the call.",
     ],
     "network_summary.py": [
         "Sequential: 211 parameters",

@@ -3,9 +3,18 @@
 A rollout runs ``T`` steps from an initial carry with ``rollout_extras=None``,
 resetting the carry of envs that finished, and stacks what the network emitted.
 Replay runs the same steps from the same initial carry, feeding the stored
-extras back. The two must agree exactly, also when replay sees only a
-minibatch of envs (the carry, inputs and extras sliced along ``B``), and the
-stored actions must be scored, never resampled.
+extras back. The two must agree, also when replay sees only a minibatch of
+envs (the carry, inputs and extras sliced along ``B``), and the stored actions
+must be scored, never resampled.
+
+Agreement is a property of the maths, not of one compiled program: XLA picks
+different kernels (and summation orders) for a batch of 4 and a slice of 2, or
+for a program with stored extras and one without, and float32 results then
+differ in the last bits (7e-9 has been seen on CPUs without AVX-512). Outputs
+are compared to ``FLOAT32``: a few hundred ulps of float32 (eps 1.2e-7) over
+the handful of layers here, far below the O(1) gap that a resampled action or
+a wrong carry row makes. What is copied rather than computed (the stored
+extras replay hands back) is compared exactly.
 """
 
 from typing import Any
@@ -34,6 +43,8 @@ from nnx_ppo.networks.variational import AR1VariationalBottleneck, VariationalBo
 
 T, B = 4, 4
 MINIBATCH = np.array([3, 1])  # permuted on purpose: rows must follow their env
+FLOAT32 = {"rtol": 1e-5, "atol": 1e-6}
+"""Tolerance of recomputed float32 outputs (see the module docstring)."""
 
 
 @nnx.jit
@@ -73,13 +84,15 @@ def _dones(rng: np.random.Generator, steps: int, batch: int) -> np.ndarray:
 
 def _assert_same(rollout: list[Any], replay: list[Any]) -> None:
     for step_rollout, step_replay in zip(rollout, replay, strict=True):
-        jax.tree.map(np.testing.assert_array_equal, step_rollout, step_replay)
+        jax.tree.map(
+            lambda a, b: np.testing.assert_allclose(a, b, **FLOAT32), step_rollout, step_replay
+        )
 
 
 def _assert_rows(full: list[Any], sliced: list[Any], rows: np.ndarray) -> None:
     for step_full, step_sliced in zip(full, sliced, strict=True):
         jax.tree.map(
-            lambda f, s: np.testing.assert_allclose(np.asarray(f)[rows], s, rtol=1e-6, atol=1e-6),
+            lambda f, s: np.testing.assert_allclose(np.asarray(f)[rows], s, **FLOAT32),
             step_full,
             step_sliced,
         )
@@ -118,7 +131,7 @@ def test_replay_reproduces_every_stochastic_module_whole_and_sliced():
     rollout, extras = _run(net, carry, inputs, dones)
     replay, replay_extras = _run(net, carry, inputs, dones, extras)
     _assert_same(rollout, replay)
-    jax.tree.map(np.testing.assert_array_equal, extras, replay_extras)
+    jax.tree.map(np.testing.assert_array_equal, extras, replay_extras)  # handed back, not computed
     for name in WIDTHS:  # different steps draw different numbers
         first, last = jax.tree.leaves(rollout[0][name])[0], jax.tree.leaves(rollout[-1][name])[0]
         assert not np.array_equal(first, last), name
@@ -137,7 +150,9 @@ def test_replay_reproduces_every_stochastic_module_whole_and_sliced():
     updated, _ = _run(net, carry, 1.5 * inputs + 0.7, dones, extras)
     for t in range(T):
         for name in SAMPLERS:
-            np.testing.assert_array_equal(updated[t][name]["action"], rollout[t][name]["action"])
+            np.testing.assert_allclose(
+                updated[t][name]["action"], rollout[t][name]["action"], **FLOAT32
+            )
             assert not np.allclose(
                 updated[t][name]["log_likelihood"], rollout[t][name]["log_likelihood"]
             )
@@ -269,8 +284,8 @@ def test_dict_observations_and_dict_actions_replay_under_jit_and_scan():
     assert regularization.shape == (T, B)
 
     replayed, replay_regularization = _scan_replay(net, carry, observations, extras)
-    jax.tree.map(np.testing.assert_allclose, outputs, replayed)
-    np.testing.assert_allclose(regularization, replay_regularization)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **FLOAT32), outputs, replayed)
+    np.testing.assert_allclose(regularization, replay_regularization, **FLOAT32)
 
     sliced, _ = _scan_replay(
         net,
@@ -279,7 +294,9 @@ def test_dict_observations_and_dict_actions_replay_under_jit_and_scan():
         _rows(extras, MINIBATCH, 1),
     )
     jax.tree.map(
-        lambda full, part: np.testing.assert_allclose(np.asarray(full)[:, MINIBATCH], part),
+        lambda full, part: np.testing.assert_allclose(
+            np.asarray(full)[:, MINIBATCH], part, **FLOAT32
+        ),
         outputs,
         sliced,
     )

@@ -151,7 +151,12 @@ def test_merge_flattens_children_outputs_and_follows_the_container_rules():
         out.regularization_loss, out.metrics["policy"][1]["kl_divergence"], rtol=1e-6
     )
     replay = _call(merge, state, x, out.rollout_extras)
-    jax.tree.map(np.testing.assert_array_equal, out.output, replay.output)
+    # Replay recomputes in another program: equal to float32 rounding, not bit for bit.
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+        out.output,
+        replay.output,
+    )
 
     merge.update_statistics(jax.tree.map(lambda e: e[None], out.rollout_extras))
     normalizer = merge["policy"][0]
@@ -197,7 +202,12 @@ def test_map_routes_samplers_state_extras_and_statistics():
     )
     assert out.rollout_extras["right"].shape == (2,)
     replay = _call(net, state, x, out.rollout_extras)
-    jax.tree.map(np.testing.assert_array_equal, out.output, replay.output)
+    # Replay recomputes in another program: equal to float32 rounding, not bit for bit.
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+        out.output,
+        replay.output,
+    )
     assert nnx_ppo.checks_enabled()  # so a routing miss would raise
     net.update_statistics(jax.tree.map(lambda e: e[None], out.rollout_extras))
     assert float(net["left"][0].counter[...]) == 2.0

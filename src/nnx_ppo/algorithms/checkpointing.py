@@ -100,9 +100,17 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     """Rebuild a validated :class:`TrainConfig` from :func:`config_to_dict`'s output.
 
+    Every field is parsed by its type, so a config file or a ``--set`` value of
+    the wrong form is named with the form expected. ``logging_level`` takes a
+    flag name (``"ALL"``), names joined by ``|`` (``"LOSSES|GRAD_NORM"``), a list
+    of names, or ``{"flags": [...]}`` as :func:`config_to_dict` writes it.
+
     Raises:
-      ValueError: an unknown section or field, named in the message.
+      ValueError: an unknown section or field, or a value of the wrong form;
+        the message names the field (e.g. ``ppo.n_envs``).
     """
+    if not isinstance(data, dict):
+        raise ValueError(f"a train config must be a JSON object, got {type(data).__name__}")
     defaults = TrainConfig()
     kwargs: dict[str, Any] = {}
     known = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -110,32 +118,84 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
         if name not in known:
             raise ValueError(f"unknown config section or field {name!r}; known: {sorted(known)}")
         current: Any = getattr(defaults, name)
-        if (
-            isinstance(value, dict)
-            and dataclasses.is_dataclass(current)
-            and not isinstance(current, type)
-        ):
-            fields = {f.name for f in dataclasses.fields(current)}
-            unknown = sorted(set(value) - fields)
+        if dataclasses.is_dataclass(current) and not isinstance(current, type):
+            if not isinstance(value, dict):
+                raise ValueError(
+                    f"config section {name} must be an object of fields, got {value!r}"
+                )
+            fields = {f.name: f for f in dataclasses.fields(current)}
+            unknown = sorted(set(value) - set(fields))
             if unknown:
                 raise ValueError(f"unknown config fields {name}.{unknown}; known: {sorted(fields)}")
-            kwargs[name] = dataclasses.replace(
-                current, **{k: _decode(v, getattr(current, k)) for k, v in value.items()}
-            )
+            parsed = {
+                k: _parse_field(f"{name}.{k}", str(fields[k].type), v) for k, v in value.items()
+            }
+            kwargs[name] = dataclasses.replace(current, **parsed)
         else:
-            kwargs[name] = value
+            kwargs[name] = _parse_field(name, str(known[name].type), value)
     return TrainConfig(**kwargs)
 
 
-def _decode(value: Any, default: Any) -> Any:
-    if isinstance(default, LoggingLevel) or (isinstance(value, dict) and "flags" in value):
-        flags = LoggingLevel(0)
-        for name in value["flags"]:
-            flags |= LoggingLevel[name]
-        return flags
-    if isinstance(value, list) and (default is None or isinstance(default, tuple)):
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_FIELD_FORMS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "int": ("an integer, e.g. 64", _is_int),
+    "float": ("a number, e.g. 0.99", _is_number),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "float | None": ("a number, or null for none", lambda v: v is None or _is_number(v)),
+    "float | bool | None": (
+        "a number, true for optax's default, or null for none",
+        lambda v: v is None or isinstance(v, int | float),
+    ),
+    "float | Callable[[Any], Any]": ("a number (keep a schedule in code)", _is_number),
+    "tuple[int, ...] | None": (
+        "a list of integers, e.g. [5, 50, 95], or null",
+        lambda v: v is None or (isinstance(v, list | tuple) and all(_is_int(i) for i in v)),
+    ),
+    "dict[str, Any]": ('an object, e.g. {"height": 480}', lambda v: isinstance(v, dict)),
+    "AdvantageNormalization": ('"per_leaf" or "global"', lambda v: v in ("per_leaf", "global")),
+    "LoggingLevel": (
+        'flag names: "ALL", "LOSSES|GRAD_NORM" or ["LOSSES", "GRAD_NORM"]',
+        lambda v: _logging_level(v) is not None,
+    ),
+}
+"""Each config field type: the form its values take (for messages) and who has it."""
+
+
+def _parse_field(name: str, kind: str, value: Any) -> Any:
+    """``value`` as the field of type ``kind`` (its annotation) holds it; else a named error."""
+    form, accepts = _FIELD_FORMS[kind]
+    if not accepts(value):
+        raise ValueError(f"config field {name} must be {form}; got {json.dumps(value)}")
+    if kind == "LoggingLevel":
+        return _logging_level(value)
+    if isinstance(value, list):
         return tuple(value)
     return value
+
+
+def _logging_level(value: Any) -> LoggingLevel | None:
+    """A ``LoggingLevel`` from one of its JSON forms; ``None`` if it is none of them."""
+    if isinstance(value, LoggingLevel):
+        return value
+    if isinstance(value, dict) and set(value) == {"flags"}:
+        value = value["flags"]
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split("|")]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return None
+    flags = LoggingLevel(0)
+    for flag in value:
+        if flag not in LoggingLevel.__members__:
+            return None
+        flags |= LoggingLevel[flag]
+    return flags
 
 
 # ------------------------------------------------------------------------ flattening
@@ -205,12 +265,14 @@ def make_checkpoint_fn(
     """A ``checkpoint_fn`` for :func:`~nnx_ppo.algorithms.ppo.train_ppo` writing Orbax checkpoints.
 
     Args:
-      directory: where the step directories go (created if missing).
+      directory: where the step directories go (created at the first save).
       config: stored with every checkpoint, so a run can be resumed from it alone.
       keep_last: how many of the newest checkpoints to keep.
 
     A step already on disk is not written again (a resumed run passes its
-    starting step first).
+    starting step first). A write that fails (disk full, read-only directory)
+    raises :class:`CheckpointError` naming the directory; Orbax writes into a
+    temporary directory, so the failed step is never taken as the latest.
 
     Example::
 
@@ -225,11 +287,17 @@ def make_checkpoint_fn(
         )
     root = Path(directory)
     config_json = config_to_dict(config) if config is not None else {}
-    manager = _manager(root, keep_last, create=True)
+    managers: list[Any] = []  # made at the first save: a run that fails before it leaves no dir
 
     def checkpoint_fn(training_state: TrainingState, step: int) -> None:
         import orbax.checkpoint as ocp
 
+        if not managers:
+            try:
+                managers.append(_manager(root, keep_last, create=True))
+            except OSError as error:
+                raise CheckpointError(_write_failure(root, int(step), error)) from error
+        manager = managers[0]
         if int(step) in manager.all_steps():
             return  # resuming from it, or a final save right after a periodic one
         arrays, entries = _flatten(_snapshot(training_state))
@@ -238,28 +306,50 @@ def make_checkpoint_fn(
             "steps_taken": int(training_state.steps_taken),
             "leaves": entries,
         }
-        manager.save(
-            int(step),
-            args=ocp.args.Composite(
-                arrays=ocp.args.StandardSave(arrays),
-                manifest=ocp.args.JsonSave(manifest),
-                config=ocp.args.JsonSave(config_json),
-            ),
-            force=True,
-        )
-        manager.wait_until_finished()
+        try:
+            manager.save(
+                int(step),
+                args=ocp.args.Composite(
+                    arrays=ocp.args.StandardSave(arrays),
+                    manifest=ocp.args.JsonSave(manifest),
+                    config=ocp.args.JsonSave(config_json),
+                ),
+                force=True,
+            )
+            manager.wait_until_finished()
+        except OSError as error:
+            raise CheckpointError(_write_failure(root, int(step), error)) from error
 
     return checkpoint_fn
 
 
+def _write_failure(root: Path, step: int, error: OSError) -> str:
+    reason = error.strerror or str(error)
+    where = error.filename or root
+    return (
+        f"could not write the checkpoint of step {step} under {root}: {reason} ({where}); "
+        "the checkpoints already there are intact"
+    )
+
+
 # ------------------------------------------------------------------------------ load
+
+
+def _complete(step_dir: Path) -> bool:
+    """A step directory Orbax finished: renamed into place, with its metadata and manifest."""
+    return (
+        step_dir.name.isdigit()
+        and (step_dir / "_CHECKPOINT_METADATA").is_file()
+        and (step_dir / "manifest").is_dir()
+    )
 
 
 def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, int]:
     """Resolve a run directory, a checkpoint directory or one step directory.
 
     Returns the checkpoint root and the step: ``step`` if given, else the step of
-    a step directory, else the latest complete checkpoint.
+    a step directory, else the latest complete checkpoint. A step directory that
+    a crash left without Orbax's metadata or the manifest is never taken.
 
     Raises:
       CheckpointError: nothing usable there; the message says what was looked for.
@@ -271,7 +361,7 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
         path = path / CHECKPOINT_SUBDIR
     if step is None and path.name.isdigit() and (path / "manifest").exists():
         return path.parent, int(path.name)
-    steps = sorted(int(p.name) for p in path.iterdir() if p.is_dir() and p.name.isdigit())
+    steps = sorted(int(p.name) for p in path.iterdir() if p.is_dir() and _complete(p))
     if not steps:
         raise CheckpointError(
             f"no checkpoint in {path}: expected step directories (e.g. {path / '100000'}) "

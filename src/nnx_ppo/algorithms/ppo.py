@@ -396,8 +396,12 @@ def _learn(
 # ------------------------------------------------------------------------------- step
 
 
-def _all_finite(tree: Any) -> Bool[Array, ""]:
-    return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+def _finite_leaves(tree: Any) -> dict[str, Bool[Array, ""]]:
+    """Whether each leaf is finite, by its path: the step's own record of what diverged."""
+    return {
+        jax.tree_util.keystr(path): jnp.all(jnp.isfinite(leaf))
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
 
 
 def _train_step(
@@ -427,7 +431,7 @@ def _train_step(
     metrics = _step_metrics(networks, transitions, advantages, targets, diagnostics, ran, config)
     health = {
         "loss_finite": jnp.isfinite(diagnostics["losses/total"]) | ~ran[:, None],
-        "parameters_finite": _all_finite(nnx.state(networks, nnx.Param)),
+        "parameters_finite": _finite_leaves(nnx.state(networks, nnx.Param)),
     }
     return (final_network_states, final_env_states, running, next_key), metrics, episodes, health
 
@@ -538,22 +542,22 @@ def _no_running_episodes(env_states: Any) -> RunningEpisodes:
     )
 
 
-def _raise_if_diverged(health: dict[str, Any], networks: StatefulModule, steps: int) -> None:
+def _raise_if_diverged(health: dict[str, Any], steps: int) -> None:
     """Raise ``FloatingPointError`` naming the step and the first non-finite quantity."""
-    health = jax.device_get(health)
     bad_updates = np.argwhere(~np.asarray(health["loss_finite"]))
     if bad_updates.size:
         epoch, minibatch = bad_updates[0]
         raise FloatingPointError(
             f"PPO step ending at env step {steps}: the loss is NaN or infinite "
-            f"(epoch {epoch}, minibatch {minibatch})."
+            f"(epoch {epoch}, minibatch {minibatch}); the network and optimizer are left as "
+            "they were before the call."
         )
-    if not health["parameters_finite"]:
-        params = jax.tree_util.tree_flatten_with_path(nnx.state(networks, nnx.Param))[0]
-        names = [jax.tree_util.keystr(path) for path, x in params if not np.all(np.isfinite(x))]
+    names = [name for name, finite in health["parameters_finite"].items() if not finite]
+    if names:
         raise FloatingPointError(
             f"PPO step ending at env step {steps}: parameters became NaN or infinite: "
             + ", ".join(names[:5])
+            + "; the network and optimizer are left as they were before the call."
         )
 
 
@@ -582,7 +586,8 @@ def ppo_step(
         not a :class:`PPOConfig`.
       ValueError: the state holds a different number of envs than ``config.n_envs``.
       ContractError: the state's env states are not batched.
-      FloatingPointError: the loss or a parameter became NaN or infinite.
+      FloatingPointError: the loss or a parameter became NaN or infinite; the
+        network and optimizer are then left as they were before the call.
     """
     training_state, (metrics,) = _run_steps("ppo_step", env, training_state, config, 1)
     return training_state, metrics
@@ -632,12 +637,14 @@ def _run_steps(
     new_state, (carry, metrics, episodes, health) = _compiled_steps(
         _EnvArgument(env), _ConfigArgument(config), graphdef, state, carry, iterations
     )
-    nnx.update((networks, optimizer), new_state)
     metrics, episodes, health = jax.device_get((metrics, episodes, health))
+    for i in range(iterations):  # before the caller's network is touched
+        steps = training_state.steps_taken + (i + 1) * config.steps_per_iteration
+        _raise_if_diverged(_index(health, i), steps)
+    nnx.update((networks, optimizer), new_state)
     per_step = []
     for i in range(iterations):
         steps = training_state.steps_taken + (i + 1) * config.steps_per_iteration
-        _raise_if_diverged(_index(health, i), networks, steps)
         host_metrics = to_host(_index(metrics, i)) | {"total_steps": float(steps)}
         if LoggingLevel.ROLLOUT_STATS in config.logging_level:
             host_metrics |= episode_metrics(_index(episodes, i))
@@ -659,20 +666,38 @@ def _index(tree: Any, i: int) -> Any:
 # ------------------------------------------------------------------------------ setup
 
 
-@functools.lru_cache(maxsize=32)
 def _default_optimizer(
     learning_rate: float | optax.Schedule,
     gradient_clipping: float | None,
     weight_decay: float | bool | None,
 ) -> optax.GradientTransformation:
-    """Adam(W) after optional clipping; one object per setting, so runs share a compiled step."""
-    links = [] if gradient_clipping is None else [optax.clip_by_global_norm(gradient_clipping)]
-    if weight_decay is None or weight_decay is False:
-        links.append(optax.adam(learning_rate))
-    elif weight_decay is True:
-        links.append(optax.adamw(learning_rate))
+    """Adam(W) after optional clipping; one object per setting, so runs share a compiled step.
+
+    Settings are told apart by type as well as value: ``weight_decay=True``
+    (optax's default decay) is not ``weight_decay=1`` (a decay of 1), though
+    ``True == 1`` in Python.
+    """
+    return _cached_optimizer(
+        (type(learning_rate), learning_rate),
+        (type(gradient_clipping), gradient_clipping),
+        (type(weight_decay), weight_decay),
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_optimizer(
+    learning_rate: tuple[type, float | optax.Schedule],
+    gradient_clipping: tuple[type, float | None],
+    weight_decay: tuple[type, float | bool | None],
+) -> optax.GradientTransformation:
+    rate, clipping, decay = learning_rate[1], gradient_clipping[1], weight_decay[1]
+    links = [] if clipping is None else [optax.clip_by_global_norm(clipping)]
+    if decay is None or decay is False:
+        links.append(optax.adam(rate))
+    elif decay is True:
+        links.append(optax.adamw(rate))
     else:
-        links.append(optax.adamw(learning_rate, weight_decay=weight_decay))
+        links.append(optax.adamw(rate, weight_decay=decay))
     return optax.chain(*links)
 
 
@@ -689,6 +714,25 @@ def _require_seed(seed: Any) -> None:
     require_int("new_training_state", "seed", seed, minimum=None)
 
 
+def _rekeyed(carry: ModuleState, key: PRNGKeyArray) -> ModuleState:
+    """``carry`` with every typed PRNG-key leaf drawn afresh from ``key``.
+
+    Leaf ``i`` (in tree order) gets keys seeded by ``bits(fold_in(key, i))``, one
+    per entry and in the leaf's own key implementation; every other leaf is kept.
+    """
+    leaves, structure = jax.tree.flatten(carry)
+
+    def fresh(index: int, leaf: Any) -> Any:
+        if not jnp.issubdtype(getattr(leaf, "dtype", jnp.float32), jax.dtypes.prng_key):
+            return leaf
+        impl = jax.random.key_impl(leaf)
+        seeds = jax.random.bits(jax.random.fold_in(key, index), (leaf.size,), jnp.uint32)
+        keys = jax.vmap(lambda s: jax.random.key(s, impl=impl))(seeds)
+        return keys.reshape(leaf.shape)
+
+    return jax.tree.unflatten(structure, [fresh(i, leaf) for i, leaf in enumerate(leaves)])
+
+
 def new_training_state(
     env: RLEnv,
     networks: StatefulModule,
@@ -702,11 +746,19 @@ def new_training_state(
 ) -> TrainingState:
     """A fresh training state: ``n_envs`` reset envs, fresh carries, an optimizer.
 
+    The seed is the run's only source of randomness after construction: it seeds
+    the env resets, the training key and **every per-env key in the network's
+    carry** (samplers' and bottlenecks' noise). The keys that
+    ``networks.initialize_state`` drew from the module's own ``nnx.Rngs`` are
+    replaced, so two seeds give different action noise from one network, and
+    one seed gives the same run each time. The ``nnx.Rngs`` still decides the
+    initial parameters.
+
     Args:
       env: one unbatched environment.
       networks: the PPO network.
       n_envs: environments stepped in parallel.
-      seed: seeds the env resets and every later key.
+      seed: seeds the env resets, the per-env keys of the carry and every later key.
       learning_rate, gradient_clipping, weight_decay: build the default optimizer,
         Adam (AdamW with ``weight_decay``; ``True`` for optax's default decay),
         after global-norm clipping when ``gradient_clipping`` is set. A learning
@@ -726,15 +778,16 @@ def new_training_state(
             f"got a {type(networks).__name__}"
         )
     _require_seed(seed)
-    env_key, training_key = jax.random.split(jax.random.key(seed))
+    env_key, training_key, carry_key = jax.random.split(jax.random.key(seed), 3)
     env_states = jax.jit(functools.partial(rollout.reset_envs, env))(
         jax.random.split(env_key, n_envs)
     )
+    network_states = jax.jit(_rekeyed)(networks.initialize_state(n_envs), carry_key)
     if optimizer is None:
         optimizer = _default_optimizer(learning_rate, gradient_clipping, weight_decay)
     return TrainingState(
         networks=networks,
-        network_states=_on_device(networks.initialize_state(n_envs)),
+        network_states=_on_device(network_states),
         env_states=_on_device(env_states),
         optimizer=nnx.Optimizer(networks, optimizer, wrt=nnx.Param),
         rng_key=training_key,
@@ -860,17 +913,23 @@ def _record(
     video_fn(VideoData(frames, steps, float(episode_reward), length))
 
 
-def _steps_until_host_needed(steps: int, config: TrainConfig) -> int:
+def _steps_until_host_needed(
+    steps: int, config: TrainConfig, checkpointing: bool, recording: bool
+) -> int:
     """How many PPO steps may run in one call: ``iterations_per_call``, or 1 if an
-    evaluation, video or checkpoint falls due (or training ends) before the last."""
+    evaluation, video or checkpoint falls due (or training ends) before the last.
+
+    Only what will happen counts: a checkpoint cadence without a ``checkpoint_fn``,
+    or a video cadence without a ``video_fn``, does not stop the fusion.
+    """
     per_step = config.ppo.steps_per_iteration
     fused = config.ppo.iterations_per_call
     last_inner = steps + (fused - 1) * per_step
     if fused == 1 or last_inner >= config.ppo.total_steps:
         return 1
-    every = [config.checkpoint_every_steps]
+    every = [config.checkpoint_every_steps] if checkpointing else []
     every += [config.eval.every_steps] if config.eval.enabled else []
-    every += [config.video.every_steps] if config.video.enabled else []
+    every += [config.video.every_steps] if config.video.enabled and recording else []
     return 1 if any(_crossed(steps, last_inner, e) for e in every) else fused
 
 
@@ -914,7 +973,11 @@ def train_ppo(
 
     Evaluates (if enabled), records video (if enabled and ``video_fn`` is given)
     and checkpoints (if ``checkpoint_fn`` is given) at the start and whenever the
-    step count passes a multiple of their ``every_steps``.
+    step count passes a multiple of their ``every_steps``. A run resumed from an
+    ``initial_state`` past step 0 continues that cadence: nothing is evaluated,
+    recorded, logged or checkpointed again at the step it resumes from. After a
+    PPO step, ``log_fn`` is called before ``checkpoint_fn``, so every step a
+    checkpoint holds has been logged.
 
     Args:
       env: one unbatched training environment (wrap it in an ``EpisodeWrapper``
@@ -929,6 +992,8 @@ def train_ppo(
       eval_env: the evaluation environment; ``env`` when ``None``.
       initial_state: resume from this state (its optimizer included: the config's
         learning rate, clipping and decay then go unused) instead of a fresh one.
+        It trains its own ``initial_state.networks``, so ``networks`` must be
+        that same object.
       should_stop: polled after every PPO step; when it returns ``True`` (e.g. a
         signal handler saw Ctrl-C), training stops early and ``checkpoint_fn``, if
         given, writes a final checkpoint of the state reached.
@@ -940,11 +1005,18 @@ def train_ppo(
     Raises:
       TypeError: ``config`` is not a :class:`TrainConfig`, ``initial_state`` not a
         :class:`TrainingState`, or video is asked of an eval env without ``render``.
+      ValueError: ``networks`` is not ``initial_state.networks``.
       FloatingPointError: the loss or a parameter became NaN or infinite.
     """
     config = _with_overrides(config, total_steps, seed)
     if initial_state is not None:
         _require_training_state("train_ppo", "initial_state", initial_state)
+        if initial_state.networks is not networks:
+            raise ValueError(
+                "train_ppo: networks is not initial_state.networks; a resumed state trains "
+                "the network it holds, so pass train_ppo(env, initial_state.networks, ..., "
+                "initial_state=initial_state)"
+            )
     eval_env = env if eval_env is None else eval_env
     if initial_state is None:
         state = new_training_state(
@@ -960,9 +1032,14 @@ def train_ppo(
         state = initial_state
     timed = LoggingLevel.THROUGHPUT in config.ppo.logging_level
     history: list[dict[str, float]] = []
-    last: dict[str, int | None] = {"eval": None, "video": None, "checkpoint": None}
+    resumed_at = state.steps_taken if state.steps_taken > 0 else None
+    last: dict[str, int | None] = {
+        "eval": resumed_at,
+        "video": resumed_at,
+        "checkpoint": resumed_at,
+    }
 
-    def periodic(state: TrainingState) -> dict[str, float]:
+    def evaluate_and_record(state: TrainingState) -> dict[str, float]:
         steps, metrics = state.steps_taken, {}
         if config.eval.enabled and _crossed(last["eval"], steps, config.eval.every_steps):
             key = _key_at(config.seed, steps)
@@ -974,20 +1051,26 @@ def train_ppo(
         if config.video.enabled and video_fn is not None and video_due:
             _record(eval_env, state.networks, config, steps, video_fn)
             last["video"] = steps
-        if checkpoint_fn is not None and _crossed(
-            last["checkpoint"], steps, config.checkpoint_every_steps
-        ):
-            checkpoint_fn(state, steps)
-            last["checkpoint"] = steps
         return metrics
 
-    metrics = periodic(state)
+    def checkpoint(state: TrainingState, due: bool) -> None:
+        if checkpoint_fn is not None and last["checkpoint"] != state.steps_taken and due:
+            checkpoint_fn(state, state.steps_taken)
+            last["checkpoint"] = state.steps_taken
+
+    def checkpoint_due(steps: int) -> bool:
+        return _crossed(last["checkpoint"], steps, config.checkpoint_every_steps)
+
+    metrics = evaluate_and_record(state)
     if log_fn is not None and metrics:
         log_fn(metrics, state.steps_taken)
+    checkpoint(state, checkpoint_due(state.steps_taken))
     iterations = 0
     while state.steps_taken < config.ppo.total_steps:
         start = time.perf_counter()
-        fused = _steps_until_host_needed(state.steps_taken, config)
+        fused = _steps_until_host_needed(
+            state.steps_taken, config, checkpoint_fn is not None, video_fn is not None
+        )
         state, per_step = ppo_steps(env, state, config.ppo, fused)
         iterations += fused
         if timed:
@@ -995,13 +1078,13 @@ def train_ppo(
             for metrics in per_step:
                 metrics["throughput/train_sps"] = fused * config.ppo.steps_per_iteration / elapsed
         *earlier, metrics = per_step
-        metrics |= periodic(state)
+        metrics |= evaluate_and_record(state)
         if log_fn is not None:
             for logged in earlier:
                 log_fn(logged, int(logged["total_steps"]))
             log_fn(metrics, state.steps_taken)
-        if should_stop is not None and should_stop():
-            if checkpoint_fn is not None and last["checkpoint"] != state.steps_taken:
-                checkpoint_fn(state, state.steps_taken)
+        stopping = should_stop is not None and should_stop()
+        checkpoint(state, stopping or checkpoint_due(state.steps_taken))
+        if stopping:
             break
     return TrainResult(state, metrics, history, state.steps_taken, iterations)

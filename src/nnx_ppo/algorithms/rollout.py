@@ -358,7 +358,13 @@ def unroll_env(
 
 
 def _per_env(leaf: Shaped[Array, "..."], n_envs: int) -> Batched:
-    """A metric leaf as ``(B, ...)``: scalars (shared by every env) are broadcast."""
+    """A metric leaf as ``(B, ...)``: scalars (shared by every env) are broadcast.
+
+    Booleans become 0/1 floats, so summing them over an episode counts the steps
+    they were true (a sum of booleans would be a logical or).
+    """
+    if leaf.dtype == jnp.bool_:
+        leaf = leaf.astype(jnp.float32)
     return jnp.broadcast_to(leaf, (n_envs,)) if leaf.ndim == 0 else leaf
 
 

@@ -7,6 +7,8 @@ from its latest checkpoint. Ctrl-C or SIGTERM finishes the current PPO step,
 writes a checkpoint and exits cleanly.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import signal
@@ -15,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 from flax import nnx
@@ -25,7 +27,23 @@ from rich.table import Table
 
 from nnx_ppo.cli import check
 
+if TYPE_CHECKING:  # the command imports the library lazily, to start fast
+    from nnx_ppo.algorithms.config import TrainConfig
+    from nnx_ppo.algorithms.types import RLEnv
+    from nnx_ppo.networks.types import StatefulModule
+
 __all__ = ["main"]
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: a positive integer, or a one-line usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -36,7 +54,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train a policy and write a run directory")
     train.add_argument("--env", help="environment name (default: cartpole; see `nnx-ppo envs`)")
-    train.add_argument("--steps", type=int, help="total environment steps")
+    train.add_argument(
+        "--steps",
+        type=_positive_int,
+        help="total environment steps (rounded up to whole PPO steps of n_envs * rollout_length)",
+    )
     train.add_argument("--seed", type=int, help="seed of the run")
     train.add_argument("--config", type=Path, help="a JSON or TOML file of config overrides")
     train.add_argument(
@@ -53,7 +75,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="evaluate a run's latest checkpoint")
     evaluate.add_argument("run_dir", type=Path)
-    evaluate.add_argument("--episodes", type=int, default=64, help="evaluation episodes")
+    evaluate.add_argument("--episodes", type=_positive_int, default=64, help="evaluation episodes")
     evaluate.add_argument("--seed", type=int, default=0)
 
     commands.add_parser("envs", help="list environments with their observation/action specs")
@@ -82,29 +104,59 @@ def _make_network(env: Any, run_config: dict[str, Any]) -> Any:
     return make_default_network(
         env,
         nnx.Rngs(seed),
-        kind=network.get("kind", "auto"),
-        hidden_sizes=network.get("hidden_sizes", (64, 64)),
-        activation=network.get("activation", "tanh"),
+        kind=network["kind"],
+        hidden_sizes=network["hidden_sizes"],
+        activation=network["activation"],
     )
 
 
-def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
-    from nnx_ppo.cli.presets import apply_override, merge, preset, read_config_file
+def _read_run_config(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory: it has no config.json")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error
 
+
+def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The run configuration: a preset (or the resumed run's), then the file, then ``--set``."""
+    from nnx_ppo.cli.presets import (
+        apply_override,
+        follow_run_length,
+        leaf_keys,
+        merge,
+        preset,
+        read_config_file,
+    )
+
+    file_config = read_config_file(args.config) if args.config else {}
     if args.resume is not None:
-        config = json.loads((args.resume / "config.json").read_text())
+        config = merge(_read_run_config(args.resume), file_config)
+        if args.env is not None:
+            config["env"] = args.env  # refused below unless it is the run's
     else:
-        file_config = read_config_file(args.config) if args.config else {}
         env_name = args.env or file_config.get("env") or "cartpole"
         config = merge(preset(env_name), file_config)
         config["env"] = env_name
+    given = set(leaf_keys(file_config))
     for assignment in args.overrides:
         config = apply_override(config, assignment)
+        given.add(_override_key(config, assignment))
     if args.steps is not None:
         config["train"]["ppo"]["total_steps"] = args.steps
     if args.seed is not None:
         config["train"]["seed"] = args.seed
+    if args.resume is None:
+        config = follow_run_length(config, given)
     return config
+
+
+def _override_key(config: dict[str, Any], assignment: str) -> str:
+    """The full dotted key a ``--set`` assignment wrote (``ppo.x`` is ``train.ppo.x``)."""
+    key = assignment.split("=", 1)[0].strip()
+    return key if key.split(".")[0] in config else f"train.{key}"
 
 
 class _StopFlag:
@@ -127,88 +179,170 @@ class _StopFlag:
 
 
 def _train(args: argparse.Namespace, console: Console) -> int:
+    from nnx_ppo.cli.presets import parse_run_config
+    from nnx_ppo.cli.run_dir import hold_run_lock
+
+    # Everything a config error can stop happens before the run directory exists.
+    run_config, train_config = parse_run_config(_resolve_config(args))
+    env = _make_env(run_config)
+    network = _make_network(env, run_config)
+    if args.resume is not None:
+        run_dir = args.resume
+        _refuse_changed_settings(run_dir, run_config)
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = args.run_dir or Path("runs") / f"{run_config['env']}-{stamp}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with hold_run_lock(run_dir):
+        return _train_locked(args, console, run_dir, run_config, train_config, env, network)
+
+
+def _refuse_changed_settings(run_dir: Path, run_config: dict[str, Any]) -> None:
+    from nnx_ppo.cli.presets import changed_on_resume, fixed_on_resume
+
+    changed = changed_on_resume(_read_run_config(run_dir), run_config)
+    if changed:
+        raise ValueError(
+            f"cannot resume {run_dir} with other settings: {'; '.join(changed)}. These shape "
+            f"the saved state and may not change on resume: {fixed_on_resume()}; start a new "
+            "run instead"
+        )
+
+
+def _train_locked(
+    args: argparse.Namespace,
+    console: Console,
+    run_dir: Path,
+    run_config: dict[str, Any],
+    train_config: TrainConfig,
+    env: RLEnv,
+    network: StatefulModule,
+) -> int:
     from nnx_ppo.algorithms.checkpointing import (
         CHECKPOINT_SUBDIR,
-        config_from_dict,
+        CheckpointError,
+        find_checkpoint,
         load_checkpoint,
         make_checkpoint_fn,
     )
     from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
     from nnx_ppo.cli.progress import TrainingProgress
-    from nnx_ppo.cli.run_dir import RunLogger, plot_learning_curve
+    from nnx_ppo.cli.run_dir import RunLogger, read_metrics, trim_metrics, write_atomically
     from nnx_ppo.networks.network_summary import print_summary
 
-    run_config = _resolve_config(args)
-    train_config = config_from_dict(run_config["train"])
-    if args.resume is not None:
-        run_dir = args.resume
-    else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = args.run_dir or Path("runs") / f"{run_config['env']}-{stamp}"
-    if args.resume is None and (run_dir / CHECKPOINT_SUBDIR).exists():
+    try:
+        find_checkpoint(run_dir)
+        has_checkpoint = True
+    except CheckpointError:
+        has_checkpoint = False
+    if args.resume is None and has_checkpoint:
         raise ValueError(
             f"{run_dir} already holds a run; continue it with --resume {run_dir}, or choose "
             "another --run-dir"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(run_config, indent=2) + "\n")
-
-    env = _make_env(run_config)
-    network = _make_network(env, run_config)
-    if not args.quiet:
-        print_summary(network, jax.eval_shape(env.reset, jax.random.key(0)).obs, console)
+    ppo_config = train_config.ppo
     initial_state = None
-    if args.resume is not None:
+    start_step = 0
+    if has_checkpoint:
         template = new_training_state(
             env,
             network,
-            train_config.ppo.n_envs,
+            ppo_config.n_envs,
             train_config.seed,
-            train_config.ppo.learning_rate,
-            train_config.ppo.gradient_clipping,
-            train_config.ppo.weight_decay,
+            ppo_config.learning_rate,
+            ppo_config.gradient_clipping,
+            ppo_config.weight_decay,
         )
         initial_state = load_checkpoint(run_dir, template)["training_state"]
-        console.print(f"resuming {run_dir} from step {initial_state.steps_taken:,}")
+        start_step = initial_state.steps_taken
+        if start_step >= ppo_config.total_steps:
+            console.print(
+                f"{run_dir} is complete: trained for {start_step:,} of "
+                f"{ppo_config.total_steps:,} steps. Train it further with "
+                f"nnx-ppo train --resume {run_dir} --steps N (N > {start_step:,})",
+                soft_wrap=True,
+            )
+            return 0
+        console.print(f"resuming {run_dir} from step {start_step:,}", soft_wrap=True)
+    elif args.resume is not None:
+        console.print(f"{run_dir} has no checkpoint yet: starting it from step 0", soft_wrap=True)
 
+    # Only now, with the checkpoint loaded, does the run's config change.
+    write_atomically(run_dir / "config.json", json.dumps(run_config, indent=2) + "\n")
+    # train_ppo logs again from the step after a checkpoint past 0, and from step 0 itself
+    # otherwise (a run without a checkpoint, or resumed from the one at step 0).
+    logged_until = start_step if start_step > 0 else -1
+    trim_metrics(run_dir / "metrics.jsonl", logged_until)
     checkpoint_fn = make_checkpoint_fn(run_dir / CHECKPOINT_SUBDIR, train_config)
+    per_step = ppo_config.steps_per_iteration
+    planned = max(-(-ppo_config.total_steps // per_step) * per_step, start_step)
+    rounded = (
+        ""
+        if planned == ppo_config.total_steps
+        else f" ({ppo_config.total_steps:,} rounded up to whole PPO steps of {per_step:,})"
+    )
+    if not args.quiet:
+        print_summary(network, jax.eval_shape(env.reset, jax.random.key(0)).obs, console)
+    console.print(
+        f"training [bold]{run_config['env']}[/bold] to {planned:,} steps{rounded} on "
+        f"{jax.default_backend()}, run directory {run_dir}",
+        soft_wrap=True,
+    )
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    logger = RunLogger(run_dir)
-    console.print(
-        f"training [bold]{run_config['env']}[/bold] for {train_config.ppo.total_steps:,} steps "
-        f"({jax.default_backend()}), run directory {run_dir}"
-    )
+    logger = RunLogger(run_dir, purge_from=logged_until + 1)
     try:
-        start_step = initial_state.steps_taken if initial_state is not None else 0
-        with TrainingProgress(train_config.ppo.total_steps, console, start_step) as progress:
+        with TrainingProgress(planned, console, start_step) as progress:
+            progress.remember(read_metrics(run_dir / "metrics.jsonl"))
 
             def log_fn(metrics: dict[str, float], step: int) -> None:
                 logger(metrics, step)
                 progress.update(metrics, step)
 
-            result = train_ppo(
-                env,
-                network,
-                train_config,
-                log_fn=log_fn,
-                checkpoint_fn=checkpoint_fn,
-                initial_state=initial_state,
-                should_stop=stop.is_set,
-            )
+            try:
+                result = train_ppo(
+                    env,
+                    network,
+                    train_config,
+                    log_fn=log_fn,
+                    checkpoint_fn=checkpoint_fn,
+                    initial_state=initial_state,
+                    should_stop=stop.is_set,
+                )
+            except FloatingPointError as error:
+                raise _Diverged(str(error), run_dir) from error
             checkpoint_fn(result.training_state, result.total_steps)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         logger.close()
-        plot_learning_curve(
-            run_dir / "metrics.jsonl", run_dir / "learning_curve.png", run_config["env"]
-        )
+        _plot(run_dir, run_config["env"], console)
     extra = {"run directory": str(run_dir), "checkpoint": f"step {result.total_steps:,}"}
     if stop.is_set():
         extra["stopped by"] = f"{stop.signal_name}; resume with nnx-ppo train --resume {run_dir}"
     console.print(progress.summary(extra))
     return 0
+
+
+class _Diverged(Exception):
+    """Training diverged; the run's checkpoints are intact."""
+
+    def __init__(self, message: str, run_dir: Path) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
+
+
+def _plot(run_dir: Path, title: str, console: Console) -> None:
+    """Draw the learning curve; a failure is reported, never raised over the run's own error."""
+    from nnx_ppo.cli.run_dir import plot_learning_curve
+
+    try:
+        plot_learning_curve(run_dir / "metrics.jsonl", run_dir / "learning_curve.png", title)
+    except (OSError, ValueError) as error:
+        console.print(
+            f"[yellow]warning:[/yellow] no learning curve drawn: {escape(str(error))}",
+            soft_wrap=True,
+        )
 
 
 # ------------------------------------------------------------------------- eval, envs
@@ -217,11 +351,9 @@ def _train(args: argparse.Namespace, console: Console) -> int:
 def _evaluate(args: argparse.Namespace, console: Console) -> int:
     from nnx_ppo.algorithms.checkpointing import load_checkpoint
     from nnx_ppo.algorithms.rollout import eval_rollout
+    from nnx_ppo.cli.presets import parse_run_config
 
-    config_path = args.run_dir / "config.json"
-    if not config_path.exists():
-        raise FileNotFoundError(f"{args.run_dir} is not a run directory: no config.json")
-    run_config = json.loads(config_path.read_text())
+    run_config, _ = parse_run_config(_read_run_config(args.run_dir))
     env = _make_env(run_config)
     network = _make_network(env, run_config)
     loaded = load_checkpoint(args.run_dir, network)
@@ -261,6 +393,8 @@ def _list_envs(console: Console) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``nnx-ppo`` command; returns the exit status."""
+    from nnx_ppo.cli.run_dir import RunLockedError
+
     args = _build_parser().parse_args(argv)
     console = Console()
     try:
@@ -271,11 +405,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check":
             return check.run(args, console)
         return _list_envs(console)
-    except (ValueError, TypeError, FileNotFoundError) as error:
-        console.print(
-            f"[bold red]error:[/bold red] {escape(str(error))}", highlight=False, soft_wrap=True
+    except _Diverged as error:
+        _print_error(
+            console,
+            f"training diverged: {error} The checkpoints in {error.run_dir} are intact: resume "
+            f"with nnx-ppo train --resume {error.run_dir} (e.g. with a lower "
+            "--set ppo.learning_rate=...)",
         )
+        return 1
+    except (ValueError, TypeError, OSError, RunLockedError) as error:
+        _print_error(console, str(error))
         return 2
+
+
+def _print_error(console: Console, message: str) -> None:
+    console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -10,19 +10,61 @@ A run configuration is a JSON-ready dict::
     }
 
 Each built-in env has a preset tuned to converge within a few minutes on two CPU
-cores; ``--config FILE`` and ``--set key=value`` override any part of it.
+cores; ``--config FILE`` and ``--set key=value`` override any part of it. Unless
+set, the evaluation and checkpoint cadences follow the run's length: about ten
+evaluations and five checkpoints per run, on whole PPO steps.
 """
 
 import copy
 import json
+import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nnx_ppo.algorithms.checkpointing import config_to_dict
+from nnx_ppo.algorithms.checkpointing import config_from_dict, config_to_dict
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.types import LoggingLevel
+from nnx_ppo.networks.factories import ACTIVATIONS
 
-__all__ = ["apply_override", "merge", "preset", "read_config_file"]
+__all__ = [
+    "FIXED_ON_RESUME",
+    "apply_override",
+    "changed_on_resume",
+    "fixed_on_resume",
+    "follow_run_length",
+    "leaf_keys",
+    "merge",
+    "parse_run_config",
+    "preset",
+    "read_config_file",
+]
+
+EVALUATIONS_PER_RUN = 10
+CHECKPOINTS_PER_RUN = 5
+
+FIXED_ON_RESUME = (
+    "env",
+    "episode_length",
+    "network.kind",
+    "network.hidden_sizes",
+    "network.activation",
+    "train.ppo.n_envs",
+    "train.ppo.gradient_clipping",
+)
+"""Settings that shape the saved state: a resumed run keeps them (clipping: on or off)."""
+
+_ON_OR_OFF = frozenset({"train.ppo.gradient_clipping"})
+"""Of :data:`FIXED_ON_RESUME`, those whose value may change but not whether it is set."""
+
+
+def fixed_on_resume() -> str:
+    """:data:`FIXED_ON_RESUME` in words, for messages."""
+    return ", ".join(
+        key.removeprefix("train.") + (" (on or off)" if key in _ON_OR_OFF else "")
+        for key in FIXED_ON_RESUME
+    )
+
 
 _COMMON_PPO = {
     "learning_rate": 1e-3,
@@ -81,7 +123,7 @@ def preset(env_name: str) -> dict[str, Any]:
         ppo=PPOConfig(**(_COMMON_PPO | chosen["ppo"])),
         eval=EvalConfig(**chosen["eval"]),
         seed=0,
-        checkpoint_every_steps=max(chosen["ppo"]["total_steps"] // 5, 1),
+        checkpoint_every_steps=max(chosen["ppo"]["total_steps"] // CHECKPOINTS_PER_RUN, 1),
     )
     return {
         "env": env_name,
@@ -107,15 +149,131 @@ def merge(base: dict[str, Any], update: dict[str, Any], where: str = "") -> dict
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """A run configuration (or part of one) from a JSON or TOML file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
     text = path.read_text()
     if path.suffix == ".toml":
         import tomllib
 
-        return tomllib.loads(text)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from error
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"{path} is not valid TOML: {error}") from error
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not valid JSON: {error}") from error
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold an object of config keys, got {type(data).__name__}")
+    return data
+
+
+def leaf_keys(config: dict[str, Any], where: str = "") -> Iterator[str]:
+    """The dotted keys of every value in ``config`` that is not itself an object."""
+    for key, value in config.items():
+        if isinstance(value, dict):
+            yield from leaf_keys(value, f"{where}{key}.")
+        else:
+            yield f"{where}{key}"
+
+
+def follow_run_length(config: dict[str, Any], given: set[str]) -> dict[str, Any]:
+    """Evaluation and checkpoint cadences scaled to ``train.ppo.total_steps``.
+
+    About ten evaluations and five checkpoints per run, each on a whole PPO step;
+    a cadence in ``given`` (dotted keys the user set) is kept.
+    """
+    config = copy.deepcopy(config)
+    train = config["train"]
+    total, per_step = (
+        train["ppo"]["total_steps"],
+        train["ppo"]["n_envs"] * train["ppo"]["rollout_length"],
+    )
+    if not (_positive_int(total) and _positive_int(per_step)):
+        return config  # parse_run_config names the bad field
+
+    def every(count: int) -> int:
+        return max(math.ceil(total / count / per_step), 1) * per_step
+
+    if "train.eval.every_steps" not in given:
+        train["eval"]["every_steps"] = every(EVALUATIONS_PER_RUN)
+    if "train.checkpoint_every_steps" not in given:
+        train["checkpoint_every_steps"] = every(CHECKPOINTS_PER_RUN)
+    return config
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def parse_run_config(config: dict[str, Any]) -> tuple[dict[str, Any], TrainConfig]:
+    """Check every field of a run configuration; return it normalised, with its TrainConfig.
+
+    Raises:
+      ValueError: a field of the wrong form, named with the form expected.
+    """
+    config = copy.deepcopy(config)
+    if not isinstance(config.get("env"), str) or not config["env"]:
+        raise ValueError(
+            f"config field env must be an env name, got {json.dumps(config.get('env'))}"
+        )
+    length = config.get("episode_length")
+    if length is not None and not _positive_int(length):
+        raise ValueError(
+            "config field episode_length must be a positive integer or null; "
+            f"got {json.dumps(length)}"
+        )
+    network = config.get("network")
+    if not isinstance(network, dict):
+        raise ValueError(
+            'config field network must be an object, e.g. {"kind": "mlp", "hidden_sizes": [64]}; '
+            f"got {json.dumps(network)}"
+        )
+    if network.get("kind") not in ("auto", "mlp", "lstm"):
+        raise ValueError(
+            f'config field network.kind must be "auto", "mlp" or "lstm"; '
+            f"got {json.dumps(network.get('kind'))}"
+        )
+    sizes = network.get("hidden_sizes")
+    if _positive_int(sizes):
+        sizes = [sizes]
+    if not isinstance(sizes, list) or not sizes or not all(_positive_int(n) for n in sizes):
+        raise ValueError(
+            "config field network.hidden_sizes must be a list of positive integers, e.g. "
+            f"[64, 64]; got {json.dumps(network.get('hidden_sizes'))}"
+        )
+    network["hidden_sizes"] = sizes
+    if network.get("activation") not in ACTIVATIONS:
+        raise ValueError(
+            f"config field network.activation must be one of {', '.join(sorted(ACTIVATIONS))}; "
+            f"got {json.dumps(network.get('activation'))}"
+        )
+    train = config_from_dict(config["train"])
+    config["train"] = config_to_dict(train)
+    return config, train
+
+
+def changed_on_resume(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """The settings of :data:`FIXED_ON_RESUME` that differ, as ``key (saved here, wanted)``."""
+
+    def fixed(config: dict[str, Any], key: str) -> Any:
+        value = _at(config, key)
+        return value is not None if key in _ON_OR_OFF else value
+
+    return [
+        f"{key.removeprefix('train.')} is {json.dumps(_at(saved, key))} in the run, "
+        f"{json.dumps(_at(wanted, key))} here"
+        for key in FIXED_ON_RESUME
+        if fixed(saved, key) != fixed(wanted, key)
+    ]
+
+
+def _at(config: dict[str, Any], key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def apply_override(config: dict[str, Any], assignment: str) -> dict[str, Any]:

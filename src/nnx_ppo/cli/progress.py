@@ -35,6 +35,7 @@ class TrainingProgress:
         self.console = console or Console(file=sys.stdout)
         self.total_steps = total_steps
         self.latest: dict[str, float] = {}
+        self.latest_step: dict[str, int] = {}
         self.start_step = start_step
         self.step = start_step
         self._start = time.monotonic()
@@ -74,6 +75,7 @@ class TrainingProgress:
     def update(self, metrics: dict[str, float], step: int) -> None:
         self.step = int(step)
         self.latest.update(metrics)
+        self.latest_step.update(dict.fromkeys(metrics, self.step))
         returns = []
         if TRAIN_RETURN_KEY in self.latest:
             returns.append(f"train {self.latest[TRAIN_RETURN_KEY]:.1f}")
@@ -85,6 +87,14 @@ class TrainingProgress:
             rate=f"{self.steps_per_second:,.0f} steps/s",
             returns=" | ".join(returns),
         )
+
+    def remember(self, records: list[dict[str, Any]]) -> None:
+        """Take the latest returns (and their steps) from records an earlier session logged."""
+        for record in records:
+            for key in (EVAL_RETURN_KEY, TRAIN_RETURN_KEY):
+                if record.get(key) is not None:
+                    self.latest[key] = record[key]
+                    self.latest_step[key] = int(record["step"])
 
     def summary(self, extra: dict[str, Any]) -> Table:
         """A table of the run's final figures, to print once training ends."""
@@ -99,7 +109,7 @@ class TrainingProgress:
             (TRAIN_RETURN_KEY, "final training return"),
         ):
             if key in self.latest:
-                rows[label] = f"{self.latest[key]:.2f}"
+                rows[label] = f"{self.latest[key]:.2f} (step {self.latest_step[key]:,})"
         rows.update(extra)
         for label, value in rows.items():
             table.add_row(label, str(value))

@@ -4,34 +4,108 @@ Layout of a run directory::
 
     config.json          the resolved configuration (env, seed, network preset, TrainConfig)
     metrics.jsonl        one JSON object per logged iteration: {"step": s, "<name>": value, ...}
-    events.out.tfevents.*  the same scalars for TensorBoard
+    events.out.tfevents.*  the same scalars for TensorBoard (one file per session)
     learning_curve.png   evaluation (and training) return against environment steps
     checkpoints/         Orbax checkpoints, see nnx_ppo.algorithms.checkpointing
+    .lock                held by the process training the run
+
+``config.json``, ``learning_curve.png`` and a trimmed ``metrics.jsonl`` are written
+to a temporary file and renamed over the old one, so a crash leaves either the old
+file or the new one, never half of one. ``metrics.jsonl`` grows one line at a time;
+a line cut short by a crash is dropped when the run is read or resumed.
 """
 
+import contextlib
+import fcntl
 import json
 import math
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EVAL_RETURN_KEY", "TRAIN_RETURN_KEY", "RunLogger", "plot_learning_curve"]
+__all__ = [
+    "EVAL_RETURN_KEY",
+    "TRAIN_RETURN_KEY",
+    "RunLockedError",
+    "RunLogger",
+    "hold_run_lock",
+    "plot_learning_curve",
+    "read_metrics",
+    "trim_metrics",
+    "write_atomically",
+]
 
 EVAL_RETURN_KEY = "eval/episode_reward/mean"
 TRAIN_RETURN_KEY = "rollout_batch/episode_reward/mean"
+LOCK_FILE = ".lock"
+
+
+class RunLockedError(RuntimeError):
+    """Another process is training this run directory."""
+
+
+def write_atomically(path: Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file renamed over it.
+
+    Readers see the old content or the new one, never a part of it.
+    """
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with temporary.open("wb") as stream:
+            stream.write(data.encode() if isinstance(data, str) else data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        temporary.replace(path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def hold_run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir/.lock`` for the block; a second process is refused, not queued.
+
+    The lock is the operating system's (``flock``): it goes with the process, so a
+    run killed with ``kill -9`` leaves no stale lock behind.
+
+    Raises:
+      RunLockedError: another process holds the lock (its pid is named when known).
+    """
+    path = run_dir / LOCK_FILE
+    with path.open("a+") as stream:
+        try:
+            fcntl.flock(stream.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as error:
+            stream.seek(0)
+            holder = stream.read().strip() or "another process"
+            raise RunLockedError(
+                f"{run_dir} is being trained by process {holder} (it holds {path}); wait for "
+                "it to finish or stop it, or choose another --run-dir"
+            ) from error
+        stream.seek(0)
+        stream.truncate()
+        stream.write(str(os.getpid()))
+        stream.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(stream.fileno(), fcntl.LOCK_UN)
 
 
 class RunLogger:
     """Appends each iteration's flat metrics to ``metrics.jsonl`` and to TensorBoard.
 
-    Use it as the ``log_fn`` of :func:`nnx_ppo.algorithms.ppo.train_ppo`.
+    Use it as the ``log_fn`` of :func:`nnx_ppo.algorithms.ppo.train_ppo`. With
+    ``purge_from``, TensorBoard drops the scalars earlier sessions of the run
+    logged at that step or later (a resumed run logs them again).
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, purge_from: int | None = None) -> None:
         from tensorboardX import SummaryWriter
 
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
-        self._writer = SummaryWriter(logdir=str(run_dir))
+        self._writer = SummaryWriter(logdir=str(run_dir), purge_step=purge_from)
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
         record = {"step": int(step), **{k: _json_number(v) for k, v in metrics.items()}}
@@ -51,28 +125,60 @@ def _json_number(value: Any) -> float | None:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file, in order."""
-    with path.open() as stream:
-        return [json.loads(line) for line in stream if line.strip()]
+    """The records of a ``metrics.jsonl`` file, in order; none if it does not exist yet.
+
+    A last line cut short (the process was killed while writing it) is dropped;
+    a broken line before the last is an error naming the file and the line.
+    """
+    if not path.exists():
+        return []
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path} line {number} is not valid JSON: {error}") from error
+    return records
+
+
+def trim_metrics(path: Path, last_step: int) -> None:
+    """Keep the records of steps up to ``last_step``: a resumed run logs the later ones again.
+
+    With ``last_step < 0`` nothing is kept and the file is not read (what a run
+    that failed before its first checkpoint logged is of no use, even if broken).
+    """
+    if not path.exists():
+        return  # nothing logged yet
+    kept = [r for r in read_metrics(path) if r["step"] <= last_step] if last_step >= 0 else []
+    write_atomically(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def plot_learning_curve(metrics_path: Path, out_path: Path, title: str = "") -> None:
-    """Plot evaluation and training return against environment steps into a PNG."""
+    """Plot evaluation and training return against environment steps into a PNG.
+
+    Evaluations are marked as points, not joined: a line between two distant
+    evaluations would draw a trend that was never measured.
+    """
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = read_metrics(metrics_path) if metrics_path.exists() else []
+    records = read_metrics(metrics_path)
     figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
-    for key, label, marker in (
-        (TRAIN_RETURN_KEY, "training episodes", ""),
-        (EVAL_RETURN_KEY, "evaluation (deterministic policy)", "o"),
+    for key, label, marker, line in (
+        (TRAIN_RETURN_KEY, "training episodes", "", "-"),
+        (EVAL_RETURN_KEY, "evaluation (deterministic policy)", "o", ""),
     ):
         points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
         if points:
             steps, returns = zip(*points, strict=True)
-            axes.plot(steps, returns, label=label, marker=marker)
+            axes.plot(steps, returns, label=label, marker=marker, linestyle=line)
     axes.set_xlabel("environment steps")
     axes.set_ylabel("episode return")
     axes.set_title(title)
@@ -80,5 +186,7 @@ def plot_learning_curve(metrics_path: Path, out_path: Path, title: str = "") -> 
     if axes.get_legend_handles_labels()[0]:
         axes.legend()
     figure.tight_layout()
-    figure.savefig(out_path)
+    image = io.BytesIO()
+    figure.savefig(image, format="png")
     plt.close(figure)
+    write_atomically(out_path, image.getvalue())

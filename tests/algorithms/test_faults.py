@@ -1,0 +1,203 @@
+"""What the training loop promises when things go wrong, and the numbers it reports.
+
+Divergence leaves the caller's network as it was and names the step that failed;
+the run seed seeds the policy's noise; a resumed state continues its cadence
+without logging a step twice; metrics mean what their names say.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from nnx_ppo.algorithms import ppo
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.ppo import new_training_state, ppo_step, ppo_steps, train_ppo
+from nnx_ppo.algorithms.rollout import eval_rollout
+from nnx_ppo.algorithms.types import LoggingLevel
+from nnx_ppo.envs import make
+from nnx_ppo.networks.factories import make_default_network
+
+N_ENVS, LENGTH = 4, 5
+STEP = N_ENVS * LENGTH
+UPDATES_PER_STEP = 2 * 2  # epochs * minibatches
+
+
+def ppo_config(**changes) -> PPOConfig:
+    base = {"n_envs": N_ENVS, "rollout_length": LENGTH, "n_minibatches": 2, "n_epochs": 2}
+    return PPOConfig(**(base | changes))
+
+
+def train_config(total_steps: int, eval_every: int | None = None, **ppo_changes) -> TrainConfig:
+    evaluation = EvalConfig(
+        enabled=eval_every is not None, every_steps=eval_every or 1, n_envs=3, max_episode_length=6
+    )
+    return TrainConfig(ppo=ppo_config(total_steps=total_steps, **ppo_changes), eval=evaluation)
+
+
+def parameters(network: nnx.Module) -> list[np.ndarray]:
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(nnx.state(network, nnx.Param))]
+
+
+# ---------------------------------------------------------------------------- divergence
+
+
+def test_divergence_leaves_the_callers_network_and_optimizer_as_they_were(
+    counting_env, scripted_network
+):
+    network = scripted_network()
+    state = new_training_state(
+        counting_env, network, N_ENVS, seed=0, optimizer=optax.sgd(float("inf"))
+    )
+    before = parameters(network)
+    optimizer_step = int(state.optimizer.step[...])
+    with pytest.raises(FloatingPointError, match="left as they were before the call"):
+        ppo_step(counting_env, state, ppo_config(n_epochs=1, n_minibatches=1))
+    for now, then in zip(parameters(network), before, strict=True):
+        np.testing.assert_array_equal(now, then)
+    assert int(state.optimizer.step[...]) == optimizer_step
+
+
+def test_divergence_in_a_fused_call_names_the_step_that_failed(counting_env, scripted_network):
+    # The step size becomes infinite at the first update of the second PPO step.
+    def schedule(count):
+        return jnp.where(count < UPDATES_PER_STEP, 1e-3, jnp.inf)
+
+    network = scripted_network()
+    state = new_training_state(counting_env, network, N_ENVS, seed=0, optimizer=optax.sgd(schedule))
+    before = parameters(network)
+    with pytest.raises(FloatingPointError, match=rf"env step {2 * STEP}: "):
+        ppo_steps(counting_env, state, ppo_config(), 3)
+    for now, then in zip(parameters(network), before, strict=True):
+        np.testing.assert_array_equal(now, then)
+
+
+# ---------------------------------------------------------------------------------- seed
+
+
+def _carry_keys(seed: int) -> np.ndarray:
+    env = make("cartpole")
+    network = make_default_network(env, nnx.Rngs(0), hidden_sizes=[8])
+    state = new_training_state(env, network, N_ENVS, seed=seed)
+    keys = [
+        leaf
+        for leaf in jax.tree.leaves(state.network_states)
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    ]
+    assert keys, "the default network's sampler keeps per-env keys in its carry"
+    return np.concatenate([np.asarray(jax.random.key_data(k)).ravel() for k in keys])
+
+
+def test_the_run_seed_seeds_the_policys_noise():
+    # One network construction (nnx.Rngs(0)), two run seeds: different action noise.
+    assert not np.array_equal(_carry_keys(1), _carry_keys(2))
+    np.testing.assert_array_equal(_carry_keys(1), _carry_keys(1))
+
+
+def test_one_seed_gives_identical_runs():
+    def run() -> list[np.ndarray]:
+        env = make("cartpole")
+        network = make_default_network(env, nnx.Rngs(0), hidden_sizes=[8])
+        train_ppo(env, network, train_config(2 * STEP), seed=5)
+        return parameters(network)
+
+    # Same program, same machine: bit for bit is what resuming and reruns promise.
+    for a, b in zip(run(), run(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------------------------- resume
+
+
+def test_a_resumed_state_must_train_its_own_network(counting_env, scripted_network):
+    first = train_ppo(counting_env, scripted_network(), train_config(STEP))
+    with pytest.raises(ValueError, match=r"networks is not initial_state\.networks"):
+        train_ppo(
+            counting_env,
+            scripted_network(),
+            train_config(2 * STEP),
+            initial_state=first.training_state,
+        )
+
+
+def test_resuming_neither_evaluates_nor_logs_its_first_step_again(counting_env, scripted_network):
+    first = train_ppo(counting_env, scripted_network(), train_config(2 * STEP, eval_every=2 * STEP))
+    events: list[tuple[str, int]] = []
+    config = train_config(4 * STEP, eval_every=2 * STEP)
+    config.checkpoint_every_steps = 2 * STEP
+    second = train_ppo(
+        counting_env,
+        first.training_state.networks,
+        config,
+        initial_state=first.training_state,
+        log_fn=lambda metrics, step: events.append(("log", step)),
+        checkpoint_fn=lambda state, step: events.append(("checkpoint", step)),
+    )
+    assert [entry["step"] for entry in second.eval_history] == [4 * STEP]
+    # Every checkpointed step has been logged before its checkpoint was written.
+    assert events == [("log", 3 * STEP), ("log", 4 * STEP), ("checkpoint", 4 * STEP)]
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+class FlaggingEnv:
+    """The counting env with a boolean metric that is true at every step."""
+
+    def __init__(self, env) -> None:
+        self.env = env
+        self.discrete_actions, self.observation_size = False, env.observation_size
+        self.action_size = env.action_size
+
+    def reset(self, key):
+        state = self.env.reset(key)
+        return state.replace(metrics=state.metrics | {"flag": jnp.asarray(True)})
+
+    def step(self, state, action):
+        stepped = self.env.step(state.replace(metrics={"t": state.metrics["t"]}), action)
+        return stepped.replace(metrics=stepped.metrics | {"flag": jnp.asarray(True)})
+
+
+def test_boolean_env_metrics_are_averaged_over_the_episode(counting_env, scripted_network):
+    metrics = eval_rollout(
+        FlaggingEnv(counting_env),
+        scripted_network(),
+        8,
+        6,
+        jax.random.key(0),
+        logging_level=LoggingLevel.ENV_METRICS,
+    )
+    # True at every step of every episode: its per-episode average is 1, not 1 / length.
+    assert float(metrics["eval/env/flag/mean"]) == 1.0
+    assert float(metrics["eval/lifespan/mean"]) > 1.0
+
+
+def test_optax_default_decay_and_a_decay_of_one_are_different_optimizers():
+    default, one = (ppo._default_optimizer(1e-3, None, decay) for decay in (True, 1))
+    assert default is not one
+    assert one is ppo._default_optimizer(1e-3, None, 1)  # one setting, one compiled step
+    params = {"w": jnp.ones(())}
+    grads = {"w": jnp.zeros(())}
+    step_default = default.update(grads, default.init(params), params)[0]["w"]
+    step_one = one.update(grads, one.init(params), params)[0]["w"]
+    np.testing.assert_allclose(step_default, -1e-3 * 1e-4, rtol=1e-5)  # optax's default decay
+    np.testing.assert_allclose(step_one, -1e-3, rtol=1e-5)
+
+
+def test_unused_checkpoint_and_video_cadences_do_not_stop_fusion(
+    counting_env, scripted_network, monkeypatch
+):
+    calls: list[int] = []
+
+    def counted(env, state, config, iterations):
+        calls.append(iterations)
+        return ppo_steps(env, state, config, iterations)
+
+    monkeypatch.setattr(ppo, "ppo_steps", counted)
+    config = train_config(8 * STEP, iterations_per_call=4)
+    config.checkpoint_every_steps = STEP
+    config.video.enabled, config.video.every_steps = True, STEP
+    train_ppo(counting_env, scripted_network(), config)  # no checkpoint_fn, no video_fn
+    assert calls == [4, 4]

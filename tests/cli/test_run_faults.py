@@ -1,0 +1,472 @@
+"""Run directories under faults: refused resumes, early failures, divergence, full disks, locks.
+
+Each test names what it protects. Runs are tiny (8 envs x 16 steps per PPO step) and
+one finished run is shared, copied by the tests that change it.
+"""
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from nnx_ppo.algorithms import ppo
+from nnx_ppo.algorithms.checkpointing import CheckpointError, find_checkpoint
+from nnx_ppo.cli import run_dir as run_dir_module
+from nnx_ppo.cli.main import main
+from nnx_ppo.cli.presets import follow_run_length, parse_run_config, preset
+from nnx_ppo.cli.run_dir import hold_run_lock, read_metrics, write_atomically
+from nnx_ppo.envs import make
+from nnx_ppo.networks.factories import make_default_network
+
+TINY = [
+    "--set", "ppo.n_envs=8",
+    "--set", "ppo.rollout_length=16",
+    "--set", "ppo.n_minibatches=2",
+    "--set", "ppo.n_epochs=2",
+    "--set", "eval.n_envs=4",
+    "--set", "eval.every_steps=512",
+    "--set", "eval.max_episode_length=50",
+    "--set", "checkpoint_every_steps=512",
+    "--set", "network.hidden_sizes=[16]",
+]  # fmt: skip
+STEP = 8 * 16
+
+
+def train(run_dir: Path, steps: int, *extra: str) -> int:
+    return main(["train", "--steps", str(steps), "--run-dir", str(run_dir), *TINY, *extra])
+
+
+def resume(run_dir: Path, *extra: str) -> int:
+    return main(["train", "--resume", str(run_dir), *extra])
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run trained to 512 steps: checkpoints at 0 and 512, evaluations at 0 and 512."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    assert train(run_dir, 4 * STEP) == 0
+    return run_dir
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    return copy
+
+
+def parameters(run_dir: Path) -> list[np.ndarray]:
+    """The network parameters of a run's latest checkpoint."""
+    from nnx_ppo.algorithms.checkpointing import load_checkpoint
+
+    network = make_default_network(make("cartpole"), nnx.Rngs(0), hidden_sizes=[16])
+    load_checkpoint(run_dir, network)
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(nnx.state(network, nnx.Param))]
+
+
+def steps_logged(run_dir: Path) -> list[int]:
+    return [record["step"] for record in read_metrics(run_dir / "metrics.jsonl")]
+
+
+# ---------------------------------------------------------------------- resume, refused
+
+
+def test_a_refused_resume_leaves_the_run_resumable_and_logs_every_step_once(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = copy_of(finished_run, tmp_path)
+    config = (run_dir / "config.json").read_bytes()
+    capsys.readouterr()
+
+    assert resume(run_dir, "--set", "network.hidden_sizes=[128]") == 2
+    assert resume(run_dir, "--set", "ppo.n_envs=16", "--steps", "1024") == 2
+    shown = capsys.readouterr().out
+    assert "ppo.n_envs is 8 in the run, 16 here" in shown
+    assert "may not change on resume" in shown and "[" not in shown.split("here")[-1]
+    assert (run_dir / "config.json").read_bytes() == config
+
+    # Steps logged after the last checkpoint by a killed session, the last line cut short.
+    with (run_dir / "metrics.jsonl").open("a") as stream:
+        stream.write(json.dumps({"step": 5 * STEP, "losses/total/mean": 1.0}) + "\n")
+        stream.write('{"step": 768, "losses/tot')
+    assert resume(run_dir, "--steps", str(6 * STEP)) == 0
+    shown = capsys.readouterr().out
+    assert steps_logged(run_dir) == [k * STEP for k in range(7)]
+    evaluations = [
+        r["step"]
+        for r in read_metrics(run_dir / "metrics.jsonl")
+        if "eval/episode_reward/mean" in r
+    ]
+    assert evaluations == [0, 4 * STEP]  # none added at the step resumed from
+    assert "(step 512)" in shown  # the last evaluation's return is shown with its step
+    assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
+    assert f"checkpoint at step {6 * STEP}" in capsys.readouterr().out
+
+
+def test_a_resume_that_cannot_load_its_checkpoint_leaves_config_json_as_it_was(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = copy_of(finished_run, tmp_path)
+    config = (run_dir / "config.json").read_bytes()
+    checkpoints, latest = find_checkpoint(run_dir)
+    for item in (checkpoints / str(latest) / "arrays").rglob("*"):
+        if item.is_file():
+            item.write_bytes(b"garbage")
+    assert resume(run_dir, "--set", "ppo.learning_rate=0.01", "--steps", "1024") == 2
+    assert "could not be read" in capsys.readouterr().out
+    assert (run_dir / "config.json").read_bytes() == config
+
+
+def test_resuming_a_complete_run_says_it_is_complete_and_writes_nothing(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = copy_of(finished_run, tmp_path)
+    before = sorted(p.name for p in run_dir.iterdir())
+    metrics = (run_dir / "metrics.jsonl").read_bytes()
+    capsys.readouterr()
+    assert resume(run_dir) == 0
+    shown = capsys.readouterr().out
+    assert f"{run_dir} is complete: trained for 512 of 512 steps" in shown
+    assert "steps/s" not in shown and "training cartpole" not in shown
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics
+    assert sorted(p.name for p in run_dir.iterdir()) == before
+
+
+# ------------------------------------------------------------------ failures in training
+
+
+def test_a_run_that_failed_before_its_first_checkpoint_is_reused_or_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+
+    def failing_evaluation(*args: Any, **kwargs: Any) -> dict[str, float]:
+        raise RuntimeError("the evaluation failed")
+
+    def unreadable_metrics(*args: Any, **kwargs: Any) -> None:
+        raise ValueError("metrics.jsonl line 1 is not valid JSON")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ppo, "_evaluate", failing_evaluation)
+        patch.setattr(run_dir_module, "plot_learning_curve", unreadable_metrics)
+        # The plot's own failure is reported, never raised over the error that stopped training.
+        with pytest.raises(RuntimeError, match="the evaluation failed"):
+            train(run_dir, 2 * STEP)
+        assert "no learning curve drawn" in capsys.readouterr().out
+        assert not (run_dir / "checkpoints").exists()
+        # A new run may take the directory: it is not refused as "already holds a run".
+        with pytest.raises(RuntimeError, match="the evaluation failed"):
+            train(run_dir, 2 * STEP)
+    assert resume(run_dir, "--steps", str(STEP)) == 0
+    assert "has no checkpoint yet: starting it from step 0" in capsys.readouterr().out
+    assert find_checkpoint(run_dir)[1] == STEP
+    assert steps_logged(run_dir) == [0, STEP]
+
+
+def test_divergence_is_one_message_naming_the_intact_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    real_steps = ppo.ppo_steps
+
+    def diverging(env: Any, state: Any, config: Any, iterations: int) -> Any:
+        if state.steps_taken >= STEP:
+            raise FloatingPointError(f"PPO step ending at env step {2 * STEP}: the loss is NaN.")
+        return real_steps(env, state, config, iterations)
+
+    monkeypatch.setattr(ppo, "ppo_steps", diverging)
+    capsys.readouterr()
+    assert train(run_dir, 4 * STEP - 10, "--set", f"checkpoint_every_steps={STEP}") == 1
+    shown = capsys.readouterr().out
+    assert "training cartpole to 512 steps (502 rounded up to whole PPO steps of 128)" in shown
+    assert "Traceback" not in shown
+    assert "training diverged: PPO step ending at env step 256: the loss is NaN." in shown
+    assert f"resume with nnx-ppo train --resume {run_dir}" in shown
+    assert find_checkpoint(run_dir)[1] == STEP
+
+
+# ------------------------------------------------------------------- disks, files, locks
+
+
+def test_a_checkpoint_that_cannot_be_written_is_named_and_never_taken_as_latest(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checkpoints").write_text("a file where the checkpoint directory should be")
+    capsys.readouterr()
+    assert train(run_dir, STEP) == 2
+    shown = capsys.readouterr().out
+    assert f"could not write the checkpoint of step 0 under {run_dir / 'checkpoints'}" in shown
+    assert "Traceback" not in shown
+
+    # A step directory a crash (or a full disk) left without Orbax's metadata is skipped.
+    copy = copy_of(finished_run, tmp_path)
+    checkpoints, latest = find_checkpoint(copy)
+    partial = checkpoints / str(latest + STEP)
+    shutil.copytree(checkpoints / str(latest) / "arrays", partial / "arrays")
+    assert find_checkpoint(copy) == (checkpoints, latest)
+
+
+def test_a_full_disk_during_a_checkpoint_write_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    from nnx_ppo.algorithms.checkpointing import make_checkpoint_fn
+    from nnx_ppo.algorithms.ppo import new_training_state
+    from nnx_ppo.envs import make
+    from nnx_ppo.networks.factories import make_default_network
+
+    env = make("cartpole")
+    state = new_training_state(env, make_default_network(env, nnx.Rngs(0), hidden_sizes=[4]), 2, 0)
+    save = make_checkpoint_fn(tmp_path / "checkpoints")
+    save(state, 0)
+
+    def disk_full(self: Any, step: int, *args: Any, **kwargs: Any) -> bool:
+        (self.directory / f"{step}.orbax-checkpoint-tmp-7").mkdir()
+        raise OSError(28, "No space left on device", str(self.directory / f"{step}"))
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", disk_full)
+    with pytest.raises(CheckpointError, match="No space left on device") as error:
+        save(state.replace(steps_taken=10), 10)
+    assert str(tmp_path / "checkpoints") in str(error.value)
+    assert find_checkpoint(tmp_path / "checkpoints")[1] == 0
+
+
+def test_config_json_and_the_plot_are_replaced_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "config.json"
+    write_atomically(path, '{"old": true}\n')
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="No space left"):
+        write_atomically(path, '{"new": true, "long": "' + "x" * 10_000 + '"}\n')
+    assert path.read_text() == '{"old": true}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]  # no temporary left
+
+
+def test_a_second_trainer_of_the_same_run_directory_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with hold_run_lock(run_dir):  # the lock is the OS's: a second holder, even here, is refused
+        capsys.readouterr()
+        assert train(run_dir, STEP) == 2
+    shown = capsys.readouterr().out
+    assert f"{run_dir} is being trained by process {os.getpid()}" in shown
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "config.json").exists()
+
+
+def test_metrics_cut_short_by_a_kill_are_read_and_a_broken_middle_line_is_named(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "a": 1.0}\n{"step": 128, "a": 2.0}\n{"step": 256, "a"')
+    assert [r["step"] for r in read_metrics(path)] == [0, 128]
+    path.write_text('{"step": 0, "a": 1.0}\n{"step": 1\n{"step": 256, "a": 2.0}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl line 2 is not valid JSON"):
+        read_metrics(path)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+BAD_INPUT = [
+    (["--set", "network.hidden_sizes=abc"], "network.hidden_sizes must be a list of positive"),
+    (["--set", "network.hidden_sizes=[0]"], "network.hidden_sizes must be a list of positive"),
+    (["--set", "network.activation=sigmoidish"], "network.activation must be one of elu"),
+    (["--set", "network.kind=cnn"], 'network.kind must be "auto", "mlp" or "lstm"'),
+    (["--set", "ppo.logging_level=EVERYTHING"], "ppo.logging_level must be flag names"),
+    (["--set", "ppo.n_envs=many"], "config field ppo.n_envs must be an integer"),
+    (["--set", "ppo.n_envs=0"], "n_envs must be a positive int"),
+    (["--set", "ppo.clip_range=[1]"], "config field ppo.clip_range must be a number"),
+    (["--set", "eval.enabled=yes"], "config field eval.enabled must be true or false"),
+    (["--set", "eval.logging_percentiles=5"], "eval.logging_percentiles must be a list of"),
+    (["--set", "ppo.advantage_normalization=none"], 'must be "per_leaf" or "global"'),
+    (["--set", "episode_length=-3"], "episode_length must be a positive integer or null"),
+    (["--set", "ppo.n_envs"], "--set expects key=value"),
+    (["--set", "ppo.n_envz=3"], "unknown config key 'train.ppo.n_envz'"),
+    (["--env", "cartpol"], "Unknown environment 'cartpol'"),
+    (["--config", "{tmp}/missing.toml"], "missing.toml does not exist"),
+    (["--config", "{tmp}/unknown.json"], "unknown config key 'train.ppo.speed'"),
+    (["--config", "{tmp}/mistyped.json"], "config field ppo.gae_lambda must be a number"),
+    (["--config", "{tmp}/broken.toml"], "broken.toml is not valid TOML"),
+    (["--config", "{tmp}/list.json"], "list.json must hold an object of config keys"),
+    (["--resume", "{tmp}/nowhere"], "nowhere is not a run directory: it has no config.json"),
+]
+
+
+@pytest.mark.parametrize(("argv", "expected"), BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_to_train_is_one_line_naming_the_field(
+    argv: list[str],
+    expected: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _write(tmp_path / "unknown.json", '{"train": {"ppo": {"speed": 3}}}')
+    _write(tmp_path / "mistyped.json", '{"train": {"ppo": {"gae_lambda": "high"}}}')
+    _write(tmp_path / "broken.toml", "[train.ppo\nn_envs = 3")
+    _write(tmp_path / "list.json", "[1, 2]")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["train", *(a.replace("{tmp}", str(tmp_path)) for a in argv)]) == 2
+    shown = capsys.readouterr().out
+    assert shown.startswith("error: ") and expected in shown, shown
+    assert len(shown.strip().splitlines()) == 1, shown
+    assert not (tmp_path / "runs").exists()  # a config error leaves no run directory behind
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--steps", "-5"],
+        ["train", "--steps", "many"],
+        ["eval", "somewhere", "--episodes", "0"],
+    ],
+)
+def test_bad_flags_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "expected a positive integer" in capsys.readouterr().err
+
+
+def test_eval_of_a_missing_run_or_checkpoint_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["eval", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere is not a run directory" in capsys.readouterr().out
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps(preset("cartpole")))
+    assert main(["eval", str(run_dir)]) == 2
+    assert "no checkpoint" in capsys.readouterr().out
+
+
+def test_logging_level_takes_flag_names_and_hidden_sizes_a_single_width() -> None:
+    from nnx_ppo.algorithms.types import LoggingLevel
+
+    config = preset("cartpole")
+    for written, level in (
+        ("ALL", LoggingLevel.ALL),
+        ("LOSSES|GRAD_NORM", LoggingLevel.LOSSES | LoggingLevel.GRAD_NORM),
+        (["LOSSES", "WEIGHTS"], LoggingLevel.LOSSES | LoggingLevel.WEIGHTS),
+    ):
+        config["train"]["ppo"]["logging_level"] = written
+        assert parse_run_config(config)[1].ppo.logging_level == level
+    config["network"]["hidden_sizes"] = 64
+    assert parse_run_config(config)[0]["network"]["hidden_sizes"] == [64]
+
+
+def test_evaluation_and_checkpoint_cadence_follow_the_run_length() -> None:
+    config = preset("cartpole")  # 32 envs x 64 steps: 2,048 env steps per PPO step
+    config["train"]["ppo"]["total_steps"] = 50_000
+    scaled = follow_run_length(config, given=set())["train"]
+    assert scaled["eval"]["every_steps"] == 3 * 2048  # 9 evaluations over 51,200 steps
+    assert scaled["checkpoint_every_steps"] == 5 * 2048
+    kept = follow_run_length(config, given={"train.eval.every_steps"})["train"]
+    assert kept["eval"]["every_steps"] == 50_000
+
+
+# ------------------------------------------------------------------------------ kill -9
+
+
+def _wait_for(condition: Any, process: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not condition():
+        assert process.poll() is None, process.communicate()[0].decode()
+        assert time.monotonic() < deadline, f"no {what} within 2 minutes"
+        time.sleep(0.005)
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _writing_a_checkpoint(run_dir: Path) -> bool:
+    checkpoints = run_dir / "checkpoints"
+    return checkpoints.is_dir() and any("tmp" in p.name for p in checkpoints.iterdir())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_kill_9_then_resume_continues_from_the_newest_complete_checkpoint(
+    seed: int, finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two kills: one while a checkpoint is written, one at a random point (often an
+    evaluation or a step); then the run resumes to the end and equals an uninterrupted one."""
+    rng = random.Random(seed)
+    run_dir = tmp_path / "run"
+    every_step = ["--set", f"eval.every_steps={STEP}", "--set", f"checkpoint_every_steps={STEP}"]
+    command = [sys.executable, "-m", "nnx_ppo", "train"]
+    sessions = [
+        [*command, "--steps", str(4 * STEP), "--run-dir", str(run_dir), *TINY, *every_step],
+        [*command, "--resume", str(run_dir)],
+    ]
+    metrics = run_dir / "metrics.jsonl"
+    for session, argv in enumerate(sessions):
+        process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=os.environ | {"JAX_PLATFORMS": "cpu"},
+        )
+        try:
+            logged = _lines(metrics)
+            _wait_for(lambda logged=logged: _lines(metrics) > logged, process, "metrics")
+            if session == 0:
+                # A second trainer of the same directory is refused while the first runs.
+                capsys.readouterr()
+                assert train(run_dir, 4 * STEP) == 2
+                assert f"is being trained by process {process.pid}" in capsys.readouterr().out
+                _wait_for(lambda: _writing_a_checkpoint(run_dir), process, "checkpoint write")
+            else:
+                time.sleep(rng.uniform(0.0, 2.0))
+        finally:
+            process.kill()  # SIGKILL: no handler runs, no file is closed cleanly
+            process.wait()
+
+    assert resume(run_dir) == 0
+    assert steps_logged(run_dir) == [k * STEP for k in range(5)]  # exactly one record per step
+    assert find_checkpoint(run_dir)[1] == 4 * STEP
+    # Every resume started from a checkpoint: the result is the uninterrupted run's, bit for
+    # bit (same machine, same compiled step: what resuming promises).
+    for a, b in zip(parameters(finished_run), parameters(run_dir), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resume_refuses_only_the_settings_that_shape_the_saved_state() -> None:
+    from nnx_ppo.cli.presets import changed_on_resume
+
+    saved = preset("cartpole")
+    wanted = json.loads(json.dumps(saved))
+    wanted["train"]["ppo"]["learning_rate"] = 3e-4
+    wanted["train"]["ppo"]["gradient_clipping"] = 1.0  # another value: the same optimizer state
+    assert changed_on_resume(saved, wanted) == []
+    wanted["train"]["ppo"]["gradient_clipping"] = None  # off: another optimizer state
+    wanted["network"]["activation"] = "relu"
+    assert changed_on_resume(saved, wanted) == [
+        'network.activation is "tanh" in the run, "relu" here',
+        "ppo.gradient_clipping is 0.5 in the run, null here",
+    ]
