@@ -46,6 +46,8 @@ __all__ = [
     "CHECKS_ENV_VAR",
     "CONTRACT_METHODS",
     "FROZEN_STATISTICS_MARK",
+    "RULE_NO_WRITES",
+    "RULE_STATISTICS_KIND",
     "CallRecord",
     "checks",
     "checks_enabled",
@@ -127,12 +129,12 @@ _RULE_FUNCTION_ANNOTATIONS = rule_text(
     "T and B bound across the arguments and the result",
     "rules",
 )
-_RULE_NO_WRITES = rule_text(
+RULE_NO_WRITES = rule_text(
     "__call__ writes no variable: parameters change only in the optimizer and running "
     "statistics only in update_statistics",
     "variables",
 )
-_RULE_STATISTICS_KIND = rule_text(
+RULE_STATISTICS_KIND = rule_text(
     "running statistics are nnx.BatchStat (or another non-Param variable): an nnx.Param "
     "is trained by the optimizer, so update_statistics must not write one",
     "variables",
@@ -618,7 +620,7 @@ def _check_call(
     except TraceContextError as error:
         raise _write_in_call_violation(site, _variable_written_in(error)) from error
     if top_level:
-        _check_unwritten(site, before, "__call__", _RULE_NO_WRITES)
+        _check_unwritten(site, before, "__call__", RULE_NO_WRITES)
     if not isinstance(result, output_type):
         raise _violation(
             site,
@@ -723,7 +725,7 @@ def _write_in_call_violation(site: _Site, variable: Any) -> ContractError:
         leaf=name,
         expected="no variable written in __call__",
         found="a write to it during __call__",
-        rule=_RULE_NO_WRITES,
+        rule=RULE_NO_WRITES,
     )
 
 
@@ -870,7 +872,7 @@ def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[
         params = _variable_values(site.module, _is_param) if top_level else {}
         result = call()
         if top_level:
-            _check_unwritten(site, params, "update_statistics", _RULE_STATISTICS_KIND)
+            _check_unwritten(site, params, "update_statistics", RULE_STATISTICS_KIND)
             _check_all_reached(site, site.module, shared.reached)
     finally:
         if token is not None:

@@ -39,7 +39,7 @@ from jaxtyping import Array, Bool, PyTree, Shaped
 
 from nnx_ppo.contract import checks
 from nnx_ppo.contract.arguments import require_int, require_number
-from nnx_ppo.contract.checks import named_leaves
+from nnx_ppo.contract.checks import RULE_NO_WRITES, RULE_STATISTICS_KIND, named_leaves
 from nnx_ppo.networks.adapter import is_sampled_action
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule, StatefulModuleOutput
 from nnx_ppo.testing._harness import (
@@ -354,6 +354,13 @@ def _written(flags: dict[str, Any]) -> list[str]:
     return [name for name, flag in flags.items() if bool(flag)]
 
 
+_PROPERTY_OF_RULE = {
+    RULE_NO_WRITES: ModuleProperty.NO_WRITES,
+    RULE_STATISTICS_KIND: ModuleProperty.STATISTICS_NOT_TRAINED,
+}
+"""Contract rules whose violation, raised by the runtime checks, is one of the kit's properties."""
+
+
 class _PhaseError(Exception):
     """An error raised while one property's calls ran; turned into a ContractPropertyError."""
 
@@ -375,6 +382,8 @@ def _phase(prop: ModuleProperty, what: str) -> Iterator[None]:
         leaf = contract_leaf(error)
         if prop is ModuleProperty.CHECKED_CALL and leaf and leaf.startswith("next_state"):
             prop = ModuleProperty.CARRY_PRESERVATION
+        # The runtime checks name two properties of the kit themselves, in any phase.
+        prop = _PROPERTY_OF_RULE.get(getattr(error, "rule", None), prop)
         raise _PhaseError(prop, what, error) from error
 
 
