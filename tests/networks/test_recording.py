@@ -30,13 +30,12 @@ def network():
     return net
 
 
-def by_hand(network, obs):
+def by_hand(network, obs, sampler_state):
     """Each module of the actor-critic called by hand on ``obs``, as its containers call them."""
     action, value = network.action, network.value
     out = {}
     out[ACTION + ".layers[0]"] = action.layers[0]((), obs).output
     out[ACTION + ".layers[1]"] = action.layers[1]((), out[ACTION + ".layers[0]"]).output
-    sampler_state = action.layers[2].initialize_state(obs.shape[0])
     out[ACTION + ".layers[2]"] = action.layers[2](sampler_state, out[ACTION + ".layers[1]"]).output
     out[VALUE + ".layers[0]"] = value.layers[0]((), obs).output
     out[VALUE + ".layers[1]"] = value.layers[1]((), out[VALUE + ".layers[0]"]).output
@@ -56,15 +55,20 @@ def test_rollout_activations_are_the_modules_outputs_called_by_hand(network):
         + [f"{VALUE}.layers[{i}]" for i in range(2)]
     )
     assert activations[f"{ACTION}.layers[0]"].shape == (STEPS, ENVS, 8)
-    # The same episodes replayed with the recorded actions (no env is reset) ...
+    # The same episodes replayed with the recorded actions (no env is reset), and every
+    # module called by hand on all their observations at once (the policy is
+    # deterministic, each row's output its own), in one compiled function.
     actions = activations[""].actions
-    state, observations = reset_envs(env, jax.random.split(key, ENVS)), []
-    for t in range(STEPS):
-        observations.append(state.obs)
-        state = jax.vmap(env.step)(state, actions[t])
-    # ... and every module called by hand on all their observations at once (the policy
-    # is deterministic, each row's output its own): the recorded activations, step by step.
-    expected = by_hand(network, jnp.concatenate(observations))
+
+    def replay_by_hand(actions, sampler_state):
+        def step(state, action):
+            return jax.vmap(env.step)(state, action), state.obs
+
+        _, observations = jax.lax.scan(step, reset_envs(env, jax.random.split(key, ENVS)), actions)
+        return by_hand(network, observations.reshape(STEPS * ENVS, -1), sampler_state)
+
+    sampler_state = network.action.layers[2].initialize_state(STEPS * ENVS)
+    expected = jax.jit(replay_by_hand)(actions, sampler_state)
     for path, output in expected.items():
         jax.tree.map(
             lambda got, want: np.testing.assert_allclose(
@@ -92,7 +96,7 @@ def test_recorder_runs_the_network_unchanged(network):
     recorder = with_recording(network)
     assert recorder.network is network
     state, obs = network.initialize_state(2), jnp.ones((2, 4))
-    plain, recorded = network(state, obs), recorder(state, obs)
+    plain, recorded = jax.jit(lambda s, x: (network(s, x), recorder(s, x)))(state, obs)
     jax.tree.map(np.testing.assert_array_equal, plain.output, recorded.output)
     assert_keys_equal(plain.next_state, recorded.next_state)
     assert set(recorded.metrics) == {"network", ACTIVATION_KEY}
@@ -107,7 +111,7 @@ def test_recorder_runs_the_network_unchanged(network):
 def test_a_nested_recorder_keeps_the_container_keys():
     inner = Sequential([Dense(3, 2, nnx.Rngs(0))])
     outer = Sequential([with_recording(inner), Dense(2, 1, nnx.Rngs(1))])
-    out = outer(outer.initialize_state(4), jnp.ones((4, 3)))
+    out = jax.jit(outer)(outer.initialize_state(4), jnp.ones((4, 3)))
     found = extract_activations(out.metrics)
     assert set(found) == {0}
     (activations,) = found.values()
