@@ -43,7 +43,7 @@ def test_replace_runs_init_and_the_instance_is_frozen():
     INITS.clear()
     replaced = pair.replace(y=jnp.ones(2))
     np.testing.assert_array_equal(replaced.y, [1.0, 1.0])
-    assert replaced.x is pair.x and INITS == [replaced]
+    assert replaced.x is pair.x and [replaced] == INITS
     with pytest.raises(TypeError, match="x must be an array, got int"):
         pair.replace(x=3)
     with pytest.raises(dataclasses.FrozenInstanceError):

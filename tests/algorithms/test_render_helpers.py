@@ -76,7 +76,13 @@ class MjxLikeCartPole(CartPole):
     def _with_data(self, state):
         steps = state.data["steps"]
         data = MjxLikeData(
-            state.obs[:2], state.obs[2:], steps, jnp.zeros(3), jnp.zeros(4), jnp.zeros(6), jnp.ones(50)
+            state.obs[:2],
+            state.obs[2:],
+            steps,
+            jnp.zeros(3),
+            jnp.zeros(4),
+            jnp.zeros(6),
+            jnp.ones(50),
         )
         return state.replace(data=data)
 

@@ -86,7 +86,9 @@ def test_rollout_activations_are_the_modules_outputs_called_by_hand(network):
         np.testing.assert_array_equal, activations[ACTION], activations[ACTION + ".layers[2]"]
     )
     # Truncated after MAX_STEPS steps: the later steps are marked.
-    np.testing.assert_array_equal(finished, np.repeat(np.arange(STEPS) >= MAX_STEPS, ENVS).reshape(STEPS, ENVS))
+    np.testing.assert_array_equal(
+        finished, np.broadcast_to((np.arange(STEPS) >= MAX_STEPS)[:, None], (STEPS, ENVS))
+    )
     # The network is not changed.
     after = jax.tree.map(np.asarray, nnx.state(network, nnx.Param))
     jax.tree.map(np.testing.assert_array_equal, before, after)

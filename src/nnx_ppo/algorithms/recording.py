@@ -70,7 +70,7 @@ def record_activations_rollout(
     env_state = batched.reset(jax.random.split(key, n_envs))
 
     def step(
-        recorder: Recorder, carry: tuple[Carry, EnvState, Array], _: None
+        recorder: StatefulModule, carry: tuple[Carry, EnvState, Array], _: None
     ) -> tuple[tuple[Carry, EnvState, Array], tuple[dict[str, Any], Array]]:
         network_state, env_state, finished = carry
         out = recorder(network_state, env_state.obs)
@@ -168,5 +168,7 @@ def unstack_trajectory(
             f"unstack_trajectory: max_episode_length={max_episode_length}, but the stacked "
             f"states hold {held} steps"
         )
-    steps = [jax.tree.map(lambda leaf, t=t: leaf[t], stacked_states) for t in range(max_episode_length)]
+    steps = [
+        jax.tree.map(lambda leaf, t=t: leaf[t], stacked_states) for t in range(max_episode_length)
+    ]
     return [*steps, final_state]
