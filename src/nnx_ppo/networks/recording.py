@@ -13,7 +13,7 @@ under ``"network"``), where
 
 The activations are the call's own traced values, so a recorder works under
 ``jit`` and ``scan``: returned from a scan body they stack to ``(T, B, *feat)``
-(:func:`nnx_ppo.algorithms.rollout.record_activations_rollout` does this over an
+(:func:`~nnx_ppo.algorithms.recording.record_activations_rollout` does this over an
 evaluation episode).
 
 Example::
