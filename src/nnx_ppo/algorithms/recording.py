@@ -107,13 +107,10 @@ class SlimData(NamedTuple):
 class SlimState(NamedTuple):
     """An env state cut down to what rendering reads (a pytree).
 
-    Attributes:
-      data: a :class:`SlimData` when the state's ``data`` has all of its fields
-        (an MJX ``Data``); otherwise the state's ``data`` as it is (the built-in
-        envs keep a few scalars there).
-      done: the state's ``done``.
-      info: the state's ``info``.
-      metrics: the state's ``metrics``.
+    ``done``, ``info`` and ``metrics`` are the state's own. ``data`` is a
+    :class:`SlimData` when the state's ``data`` has all of its fields (an MJX
+    ``Data``), and otherwise the state's ``data`` as it is (the built-in envs keep
+    a few scalars there).
     """
 
     data: Any
