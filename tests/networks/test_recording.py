@@ -9,7 +9,7 @@ from flax import nnx
 from nnx_ppo.algorithms.rollout import record_activations_rollout, reset_envs
 from nnx_ppo.contract.axes import BatchedTree, Carry, Extras
 from nnx_ppo.envs import CartPole
-from nnx_ppo.networks import Dense, Sequential, make_discrete_mlp_actor_critic
+from nnx_ppo.networks import Dense, Normalizer, Sequential, make_discrete_mlp_actor_critic
 from nnx_ppo.networks.recording import (
     ACTIVATION_KEY,
     Recorder,
@@ -17,6 +17,7 @@ from nnx_ppo.networks.recording import (
     with_recording,
 )
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.testing import check_module
 
 ACTION = ".components['action']"
 VALUE = ".components['value']"
@@ -145,3 +146,11 @@ def test_a_module_called_twice_in_a_step_is_named():
     recorder = Recorder(CalledTwice())
     with pytest.raises(ValueError, match=r"\.child \(Dense\) was called more than once"):
         recorder((), jnp.ones((1, 2)))
+
+
+def test_a_recorder_keeps_the_contract():
+    def factory():
+        rngs = nnx.Rngs(0)
+        return with_recording(Sequential([Normalizer(3), Dense(3, 2, rngs)]))
+
+    check_module(factory, jnp.zeros(3), batch_sizes=(2,), time_lengths=(2,), max_examples=1)
