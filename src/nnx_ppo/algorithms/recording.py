@@ -21,7 +21,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.types import EnvState, RLEnv
-from nnx_ppo.contract.axes import BoolHistory, Carry, History
+from nnx_ppo.contract.axes import BatchedTree, BoolHistory, Carry, History, Mask
 from nnx_ppo.contract.checks import typechecked
 from nnx_ppo.networks.recording import Recorder, extract_activations
 from nnx_ppo.networks.types import StatefulModule, checked_ppo_output
@@ -70,10 +70,10 @@ def record_activations_rollout(
     env_state = batched.reset(jax.random.split(key, n_envs))
 
     def step(
-        recorder: StatefulModule, carry: tuple[Carry, EnvState, Array], _: None
-    ) -> tuple[tuple[Carry, EnvState, Array], tuple[dict[str, Any], Array]]:
+        module: StatefulModule, carry: tuple[Carry, EnvState, Mask], _: None
+    ) -> tuple[tuple[Carry, EnvState, Mask], tuple[dict[str, BatchedTree], Mask]]:
         network_state, env_state, finished = carry
-        out = recorder(network_state, env_state.obs)
+        out = module(network_state, env_state.obs)
         actions = checked_ppo_output(out.output, "record_activations_rollout").actions
         stepped = batched.step(env_state, actions)
         ended = rollout.episode_ended(rollout.episode_flags(stepped)[0])
