@@ -9,7 +9,13 @@ from flax import nnx
 from nnx_ppo.algorithms.rollout import record_activations_rollout, reset_envs
 from nnx_ppo.contract.axes import BatchedTree, Carry, Extras
 from nnx_ppo.envs import CartPole
-from nnx_ppo.networks import Dense, Normalizer, Sequential, make_discrete_mlp_actor_critic
+from nnx_ppo.networks import (
+    Dense,
+    Normalizer,
+    Scale,
+    Sequential,
+    make_discrete_mlp_actor_critic,
+)
 from nnx_ppo.networks.recording import (
     ACTIVATION_KEY,
     Recorder,
@@ -154,3 +160,15 @@ def test_a_recorder_keeps_the_contract():
         return with_recording(Sequential([Normalizer(3), Dense(3, 2, rngs)]))
 
     check_module(factory, jnp.zeros(3), batch_sizes=(2,), time_lengths=(2,), max_examples=1)
+
+
+class MakesItsOwn(StatefulModule):
+    """A module that builds a fresh child in every call: the child is in no NNX graph."""
+
+    def __call__(self, state: Carry, x: BatchedTree, rollout_extras: Extras = None):
+        return Scale(2.0)(state, x)
+
+
+def test_a_module_outside_the_graph_is_named():
+    with pytest.raises(ValueError, match="a Scale was called in the step of MakesItsOwn"):
+        Recorder(MakesItsOwn())((), jnp.ones((1, 2)))
