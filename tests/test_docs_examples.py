@@ -121,6 +121,13 @@ EXPECTED_OUTPUT = {
         "  found:    shape (3,) float32",
         "the failing row: .layers[1] True",
     ],
+    "recording.py": [
+        "(network): [(100, 4), (100, 4), (100, 4)]",
+        ".layers[1].components['action'].layers[0]: [(100, 4, 16)]",
+        "hidden layer (T, B, 16): (100, 4, 16)",
+        "recorded in one call: 10 modules",
+        "frames: 11 return: 10.0",
+    ],
     "population_graph.py": [
         "inputs 1, 2, 3, 4 -> late [0.0, 0.0, 1.0, 2.0]",
         "after a reset, buffer: [0. 0.]",

@@ -17,6 +17,13 @@ from flax import nnx
 from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo.algorithms.metrics import summarize
+from nnx_ppo.algorithms.recording import (
+    SlimData,
+    SlimState,
+    eval_rollout_for_render_scan,
+    record_activations_rollout,
+    unstack_trajectory,
+)
 from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, Shared, Transition
 from nnx_ppo.contract import ContractError, checks_enabled
 from nnx_ppo.contract.axes import Batched, Carry, FloatHistory, HistoryTree, Mask, PerEnvKeys
@@ -26,16 +33,21 @@ from nnx_ppo.contract.errors import rule_text
 from nnx_ppo.networks.types import StatefulModule, checked_ppo_output
 
 __all__ = [
+    "SlimData",
+    "SlimState",
     "episode_ended",
     "episode_flags",
     "eval_rollout",
+    "eval_rollout_for_render_scan",
     "n_envs_of",
+    "record_activations_rollout",
     "record_episode",
     "reset_envs",
     "scan_module",
     "tree_where",
     "unmapped_state_paths",
     "unroll_env",
+    "unstack_trajectory",
 ]
 
 Tree = TypeVar("Tree")

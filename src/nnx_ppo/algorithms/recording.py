@@ -1,0 +1,171 @@
+"""Recording rollouts: every module's activations over an episode, and slim states to render.
+
+* :func:`record_activations_rollout` runs one evaluation episode in each of
+  ``n_envs`` environments through a :class:`~nnx_ppo.networks.recording.Recorder`
+  of the network and returns every contract module's ``output`` at every step,
+  leaves ``(T, B, *feat)``, keyed by the module's path in the network.
+* :func:`eval_rollout_for_render_scan` and :func:`unstack_trajectory` are
+  :func:`~nnx_ppo.algorithms.rollout.record_episode` with the states it visits cut
+  down to what rendering needs (:class:`SlimState`), the names nnx-ppo 0.3.0 used.
+
+Everything here is importable from :mod:`nnx_ppo.algorithms.rollout` too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray, PyTree
+
+from nnx_ppo.algorithms import rollout
+from nnx_ppo.algorithms.types import EnvState, RLEnv
+from nnx_ppo.contract.axes import BatchedTree, BoolHistory, Carry, History, Mask
+from nnx_ppo.contract.checks import typechecked
+from nnx_ppo.networks.recording import Recorder, extract_activations
+from nnx_ppo.networks.types import StatefulModule, checked_ppo_output
+
+__all__ = [
+    "SlimData",
+    "SlimState",
+    "eval_rollout_for_render_scan",
+    "record_activations_rollout",
+    "unstack_trajectory",
+]
+
+
+@typechecked
+def record_activations_rollout(
+    env: RLEnv,
+    networks: StatefulModule,
+    n_envs: int,
+    max_episode_length: int,
+    key: PRNGKeyArray,
+) -> tuple[dict[str, PyTree[History]], BoolHistory]:
+    """Run one episode in each of ``n_envs`` envs, recording every module's activations.
+
+    The episodes are :func:`~nnx_ppo.algorithms.rollout.eval_rollout`'s: no env
+    is reset, each runs ``max_episode_length`` steps, and the policy is whatever
+    mode ``networks`` is in (call ``networks.eval()`` first for a deterministic
+    one). ``networks`` is not changed: it is run through a
+    :class:`~nnx_ppo.networks.recording.Recorder`.
+
+    Memory: ``max_episode_length * n_envs`` times the size of every module's
+    output is kept on the device.
+
+    Returns:
+      ``(activations, finished)``: ``activations`` maps each contract module's
+      path in the network (``""`` for the network itself, ``".layers[0]"``, ...)
+      to its ``output`` at every step, leaves ``(T, B, *feat)``; ``finished`` is
+      ``(T, B)`` bool, ``True`` at the steps taken after the env's episode had
+      already ended (mask those out).
+
+    Raises:
+      ValueError: a module is called twice in one step, or is not in the
+        network's NNX graph (see :class:`~nnx_ppo.networks.recording.Recorder`).
+    """
+    recorder = networks if isinstance(networks, Recorder) else Recorder(networks)
+    batched = rollout._BatchedEnv(env)
+    env_state = batched.reset(jax.random.split(key, n_envs))
+
+    def step(
+        module: StatefulModule, carry: tuple[Carry, EnvState, Mask], _: None
+    ) -> tuple[tuple[Carry, EnvState, Mask], tuple[dict[str, BatchedTree], Mask]]:
+        network_state, env_state, finished = carry
+        out = module(network_state, env_state.obs)
+        actions = checked_ppo_output(out.output, "record_activations_rollout").actions
+        stepped = batched.step(env_state, actions)
+        ended = rollout.episode_ended(rollout.episode_flags(stepped)[0])
+        return (out.next_state, stepped, finished | ended), (
+            extract_activations(out.metrics),
+            finished,
+        )
+
+    init = (recorder.initialize_state(n_envs), env_state, jnp.zeros(n_envs, bool))
+    _, (activations, finished) = rollout.scan_module(
+        recorder, step, init, length=max_episode_length
+    )
+    return activations, finished
+
+
+class SlimData(NamedTuple):
+    """The fields of an MJX ``Data`` that rendering reads (a pytree).
+
+    The rest of ``Data`` (contact and constraint buffers, which MuJoCo Warp
+    preallocates at full size) is left out of a recorded trajectory.
+    """
+
+    qpos: Array
+    qvel: Array
+    time: Array
+    mocap_pos: Array
+    mocap_quat: Array
+    xfrc_applied: Array
+
+
+class SlimState(NamedTuple):
+    """An env state cut down to what rendering reads (a pytree).
+
+    ``done``, ``info`` and ``metrics`` are the state's own. ``data`` is a
+    :class:`SlimData` when the state's ``data`` has all of its fields (an MJX
+    ``Data``), and otherwise the state's ``data`` as it is (the built-in envs keep
+    a few scalars there).
+    """
+
+    data: Any
+    done: Any
+    info: dict[str, Any]
+    metrics: dict[str, Any]
+
+
+_SLIM_FIELDS = SlimData._fields
+
+
+def _slim(state: EnvState) -> SlimState:
+    data = getattr(state, "data", ())
+    if all(hasattr(data, name) for name in _SLIM_FIELDS):
+        data = SlimData(*(getattr(data, name) for name in _SLIM_FIELDS))
+    return SlimState(data, state.done, state.info, state.metrics)
+
+
+def eval_rollout_for_render_scan(
+    env: RLEnv, networks: StatefulModule, max_episode_length: int, key: PRNGKeyArray
+) -> tuple[SlimState, SlimState, Float[Array, ""]]:
+    """:func:`~nnx_ppo.algorithms.rollout.record_episode`, its states slimmed for rendering.
+
+    One env runs ``max_episode_length`` steps, restarted where an episode ends,
+    with the policy in whatever mode ``networks`` is in. Traceable: ``jit`` it.
+
+    Returns:
+      ``(states, final_state, episode_return)``: the :class:`SlimState` of the
+      ``max_episode_length`` states each step started from, stacked (leaves
+      ``(T, ...)``, no env axis); that of the state after the last step; and the
+      return of the first episode (reward leaves summed).
+    """
+    trajectory, episode_return = rollout.record_episode(env, networks, max_episode_length, key)
+    slim = _slim(trajectory)
+    states = jax.tree.map(lambda leaf: leaf[:-1], slim)
+    final_state = jax.tree.map(lambda leaf: leaf[-1], slim)
+    return states, final_state, episode_return
+
+
+def unstack_trajectory(
+    stacked_states: SlimState, final_state: SlimState, max_episode_length: int
+) -> list[SlimState]:
+    """The ``max_episode_length`` stacked states, one by one, then ``final_state``: a list
+    for an env's ``render``. Runs eagerly (it builds a Python list).
+
+    Raises:
+      ValueError: ``stacked_states`` holds fewer than ``max_episode_length`` states.
+    """
+    held = min(int(jnp.shape(leaf)[0]) for leaf in jax.tree.leaves(stacked_states))
+    if held < max_episode_length:
+        raise ValueError(
+            f"unstack_trajectory: max_episode_length={max_episode_length}, but the stacked "
+            f"states hold {held} steps"
+        )
+    steps = [
+        jax.tree.map(lambda leaf, t=t: leaf[t], stacked_states) for t in range(max_episode_length)
+    ]
+    return [*steps, final_state]
