@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from jaxtyping import Array, Bool, PyTree, Shaped
 
-from nnx_ppo.contract import checks
+from nnx_ppo.contract import ContractError, checks
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.checks import RULE_NO_WRITES, RULE_STATISTICS_KIND, named_leaves
 from nnx_ppo.networks.adapter import is_sampled_action
@@ -383,7 +383,8 @@ def _phase(prop: ModuleProperty, what: str) -> Iterator[None]:
         if prop is ModuleProperty.CHECKED_CALL and leaf and leaf.startswith("next_state"):
             prop = ModuleProperty.CARRY_PRESERVATION
         # The runtime checks name two properties of the kit themselves, in any phase.
-        prop = _PROPERTY_OF_RULE.get(getattr(error, "rule", None), prop)
+        if isinstance(error, ContractError) and error.rule in _PROPERTY_OF_RULE:
+            prop = _PROPERTY_OF_RULE[error.rule]
         raise _PhaseError(prop, what, error) from error
 
 
