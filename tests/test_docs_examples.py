@@ -27,8 +27,9 @@ EXPECTED_OUTPUT = {
         "check_module(BatchCentredTrace): property 'batch-of-one agreement' fails at B=2, T=1",
         "leaf:     output at step 0, env 0",
         "check_module(EagerTrace): property 'no variable written in the forward path' fails "
-        "at B=1, T=1: __call__ wrote the NNX variable mean (at step 0).",
-        "leaf:     EagerTrace.mean",
+        "at B=1, T=1: the rollout's __call__ raised ContractError.",
+        "leaf:     EagerTrace.mean (BatchStat)",
+        "ContractError: EagerTrace.__call__: __call__ wrote the variable EagerTrace.mean (BatchStat).",
         "check_module(Residual): property 'update_statistics routing' fails at B=1, T=1",
         "update_statistics never reached Residual.inner (DecayingTrace)",
         "found:    Residual inherits the no-op default",
