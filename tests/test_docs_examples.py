@@ -29,7 +29,8 @@ EXPECTED_OUTPUT = {
         "check_module(EagerTrace): property 'no variable written in the forward path' fails "
         "at B=1, T=1: the rollout's __call__ raised ContractError.",
         "leaf:     EagerTrace.mean (BatchStat)",
-        "ContractError: EagerTrace.__call__: __call__ wrote the variable EagerTrace.mean (BatchStat).",
+        "ContractError: EagerTrace.__call__: __call__ wrote the variable "
+        "EagerTrace.mean (BatchStat).",
         "check_module(Residual): property 'update_statistics routing' fails at B=1, T=1",
         "update_statistics never reached Residual.inner (DecayingTrace)",
         "found:    Residual inherits the no-op default",
