@@ -234,10 +234,10 @@ def _sampler_leaves(network: StatefulModule, obs: BatchedTree, role: str) -> _Sa
     probe = nnx.clone(network)
     found: list[_SamplerLeaves] = []
 
-    def traced(state: Carry, obs: BatchedTree) -> None:
+    def traced(probe: StatefulModule, obs: BatchedTree) -> None:
         records: list[CallRecord] = []
         with checks(True), observe_calls(records.append):
-            out = probe(state, obs)
+            out = probe(probe.initialize_state(jax.tree.leaves(obs)[0].shape[0]), obs)
         output = checked_ppo_output(out.output, f"distillation ({role})")
         raw_of_action = {
             id(record.result.output["action"]): record.result.rollout_extras
@@ -266,7 +266,7 @@ def _sampler_leaves(network: StatefulModule, obs: BatchedTree, role: str) -> _Sa
             _SamplerLeaves(jax.tree.structure(output.actions), tuple(paths), tuple(shapes))
         )
 
-    jax.eval_shape(traced, probe.initialize_state(jax.tree.leaves(obs)[0].shape[0]), obs)
+    nnx.eval_shape(traced, probe, obs)
     return found[0]
 
 
@@ -641,8 +641,9 @@ def new_distillation_state(
                 f"new_distillation_state: the {role} must be a StatefulModule, "
                 f"got a {type(network).__name__}"
             )
-    keys = jax.random.split(jax.random.key(0), n_envs)
-    obs = jax.eval_shape(lambda keys: rollout.reset_envs(env, keys).obs, keys)
+    obs = jax.eval_shape(
+        lambda: rollout.reset_envs(env, jax.random.split(jax.random.key(0), n_envs)).obs
+    )
     frozen = _deterministic_copy(teacher)
     _matched_samplers(frozen, student, obs)
     start = new_training_state(
