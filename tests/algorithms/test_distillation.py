@@ -99,6 +99,8 @@ def test_steps_lower_the_students_nll_and_leave_the_teacher_untouched():
         state, metrics = distillation_step(ENV, teacher, state, *STEP)
         nll.append(metrics["losses/distillation_nll/mean"])
     assert state.steps_taken == metrics["total_steps"] == 8 * STEP[0] * STEP[1]
+    with pytest.raises(ValueError, match="n_envs is 4 but distillation_state holds 8"):
+        distillation_step(ENV, teacher, state, 4, *STEP[1:])
     assert all(np.isfinite(v) for v in metrics.values())
     assert nll[-1] < 0.5 * nll[0]
     for before, after in zip(teacher_before, leaves(nnx.state(teacher)), strict=True):

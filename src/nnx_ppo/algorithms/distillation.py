@@ -535,7 +535,8 @@ def distillation_step(
 
     Raises:
       ValueError: teacher and student have different action trees or samplers (the
-        message shows both), found before anything is compiled; or a setting is invalid.
+        message shows both), found before anything is compiled; ``n_envs`` is not the
+        state's number of environments; or a setting is invalid.
     """
     config = DistillationConfig(
         n_envs=n_envs,
@@ -550,6 +551,12 @@ def distillation_step(
         raise TypeError(
             "distillation_step: distillation_state must be a DistillationState, got a "
             f"{type(distillation_state).__name__}"
+        )
+    held = rollout.n_envs_of(distillation_state.env_states, "distillation_step")
+    if held != n_envs:
+        raise ValueError(
+            f"distillation_step: n_envs is {n_envs} but distillation_state holds {held} "
+            "environments; pass the n_envs the state was made with"
         )
     frozen = _deterministic_copy(teacher)
     student = distillation_state.student
