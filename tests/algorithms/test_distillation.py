@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nnx_ppo.algorithms.config import EvalConfig
+from nnx_ppo.algorithms.config import EvalConfig, VideoConfig
 from nnx_ppo.algorithms.distillation import (
     DistillationConfig,
     DistillationTrainConfig,
@@ -25,6 +25,7 @@ from nnx_ppo.networks.factories import make_lstm_actor_critic
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.sampling_layers import CategoricalSampler
 from nnx_ppo.networks.utils import Scale
+from nnx_ppo.wrappers import Wrapper
 
 ENV = make("memory")
 """One env for every test, so the compiled step is shared (it is cached per env)."""
@@ -151,19 +152,32 @@ def test_train_distillation_evaluates_logs_and_checkpoints(tmp_path):
             n_minibatches=STEP[3],
         ),
         eval=EvalConfig(every_steps=48, n_envs=4, max_episode_length=8),
+        video=VideoConfig(enabled=True, every_steps=96, episode_length=7, render_kwargs={}),
         checkpoint_every_steps=96,
     )
-    logged = []
-    saved = []
+    logged, saved, videos = [], [], []
     result = train_distillation(
         ENV,
         lstm_teacher(ENV),
         delay_student(ENV),
         config,
         log_fn=lambda metrics, step: logged.append(step),
+        video_fn=videos.append,
         checkpoint_fn=lambda state, step: saved.append(step),
+        eval_env=DrawnMemory(ENV),
     )
     assert result.total_steps == 96 and result.total_iterations == 2
     assert [entry["step"] for entry in result.eval_history] == [0, 48, 96]
     assert logged == [0, 48, 96]
     assert saved == [0, 96]
+    assert [(video.step, video.frames.shape) for video in videos] == [
+        (0, (8, 1, 1, 3)),
+        (96, (8, 1, 1, 3)),
+    ]
+
+
+class DrawnMemory(Wrapper):
+    """The memory task with a one-pixel renderer: lit on the query step."""
+
+    def render(self, trajectory):
+        return [np.full((1, 1, 3), 255 * int(state.obs[-2]), np.uint8) for state in trajectory]

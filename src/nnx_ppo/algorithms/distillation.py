@@ -29,13 +29,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jaxtyping import Array, Float, Integer, PRNGKeyArray
 
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn
-from nnx_ppo.algorithms.config import EvalConfig, _require_logging
+from nnx_ppo.algorithms.config import EvalConfig, VideoConfig, VideoData, _require_logging
 from nnx_ppo.algorithms.metrics import compute_metrics, to_host
 from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState, Transition
@@ -128,10 +129,11 @@ class DistillationConfig:
 
 @dataclass
 class DistillationTrainConfig:
-    """A whole distillation run: the algorithm, evaluation, seed and checkpoint cadence."""
+    """A whole distillation run: the algorithm, evaluation, video, seed and checkpoint cadence."""
 
     distillation: DistillationConfig = field(default_factory=DistillationConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    video: VideoConfig = field(default_factory=VideoConfig)
     seed: int = 17
     checkpoint_every_steps: int = 500_000
 
@@ -140,7 +142,11 @@ class DistillationTrainConfig:
 
     def validate(self) -> None:
         """Validate this config and every sub-config."""
-        for name, kind in (("distillation", DistillationConfig), ("eval", EvalConfig)):
+        for name, kind in (
+            ("distillation", DistillationConfig),
+            ("eval", EvalConfig),
+            ("video", VideoConfig),
+        ):
             value = getattr(self, name)
             if not isinstance(value, kind):
                 raise TypeError(
@@ -768,10 +774,42 @@ def _evaluator(
 
     def evaluate(network: StatefulModule, steps: int) -> dict[str, float]:
         graphdef, state = nnx.split(_deterministic_copy(network))
-        key = jax.random.fold_in(jax.random.key(seed), steps % (2**31))
-        return to_host(run(graphdef, state, key))
+        return to_host(run(graphdef, state, _key_at(seed, steps)))
 
     return evaluate
+
+
+def _key_at(seed: int, steps: int) -> PRNGKeyArray:
+    """The key of the evaluation or recording at ``steps``."""
+    return jax.random.fold_in(jax.random.key(seed), steps % (2**31))
+
+
+def _recorder(
+    env: RLEnv, config: VideoConfig, seed: int
+) -> Callable[[StatefulModule, int], VideoData]:
+    """Records a deterministic copy of a network with ``env.render``."""
+    render = getattr(env, "render", None)
+    if render is None:
+        raise TypeError(
+            f"train_distillation: video needs an eval env with render(); {type(env).__name__} "
+            "has none"
+        )
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def run(graphdef: nnx.GraphDef[Any], state: nnx.State, key: PRNGKeyArray) -> Any:
+        return rollout.record_episode(env, nnx.merge(graphdef, state), config.episode_length, key)
+
+    def record(network: StatefulModule, steps: int) -> VideoData:
+        graphdef, state = nnx.split(_deterministic_copy(network))
+        visited, reward = jax.device_get(run(graphdef, state, _key_at(seed, steps)))
+        trajectory = [
+            jax.tree.map(lambda leaf, t=t: leaf[t], visited)
+            for t in range(config.episode_length + 1)
+        ]
+        frames = np.stack(render(trajectory, **config.render_kwargs))
+        return VideoData(frames, steps, float(reward), config.episode_length)
+
+    return record
 
 
 def _due(last: int | None, steps: int, every: int) -> bool:
@@ -788,15 +826,17 @@ def train_distillation(
     total_steps: int | None = None,
     seed: int | None = None,
     log_fn: Callable[[dict[str, float], int], None] | None = None,
+    video_fn: Callable[[VideoData], None] | None = None,
     checkpoint_fn: Callable[[DistillationState, int], None] | None = None,
     eval_env: RLEnv | None = None,
     initial_state: DistillationState | None = None,
 ) -> DistillationTrainResult:
     """Distil ``teacher`` into ``student`` on ``env`` until ``total_steps`` env steps.
 
-    Evaluates the student's deterministic policy (if enabled) and checkpoints (if
-    ``checkpoint_fn`` is given) at the start and whenever the step count passes a
-    multiple of their ``every_steps``.
+    Evaluates the student's deterministic policy (if enabled), records it (if video
+    is enabled and ``video_fn`` is given) and checkpoints (if ``checkpoint_fn`` is
+    given) at the start and whenever the step count passes a multiple of their
+    ``every_steps``.
 
     Args:
       env: one unbatched training environment.
@@ -806,6 +846,8 @@ def train_distillation(
       total_steps, seed: override ``config.distillation.total_steps`` and ``config.seed``.
       log_fn: called as ``log_fn(metrics, step)`` after every step (and after the
         initial evaluation).
+      video_fn: receives a :class:`~nnx_ppo.algorithms.config.VideoData` per recording
+        of the student, made with the eval env's ``render``.
       checkpoint_fn: called as ``checkpoint_fn(state, step)``, e.g.
         :func:`make_distillation_checkpoint_fn`'s.
       eval_env: the evaluation environment; ``env`` when ``None``.
@@ -817,7 +859,8 @@ def train_distillation(
     Raises:
       ValueError: teacher and student have different action trees or samplers (the
         message shows both), before anything is compiled.
-      TypeError: ``config`` is not a :class:`DistillationTrainConfig`.
+      TypeError: ``config`` is not a :class:`DistillationTrainConfig`, or video is asked
+        of an eval env without ``render``.
     """
     config = _with_overrides(config, total_steps, seed)
     settings = config.distillation
@@ -839,9 +882,13 @@ def train_distillation(
             "train_distillation: initial_state must be a DistillationState, got a "
             f"{type(initial_state).__name__}"
         )
-    evaluate = _evaluator(env if eval_env is None else eval_env, config.eval, config.seed)
+    eval_env = env if eval_env is None else eval_env
+    evaluate = _evaluator(eval_env, config.eval, config.seed)
+    record = None
+    if config.video.enabled and video_fn is not None:
+        record = _recorder(eval_env, config.video, config.seed)
     history: list[dict[str, float]] = []
-    last: dict[str, int | None] = {"eval": None, "checkpoint": None}
+    last: dict[str, int | None] = {"eval": None, "video": None, "checkpoint": None}
 
     def periodic(state: DistillationState) -> dict[str, float]:
         steps, metrics = state.steps_taken, {}
@@ -849,6 +896,10 @@ def train_distillation(
             metrics = evaluate(state.student, steps)
             history.append({"step": steps, **metrics})
             last["eval"] = steps
+        video_due = _due(last["video"], steps, config.video.every_steps)
+        if record is not None and video_fn is not None and video_due:
+            video_fn(record(state.student, steps))
+            last["video"] = steps
         if checkpoint_fn is not None and _due(
             last["checkpoint"], steps, config.checkpoint_every_steps
         ):
