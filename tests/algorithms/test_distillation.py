@@ -23,7 +23,7 @@ from nnx_ppo.networks.containers import Concat, Parallel, Sequential
 from nnx_ppo.networks.delay import Delay
 from nnx_ppo.networks.factories import make_lstm_actor_critic
 from nnx_ppo.networks.feedforward import Dense
-from nnx_ppo.networks.sampling_layers import CategoricalSampler
+from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalTanhSampler
 from nnx_ppo.networks.utils import Scale
 from nnx_ppo.wrappers import Wrapper
 
@@ -89,6 +89,23 @@ def test_different_action_trees_fail_before_anything_compiles(caplog):
     assert "teacher actions: PyTreeDef(*)" in message
     assert "student actions: PyTreeDef({'cue': *})" in message
     assert not [r for r in caplog.records if "compil" in r.getMessage().lower()]
+
+
+def test_samplers_of_another_kind_are_named_before_anything_compiles():
+    rngs = nnx.Rngs(2)
+    continuous = Sequential(
+        [
+            Dense(ENV.observation_size, 8, rngs),
+            PPOAdapter(
+                action=Sequential(
+                    [Dense(8, 2 * ENV.action_size, rngs), NormalTanhSampler(rngs, 0.0)]
+                ),
+                value=Dense(8, 1, rngs),
+            ),
+        ]
+    )
+    with pytest.raises(ValueError, match=r"the samplers of action differ.*\(\) int32.*\(2,\)"):
+        new_distillation_state(ENV, lstm_teacher(ENV), continuous, 8, seed=0)
 
 
 def test_steps_lower_the_students_nll_and_leave_the_teacher_untouched():
