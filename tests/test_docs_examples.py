@@ -51,6 +51,13 @@ EXPECTED_OUTPUT = {
         "mean: [2. 4.] samples: 6.0",
         "trainable leaves: 0",
     ],
+    "distillation.py": [
+        "1152 env steps; the NLL of the teacher's actions fell: True",
+        "teacher unchanged: True",
+        "the teacher and the student have different action trees",
+        "teacher actions: PyTreeDef(*)",
+        "student actions: PyTreeDef({'cue': *})",
+    ],
     "layers_delay.py": ["outputs [-1.0, -1.0, 0.0, 1.0]", "after a reset: -1.0"],
     "layers_variational.py": [
         "z: (3, 2) regularization: (3,)",

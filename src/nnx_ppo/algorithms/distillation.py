@@ -1,0 +1,930 @@
+"""Policy distillation: train a student network to act like a frozen teacher.
+
+The student drives the environment; the teacher watches the same observations
+with its own carry, in deterministic mode (its samplers emit the mean, or the
+most likely class, as their raw action). The student is trained to maximise the
+log-likelihood of the teacher's deterministic action under its own
+distribution, plus its own regularization (e.g. its samplers' entropy bonus)::
+
+    loss = -sum over action leaves of mean_{t, b} log p_student(a_teacher | history) + reg
+
+Teacher and student may have different architectures (an LSTM teacher, a
+student with a delay line, a population graph): only their action trees must
+match, leaf for leaf, with raw actions of the same shape. Each sampler's raw
+action is found in the network's ``rollout_extras`` by tracing one call, so the
+teacher's raw actions are handed to the student's samplers in loss replay.
+
+The teacher is never mutated: the step runs a deterministic copy of it, and
+no optimizer sees its parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jaxtyping import Array, Float, Integer, PRNGKeyArray
+
+from nnx_ppo.algorithms import rollout
+from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn
+from nnx_ppo.algorithms.config import EvalConfig, VideoConfig, VideoData, _require_logging
+from nnx_ppo.algorithms.metrics import compute_metrics, to_host
+from nnx_ppo.algorithms.ppo import new_training_state
+from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState, Transition
+from nnx_ppo.contract.arguments import require_int, require_number
+from nnx_ppo.contract.axes import BatchedTree, Carry, CarrySlice, Extras, HistoryTree, Scalar
+from nnx_ppo.contract.checks import CallRecord, checks, observe_calls, typechecked
+from nnx_ppo.networks.sampling_layers import ActionSampler
+from nnx_ppo.networks.types import (
+    PPONetworkOutput,
+    Replaceable,
+    StatefulModule,
+    StatefulModuleOutput,
+    checked_ppo_output,
+)
+
+__all__ = [
+    "DistillationConfig",
+    "DistillationState",
+    "DistillationTrainConfig",
+    "DistillationTrainResult",
+    "default_distillation_config",
+    "distillation_loss",
+    "distillation_step",
+    "load_distillation_checkpoint",
+    "make_distillation_checkpoint_fn",
+    "new_distillation_state",
+    "train_distillation",
+]
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass
+class DistillationConfig:
+    """The distillation algorithm's parameters.
+
+    Attributes:
+      n_envs: environments stepped in parallel (the student acts in them).
+      rollout_length: steps ``T`` collected per env between updates.
+      total_steps: env steps to train for (``n_envs * rollout_length`` per step).
+      learning_rate: Adam's learning rate.
+      n_epochs: passes over the rollout per distillation step.
+      n_minibatches: minibatches per epoch; each is a set of whole environments.
+      gradient_clipping: clip gradients to this global norm; ``None`` for no clipping.
+      weight_decay: AdamW's decay (``True`` for optax's default); ``None`` for Adam.
+      logging_level: which training metrics to compute.
+      logging_percentiles: summarise distributions by these percentiles instead
+        of mean and std.
+    """
+
+    n_envs: int = 256
+    rollout_length: int = 20
+    total_steps: int = 512_000
+    learning_rate: float = 1e-4
+    n_epochs: int = 4
+    n_minibatches: int = 4
+    gradient_clipping: float | None = None
+    weight_decay: float | bool | None = None
+    logging_level: LoggingLevel = LoggingLevel.LOSSES
+    logging_percentiles: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
+        owner = "DistillationConfig"
+        for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"):
+            require_int(owner, name, getattr(self, name))
+        if self.n_envs % self.n_minibatches:
+            raise ValueError(
+                f"DistillationConfig.n_envs ({self.n_envs}) must be divisible by n_minibatches "
+                f"({self.n_minibatches}): a minibatch is a set of whole environments"
+            )
+        require_number(owner, "learning_rate", self.learning_rate, minimum=0.0, strict=True)
+        if self.gradient_clipping is not None:
+            require_number(
+                owner, "gradient_clipping", self.gradient_clipping, minimum=0.0, strict=True
+            )
+        if not isinstance(self.weight_decay, bool | None):
+            require_number(owner, "weight_decay", self.weight_decay, minimum=0.0)
+        _require_logging(owner, self.logging_level, self.logging_percentiles)
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Env steps one distillation step collects: ``n_envs * rollout_length``."""
+        return self.n_envs * self.rollout_length
+
+
+@dataclass
+class DistillationTrainConfig:
+    """A whole distillation run: the algorithm, evaluation, video, seed and checkpoint cadence."""
+
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    video: VideoConfig = field(default_factory=VideoConfig)
+    seed: int = 17
+    checkpoint_every_steps: int = 500_000
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Validate this config and every sub-config."""
+        for name, kind in (
+            ("distillation", DistillationConfig),
+            ("eval", EvalConfig),
+            ("video", VideoConfig),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                raise TypeError(
+                    f"DistillationTrainConfig.{name} must be a {kind.__name__}, "
+                    f"got {type(value).__name__}"
+                )
+            value.validate()
+        require_int("DistillationTrainConfig", "seed", self.seed, minimum=None)
+        require_int(
+            "DistillationTrainConfig", "checkpoint_every_steps", self.checkpoint_every_steps
+        )
+
+
+def default_distillation_config() -> DistillationTrainConfig:
+    """The default :class:`DistillationTrainConfig`."""
+    return DistillationTrainConfig()
+
+
+# ------------------------------------------------------------------------------ state
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DistillationState(Replaceable):
+    """Everything a distillation run carries from one step to the next.
+
+    The teacher is not held here (it is passed to every step, like the env);
+    only its per-env carry is. ``steps_taken`` is a host ``int``.
+
+    Attributes:
+      student: the network being trained.
+      student_states: the student's carry in every training env, leaves ``(n_envs, ...)``.
+      teacher_states: the teacher's carry in every training env, leaves ``(n_envs, ...)``.
+      env_states: the batched env states.
+      optimizer: an ``nnx.Optimizer`` over the student's ``nnx.Param`` s only.
+      rng_key: the key the next step splits.
+      steps_taken: env steps taken so far.
+    """
+
+    student: Any
+    student_states: Carry
+    teacher_states: Carry
+    env_states: Any
+    optimizer: Any
+    rng_key: PRNGKeyArray
+    steps_taken: int = dataclasses.field(default=0, metadata={"static": True})
+
+
+@dataclass
+class DistillationTrainResult:
+    """What :func:`train_distillation` returns.
+
+    Attributes:
+      training_state: the state after the last step (resume from it).
+      final_metrics: the metrics logged last, a flat ``str -> float`` dict.
+      eval_history: one ``{"step": s, **eval_metrics}`` per evaluation of the student.
+      total_steps: env steps taken, exact.
+      total_iterations: distillation steps taken in this call.
+    """
+
+    training_state: DistillationState
+    final_metrics: dict[str, float]
+    eval_history: list[dict[str, float]]
+    total_steps: int
+    total_iterations: int
+
+
+# ------------------------------------------------------- where samplers keep their action
+
+
+@dataclass(frozen=True)
+class _SamplerLeaves:
+    """For each action leaf (by path), where its sampler's raw action sits in the extras.
+
+    Tuples of pairs, not dicts: the value is a jit static argument and must hash.
+    """
+
+    action_tree: Any
+    extras_paths: tuple[tuple[str, tuple[Any, ...]], ...]
+    raw_shapes: tuple[tuple[str, jax.ShapeDtypeStruct], ...]
+
+
+def _sampler_leaves(network: StatefulModule, obs: BatchedTree, role: str) -> _SamplerLeaves:
+    """Trace one call of ``network`` (no compilation) and locate every sampler's raw action.
+
+    A sampler's action output is a leaf of ``PPONetworkOutput.actions`` and its raw
+    action a leaf of the network's ``rollout_extras``: the very same traced values,
+    matched by identity. A copy of the network is traced, so no random-stream
+    counter of the network itself is advanced.
+    """
+    probe = nnx.clone(network)
+    found: list[_SamplerLeaves] = []
+
+    def traced(probe: StatefulModule, obs: BatchedTree) -> None:
+        records: list[CallRecord] = []
+        with checks(True), observe_calls(records.append):
+            out = probe(probe.initialize_state(jax.tree.leaves(obs)[0].shape[0]), obs)
+        output = checked_ppo_output(out.output, f"distillation ({role})")
+        raw_of_action = {
+            id(record.result.output["action"]): record.result.rollout_extras
+            for record in records
+            if isinstance(record.module, ActionSampler)
+            and record.method == "__call__"
+            and record.result is not None
+        }
+        extras_path_of = {
+            id(leaf): tuple(path)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(out.rollout_extras)[0]
+        }
+        paths, shapes = [], []
+        for path, action in jax.tree_util.tree_flatten_with_path(output.actions)[0]:
+            name = jax.tree_util.keystr(path)
+            raw = raw_of_action.get(id(action))
+            if raw is None or id(raw) not in extras_path_of:
+                raise ValueError(
+                    f"distillation: the {role}'s action{name} does not come from an "
+                    "ActionSampler whose raw action the network emits in rollout_extras; "
+                    "distillation scores the teacher's raw action with the student's sampler"
+                )
+            paths.append((name, extras_path_of[id(raw)]))
+            shapes.append((name, jax.ShapeDtypeStruct(raw.shape[1:], raw.dtype)))
+        found.append(
+            _SamplerLeaves(jax.tree.structure(output.actions), tuple(paths), tuple(shapes))
+        )
+
+    nnx.eval_shape(traced, probe, obs)
+    return found[0]
+
+
+def _require_same_actions(teacher: _SamplerLeaves, student: _SamplerLeaves) -> None:
+    if teacher.action_tree != student.action_tree:
+        raise ValueError(
+            "distillation: the teacher and the student have different action trees, so the "
+            f"student cannot be scored on the teacher's actions.\n  teacher actions: "
+            f"{teacher.action_tree}\n  student actions: {student.action_tree}"
+        )
+    student_shapes = dict(student.raw_shapes)
+    for name, wanted in teacher.raw_shapes:
+        got = student_shapes[name]
+        integer = jnp.issubdtype(wanted.dtype, jnp.integer)
+        if wanted.shape != got.shape or integer != jnp.issubdtype(got.dtype, jnp.integer):
+            raise ValueError(
+                f"distillation: the samplers of action{name} differ: the teacher's raw action "
+                f"is {wanted.shape} {wanted.dtype} per env, the student's {got.shape} "
+                f"{got.dtype}; give both the same kind of sampler for this action"
+            )
+
+
+def _with_teacher_actions(
+    student_extras: Extras, teacher_extras: Extras, teacher: _SamplerLeaves, student: _SamplerLeaves
+) -> Extras:
+    """The student's extras, each sampler's raw action replaced by the teacher's."""
+    student_paths = dict(student.extras_paths)
+    by_path = {
+        student_paths[name]: _leaf_at(teacher_extras, path) for name, path in teacher.extras_paths
+    }
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: by_path.get(tuple(path), leaf), student_extras
+    )
+
+
+def _leaf_at(tree: Any, path: tuple[Any, ...]) -> Any:
+    for leaf_path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if tuple(leaf_path) == path:
+            return leaf
+    raise KeyError(jax.tree_util.keystr(path))
+
+
+# ---------------------------------------------------------------------------- rollout
+
+
+class _StudentWithTeacher(StatefulModule):
+    """The student acting while the (deterministic) teacher watches the same inputs.
+
+    Carry and extras are ``{"student": ..., "teacher": ...}``; the output is the
+    student's, so :func:`~nnx_ppo.algorithms.rollout.unroll_env` rolls it out.
+    """
+
+    def __init__(self, student: StatefulModule, teacher: StatefulModule) -> None:
+        self.student = student
+        self.teacher = teacher
+
+    def __call__(
+        self, state: dict[str, Carry], x: BatchedTree, rollout_extras: Extras = None
+    ) -> StatefulModuleOutput:
+        del rollout_extras  # only rolled out, never replayed
+        student = self.student(state["student"], x)
+        teacher = self.teacher(state["teacher"], x)
+        return StatefulModuleOutput(
+            next_state={"student": student.next_state, "teacher": teacher.next_state},
+            output=student.output,
+            regularization_loss=student.regularization_loss,
+            metrics=student.metrics,
+            rollout_extras={"student": student.rollout_extras, "teacher": teacher.rollout_extras},
+        )
+
+    def initialize_state(self, batch_size: int) -> dict[str, Carry]:
+        return {
+            "student": self.student.initialize_state(batch_size),
+            "teacher": self.teacher.initialize_state(batch_size),
+        }
+
+    def reset_state(self, prev_state: CarrySlice) -> CarrySlice:
+        return {
+            "student": self.student.reset_state(prev_state["student"]),
+            "teacher": self.teacher.reset_state(prev_state["teacher"]),
+        }
+
+
+# ------------------------------------------------------------------------------- loss
+
+
+@typechecked
+def distillation_loss(
+    student: StatefulModule,
+    student_state: Carry,
+    rollout_data: Transition,
+    targets: HistoryTree,
+) -> tuple[Scalar, dict[str, Any]]:
+    """The student's negative log-likelihood of the teacher's actions, plus its regularization.
+
+    Args:
+      student: the network being trained.
+      student_state: its carry where the rollout started, leaves ``(B, ...)``.
+      rollout_data: the minibatch's transitions, leaves ``(T, B, ...)``.
+      targets: the student's rollout extras with every sampler's raw action replaced by
+        the teacher's deterministic one, leaves ``(T, B, ...)``; replaying the student
+        on them scores the teacher's actions.
+
+    Returns:
+      The scalar loss and ``losses/distillation_nll`` (per action leaf),
+      ``losses/regularization`` and ``losses/total``.
+    """
+    rollout_data, targets = jax.lax.stop_gradient((rollout_data, targets))
+    ended = rollout.episode_ended(rollout_data.done)
+
+    def step(
+        student: StatefulModule, carry: Carry, inputs: tuple[Any, Any, Any]
+    ) -> tuple[Carry, tuple[PPONetworkOutput, Float[Array, ""]]]:
+        obs, end, extras = inputs
+        out = student(carry, obs, extras)
+        output = checked_ppo_output(out.output, "distillation_loss")
+        carry = rollout.tree_where(end, student.reset_state(out.next_state), out.next_state)
+        return carry, (output, jnp.mean(out.regularization_loss))
+
+    _, (output, regularization) = rollout.scan_module(
+        student, step, student_state, (rollout_data.obs, ended, targets)
+    )
+    nll = jax.tree.map(lambda ll: -jnp.mean(ll), output.loglikelihoods)
+    total = jax.tree.reduce(jnp.add, nll) + jnp.mean(regularization)
+    return total, {
+        "losses/distillation_nll": nll,
+        "losses/regularization": jnp.mean(regularization),
+        "losses/total": total,
+    }
+
+
+# ------------------------------------------------------------------------------- step
+
+
+def _learn(
+    student: StatefulModule,
+    optimizer: nnx.Optimizer,
+    data: tuple[Carry, Transition, HistoryTree],
+    key: PRNGKeyArray,
+    config: DistillationConfig,
+) -> dict[str, Any]:
+    """Epochs of gradient steps on minibatches of whole environments."""
+    graphdef, state = nnx.split((student, optimizer))
+    first_carry, transitions, targets = data
+    transitions = transitions.replace(metrics={})
+    per_minibatch = config.n_envs // config.n_minibatches
+
+    def update(state: nnx.State, ids: Integer[Array, " b"]) -> tuple[nnx.State, dict[str, Any]]:
+        student, optimizer = nnx.merge(graphdef, state)
+        carry = jax.tree.map(lambda x: x[ids], first_carry)
+        batch, batch_targets = jax.tree.map(lambda x: x[:, ids], (transitions, targets))
+        grads, diagnostics = nnx.grad(
+            lambda s: distillation_loss(s, carry, batch, batch_targets), has_aux=True
+        )(student)
+        diagnostics["grad_norm"] = optax.tree.norm(grads)
+        optimizer.update(student, grads)
+        return nnx.state((student, optimizer)), diagnostics
+
+    def epoch(state: nnx.State, key: PRNGKeyArray) -> tuple[nnx.State, dict[str, Any]]:
+        ids = jax.random.permutation(key, config.n_envs).reshape(config.n_minibatches, -1)
+        return jax.lax.scan(update, state, ids[:, :per_minibatch])
+
+    state, diagnostics = jax.lax.scan(epoch, state, jax.random.split(key, config.n_epochs))
+    nnx.update((student, optimizer), state)
+    return diagnostics
+
+
+def _step(
+    env: RLEnv,
+    config: DistillationConfig,
+    leaves: tuple[_SamplerLeaves, _SamplerLeaves],
+    pair: _StudentWithTeacher,
+    optimizer: nnx.Optimizer,
+    carry: tuple[dict[str, Carry], Any, PRNGKeyArray],
+) -> tuple[tuple[dict[str, Carry], Any, PRNGKeyArray], dict[str, Any]]:
+    """Roll out the student with the teacher watching, learn, fold statistics. Traced once."""
+    states, env_states, key = carry
+    rollout_key, learn_key, next_key = jax.random.split(key, 3)
+    final_states, final_env_states, transitions = rollout.unroll_env(
+        env, env_states, pair, states, config.rollout_length, rollout_key
+    )
+    extras = transitions.rollout_extras
+    teacher_leaves, student_leaves = leaves
+    targets = _with_teacher_actions(
+        extras["student"], extras["teacher"], teacher_leaves, student_leaves
+    )
+    data = (states["student"], transitions, targets)
+    diagnostics = _learn(pair.student, optimizer, data, learn_key, config)
+    pair.student.update_statistics(extras["student"])
+    metrics = compute_metrics(
+        diagnostics, transitions, config.logging_level, config.logging_percentiles
+    )
+    return (final_states, final_env_states, next_key), metrics
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _compiled_step(
+    static: tuple[Any, ...],
+    graphdef: nnx.GraphDef[Any],
+    state: nnx.State,
+    carry: tuple[dict[str, Carry], Any, PRNGKeyArray],
+) -> tuple[nnx.State, tuple[dict[str, Carry], Any, PRNGKeyArray], dict[str, Any]]:
+    env, config, leaves = static
+    pair, optimizer = nnx.merge(graphdef, state)
+    carry, metrics = _step(env.value, config.value, leaves, pair, optimizer, carry)
+    return nnx.state((pair, optimizer)), carry, metrics
+
+
+class _Static:
+    """A jit static argument: ``value``, compared by ``key`` (envs and configs need not hash)."""
+
+    def __init__(self, value: Any, key: Any) -> None:
+        self.value = value
+        self.key = key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Static) and other.key == self.key
+
+
+def _env_static(env: RLEnv) -> _Static:
+    return _Static(env, ("env", id(env)))
+
+
+def _config_static(config: DistillationConfig) -> _Static:
+    return _Static(dataclasses.replace(config), ("config", repr(dataclasses.astuple(config))))
+
+
+def _deterministic_copy(teacher: StatefulModule) -> StatefulModule:
+    """A copy of the teacher in eval mode, its arrays shared; the teacher itself is untouched."""
+    copy = nnx.clone(teacher)
+    copy.eval()
+    return copy
+
+
+def distillation_step(
+    env: RLEnv,
+    teacher: StatefulModule,
+    distillation_state: DistillationState,
+    n_envs: int,
+    rollout_length: int,
+    n_epochs: int,
+    n_minibatches: int,
+    logging_level: LoggingLevel = LoggingLevel.LOSSES,
+    logging_percentiles: tuple[int, ...] | None = None,
+) -> tuple[DistillationState, dict[str, float]]:
+    """One distillation step: roll out, then epochs of minibatch updates of the student.
+
+    The teacher runs deterministically (a copy in eval mode) whatever mode it is in;
+    it is not modified. The step is compiled once per env, network structure and
+    settings and reused.
+
+    Args:
+      env: one unbatched training environment.
+      teacher: the frozen teacher.
+      distillation_state: from :func:`new_distillation_state` or a previous step.
+      n_envs: must equal the number of envs in ``distillation_state``.
+      rollout_length, n_epochs, n_minibatches, logging_level, logging_percentiles:
+        as in :class:`DistillationConfig`.
+
+    Returns:
+      The next state and the step's metrics, a flat ``str -> float`` dict with
+      ``total_steps``.
+
+    Raises:
+      ValueError: teacher and student have different action trees or samplers (the
+        message shows both), found before anything is compiled; ``n_envs`` is not the
+        state's number of environments; or a setting is invalid.
+    """
+    config = DistillationConfig(
+        n_envs=n_envs,
+        rollout_length=rollout_length,
+        total_steps=rollout_length * n_envs,
+        n_epochs=n_epochs,
+        n_minibatches=n_minibatches,
+        logging_level=logging_level,
+        logging_percentiles=logging_percentiles,
+    )
+    if not isinstance(distillation_state, DistillationState):
+        raise TypeError(
+            "distillation_step: distillation_state must be a DistillationState, got a "
+            f"{type(distillation_state).__name__}"
+        )
+    held = rollout.n_envs_of(distillation_state.env_states, "distillation_step")
+    if held != n_envs:
+        raise ValueError(
+            f"distillation_step: n_envs is {n_envs} but distillation_state holds {held} "
+            "environments; pass the n_envs the state was made with"
+        )
+    frozen = _deterministic_copy(teacher)
+    student = distillation_state.student
+    leaves = _matched_samplers(frozen, student, distillation_state.env_states.obs)
+    pair = _StudentWithTeacher(student, frozen)
+    graphdef, state = nnx.split((pair, distillation_state.optimizer))
+    carry = (
+        {
+            "student": distillation_state.student_states,
+            "teacher": distillation_state.teacher_states,
+        },
+        distillation_state.env_states,
+        distillation_state.rng_key,
+    )
+    static = (_env_static(env), _config_static(config), leaves)
+    state, (states, env_states, key), metrics = _compiled_step(static, graphdef, state, carry)
+    nnx.update((pair, distillation_state.optimizer), state)
+    total = distillation_state.steps_taken + config.steps_per_iteration
+    host = to_host(metrics)
+    host["total_steps"] = float(total)
+    return distillation_state.replace(
+        student_states=states["student"],
+        teacher_states=states["teacher"],
+        env_states=env_states,
+        rng_key=key,
+        steps_taken=total,
+    ), host
+
+
+@functools.lru_cache(maxsize=32)
+def _matched_by_structure(
+    teacher_graph: nnx.GraphDef[Any],
+    student_graph: nnx.GraphDef[Any],
+    obs_shapes: tuple[tuple[jax.ShapeDtypeStruct, ...], Any],
+    networks: _Static,
+) -> tuple[_SamplerLeaves, _SamplerLeaves]:
+    teacher, student = networks.value
+    obs = jax.tree.unflatten(obs_shapes[1], obs_shapes[0])
+    teacher_leaves = _sampler_leaves(teacher, obs, "teacher")
+    student_leaves = _sampler_leaves(student, obs, "student")
+    _require_same_actions(teacher_leaves, student_leaves)
+    return teacher_leaves, student_leaves
+
+
+def _matched_samplers(
+    teacher: StatefulModule, student: StatefulModule, obs: BatchedTree
+) -> tuple[_SamplerLeaves, _SamplerLeaves]:
+    """Both networks' sampler leaves, after checking their action trees agree.
+
+    Traced once per pair of network structures and observation shapes.
+    """
+    leaves, tree = jax.tree.flatten(obs)
+    shapes = (tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves), tree)
+    return _matched_by_structure(
+        nnx.graphdef(teacher), nnx.graphdef(student), shapes, _Static((teacher, student), None)
+    )
+
+
+# ------------------------------------------------------------------------------ setup
+
+
+def new_distillation_state(
+    env: RLEnv,
+    teacher: StatefulModule,
+    student: StatefulModule,
+    n_envs: int,
+    seed: int,
+    learning_rate: float = 1e-4,
+    gradient_clipping: float | None = None,
+    weight_decay: float | bool | None = None,
+) -> DistillationState:
+    """A fresh distillation state: ``n_envs`` reset envs, fresh carries for both networks.
+
+    Envs, student carry, key and optimizer are made as
+    :func:`~nnx_ppo.algorithms.ppo.new_training_state` makes them for the student;
+    the optimizer (Adam, AdamW with ``weight_decay``, after optional global-norm
+    clipping) tracks the student's ``nnx.Param`` s only. The teacher's carry comes
+    from a copy of it, so not even its random streams advance.
+
+    Raises:
+      ValueError: teacher and student have different action trees or samplers (the
+        message shows both), found by tracing before anything is compiled.
+      TypeError: teacher or student is not a ``StatefulModule``.
+    """
+    require_int("new_distillation_state", "n_envs", n_envs)
+    for role, network in (("teacher", teacher), ("student", student)):
+        if not isinstance(network, StatefulModule):
+            raise TypeError(
+                f"new_distillation_state: the {role} must be a StatefulModule, "
+                f"got a {type(network).__name__}"
+            )
+    obs = jax.eval_shape(
+        lambda: rollout.reset_envs(env, jax.random.split(jax.random.key(0), n_envs)).obs
+    )
+    frozen = _deterministic_copy(teacher)
+    _matched_samplers(frozen, student, obs)
+    start = new_training_state(
+        env, student, n_envs, seed, learning_rate, gradient_clipping, weight_decay
+    )
+    return DistillationState(
+        student=student,
+        student_states=start.network_states,
+        teacher_states=frozen.initialize_state(n_envs),
+        env_states=start.env_states,
+        optimizer=start.optimizer,
+        rng_key=start.rng_key,
+        steps_taken=0,
+    )
+
+
+# ------------------------------------------------------------------------ checkpoints
+
+
+def _as_training_state(state: DistillationState) -> TrainingState:
+    """The distillation state in the form checkpointing stores: both carries as one."""
+    return TrainingState(
+        networks=state.student,
+        network_states={"student": state.student_states, "teacher": state.teacher_states},
+        env_states=state.env_states,
+        optimizer=state.optimizer,
+        rng_key=state.rng_key,
+        steps_taken=state.steps_taken,
+    )
+
+
+def make_distillation_checkpoint_fn(
+    directory: str | Path, *, keep_last: int = 3
+) -> Callable[[DistillationState, int], None]:
+    """A ``checkpoint_fn`` for :func:`train_distillation`, written like PPO's checkpoints.
+
+    Each checkpoint holds the student, its optimizer, both networks' carries, the
+    env states, the key and the step count (see
+    :func:`~nnx_ppo.algorithms.checkpointing.make_checkpoint_fn`); not the teacher,
+    which is not trained. Restore with :func:`load_distillation_checkpoint`, or the
+    student alone with :func:`~nnx_ppo.algorithms.checkpointing.load_checkpoint`.
+    """
+    save = make_checkpoint_fn(directory, keep_last=keep_last)
+
+    def checkpoint_fn(state: DistillationState, step: int) -> None:
+        save(_as_training_state(state), step)
+
+    return checkpoint_fn
+
+
+def load_distillation_checkpoint(
+    path: str | Path, template: DistillationState, *, step: int | None = None
+) -> DistillationState:
+    """Resume from a checkpoint of :func:`make_distillation_checkpoint_fn`.
+
+    Args:
+      path: a run directory, a checkpoint directory (the latest is taken) or one
+        step directory.
+      template: a state of the same student, teacher and ``n_envs`` (from
+        :func:`new_distillation_state`); its student and optimizer are updated in place.
+      step: a specific step instead of the latest.
+
+    Raises:
+      CheckpointError: missing, corrupted, or not of this architecture (the message
+        names the paths that differ).
+    """
+    loaded = load_checkpoint(path, _as_training_state(template), step=step)["training_state"]
+    return template.replace(
+        student_states=loaded.network_states["student"],
+        teacher_states=loaded.network_states["teacher"],
+        env_states=loaded.env_states,
+        rng_key=loaded.rng_key,
+        steps_taken=loaded.steps_taken,
+    )
+
+
+# ------------------------------------------------------------------------------ train
+
+
+def _with_overrides(
+    config: DistillationTrainConfig | None, total_steps: int | None, seed: int | None
+) -> DistillationTrainConfig:
+    if config is not None and not isinstance(config, DistillationTrainConfig):
+        raise TypeError(
+            "train_distillation: config must be a DistillationTrainConfig, got a "
+            f"{type(config).__name__}; wrap a DistillationConfig as "
+            "DistillationTrainConfig(distillation=...)"
+        )
+    config = default_distillation_config() if config is None else config
+    config = dataclasses.replace(config, distillation=dataclasses.replace(config.distillation))
+    if total_steps is not None:
+        config.distillation.total_steps = total_steps
+    if seed is not None:
+        config.seed = seed
+    config.validate()
+    return config
+
+
+def _evaluator(
+    env: RLEnv, config: EvalConfig, seed: int
+) -> Callable[[StatefulModule, int], dict[str, float]]:
+    """Evaluates a deterministic copy of a network; compiled once per network structure."""
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def run(graphdef: nnx.GraphDef[Any], state: nnx.State, key: PRNGKeyArray) -> Any:
+        return rollout.eval_rollout(
+            env,
+            nnx.merge(graphdef, state),
+            config.n_envs,
+            config.max_episode_length,
+            key,
+            config.logging_percentiles,
+            config.logging_level,
+        )
+
+    def evaluate(network: StatefulModule, steps: int) -> dict[str, float]:
+        graphdef, state = nnx.split(_deterministic_copy(network))
+        return to_host(run(graphdef, state, _key_at(seed, steps)))
+
+    return evaluate
+
+
+def _key_at(seed: int, steps: int) -> PRNGKeyArray:
+    """The key of the evaluation or recording at ``steps``."""
+    return jax.random.fold_in(jax.random.key(seed), steps % (2**31))
+
+
+def _recorder(
+    env: RLEnv, config: VideoConfig, seed: int
+) -> Callable[[StatefulModule, int], VideoData]:
+    """Records a deterministic copy of a network with ``env.render``."""
+    render = getattr(env, "render", None)
+    if render is None:
+        raise TypeError(
+            f"train_distillation: video needs an eval env with render(); {type(env).__name__} "
+            "has none"
+        )
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def run(graphdef: nnx.GraphDef[Any], state: nnx.State, key: PRNGKeyArray) -> Any:
+        return rollout.record_episode(env, nnx.merge(graphdef, state), config.episode_length, key)
+
+    def record(network: StatefulModule, steps: int) -> VideoData:
+        graphdef, state = nnx.split(_deterministic_copy(network))
+        visited, reward = jax.device_get(run(graphdef, state, _key_at(seed, steps)))
+        trajectory = [
+            jax.tree.map(lambda leaf, t=t: leaf[t], visited)
+            for t in range(config.episode_length + 1)
+        ]
+        frames = np.stack(render(trajectory, **config.render_kwargs))
+        return VideoData(frames, steps, float(reward), config.episode_length)
+
+    return record
+
+
+def _due(last: int | None, steps: int, every: int) -> bool:
+    """At the start, and whenever ``steps`` reaches a new multiple of ``every``."""
+    return last is None or steps // every != last // every
+
+
+def train_distillation(
+    env: RLEnv,
+    teacher: StatefulModule,
+    student: StatefulModule,
+    config: DistillationTrainConfig | None = None,
+    *,
+    total_steps: int | None = None,
+    seed: int | None = None,
+    log_fn: Callable[[dict[str, float], int], None] | None = None,
+    video_fn: Callable[[VideoData], None] | None = None,
+    checkpoint_fn: Callable[[DistillationState, int], None] | None = None,
+    eval_env: RLEnv | None = None,
+    initial_state: DistillationState | None = None,
+) -> DistillationTrainResult:
+    """Distil ``teacher`` into ``student`` on ``env`` until ``total_steps`` env steps.
+
+    Evaluates the student's deterministic policy (if enabled), records it (if video
+    is enabled and ``video_fn`` is given) and checkpoints (if ``checkpoint_fn`` is
+    given) at the start and whenever the step count passes a multiple of their
+    ``every_steps``.
+
+    Args:
+      env: one unbatched training environment.
+      teacher: the frozen teacher; never modified (a deterministic copy of it runs).
+      student: the network to train, in place.
+      config: the run's configuration; :func:`default_distillation_config` when ``None``.
+      total_steps, seed: override ``config.distillation.total_steps`` and ``config.seed``.
+      log_fn: called as ``log_fn(metrics, step)`` after every step (and after the
+        initial evaluation).
+      video_fn: receives a :class:`~nnx_ppo.algorithms.config.VideoData` per recording
+        of the student, made with the eval env's ``render``.
+      checkpoint_fn: called as ``checkpoint_fn(state, step)``, e.g.
+        :func:`make_distillation_checkpoint_fn`'s.
+      eval_env: the evaluation environment; ``env`` when ``None``.
+      initial_state: resume from this state instead of a fresh one.
+
+    Returns:
+      A :class:`DistillationTrainResult`.
+
+    Raises:
+      ValueError: teacher and student have different action trees or samplers (the
+        message shows both), before anything is compiled.
+      TypeError: ``config`` is not a :class:`DistillationTrainConfig`, or video is asked
+        of an eval env without ``render``.
+    """
+    config = _with_overrides(config, total_steps, seed)
+    settings = config.distillation
+    if initial_state is None:
+        state = new_distillation_state(
+            env,
+            teacher,
+            student,
+            settings.n_envs,
+            config.seed,
+            settings.learning_rate,
+            settings.gradient_clipping,
+            settings.weight_decay,
+        )
+    elif isinstance(initial_state, DistillationState):
+        state = initial_state
+    else:
+        raise TypeError(
+            "train_distillation: initial_state must be a DistillationState, got a "
+            f"{type(initial_state).__name__}"
+        )
+    eval_env = env if eval_env is None else eval_env
+    evaluate = _evaluator(eval_env, config.eval, config.seed)
+    record = None
+    if config.video.enabled and video_fn is not None:
+        record = _recorder(eval_env, config.video, config.seed)
+    history: list[dict[str, float]] = []
+    last: dict[str, int | None] = {"eval": None, "video": None, "checkpoint": None}
+
+    def periodic(state: DistillationState) -> dict[str, float]:
+        steps, metrics = state.steps_taken, {}
+        if config.eval.enabled and _due(last["eval"], steps, config.eval.every_steps):
+            metrics = evaluate(state.student, steps)
+            history.append({"step": steps, **metrics})
+            last["eval"] = steps
+        video_due = _due(last["video"], steps, config.video.every_steps)
+        if record is not None and video_fn is not None and video_due:
+            video_fn(record(state.student, steps))
+            last["video"] = steps
+        if checkpoint_fn is not None and _due(
+            last["checkpoint"], steps, config.checkpoint_every_steps
+        ):
+            checkpoint_fn(state, steps)
+            last["checkpoint"] = steps
+        return metrics
+
+    metrics = periodic(state)
+    if log_fn is not None and metrics:
+        log_fn(metrics, state.steps_taken)
+    iterations = 0
+    while state.steps_taken < settings.total_steps:
+        state, metrics = distillation_step(
+            env,
+            teacher,
+            state,
+            settings.n_envs,
+            settings.rollout_length,
+            settings.n_epochs,
+            settings.n_minibatches,
+            settings.logging_level,
+            settings.logging_percentiles,
+        )
+        iterations += 1
+        metrics |= periodic(state)
+        if log_fn is not None:
+            log_fn(metrics, state.steps_taken)
+    return DistillationTrainResult(state, metrics, history, state.steps_taken, iterations)

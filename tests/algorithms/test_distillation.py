@@ -1,0 +1,200 @@
+"""Distillation: a frozen teacher's deterministic actions taught to a student of another design."""
+
+import logging
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from nnx_ppo.algorithms.config import EvalConfig, VideoConfig
+from nnx_ppo.algorithms.distillation import (
+    DistillationConfig,
+    DistillationTrainConfig,
+    distillation_step,
+    load_distillation_checkpoint,
+    make_distillation_checkpoint_fn,
+    new_distillation_state,
+    train_distillation,
+)
+from nnx_ppo.envs import make
+from nnx_ppo.networks.adapter import PPOAdapter
+from nnx_ppo.networks.containers import Concat, Parallel, Sequential
+from nnx_ppo.networks.delay import Delay
+from nnx_ppo.networks.factories import make_lstm_actor_critic
+from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalTanhSampler
+from nnx_ppo.networks.utils import Scale
+from nnx_ppo.wrappers import Wrapper
+
+ENV = make("memory")
+"""One env for every test, so the compiled step is shared (it is cached per env)."""
+
+STEP = (8, 6, 2, 2)
+"""``n_envs, rollout_length, n_epochs, n_minibatches`` of every step here."""
+
+LEARNING_RATE = 3e-2
+"""Every state here has the same optimizer, so the compiled step is reused."""
+
+
+def lstm_teacher(env, seed: int = 0):
+    return make_lstm_actor_critic(
+        env.observation_size,
+        env.action_size,
+        32,
+        nnx.Rngs(seed),
+        discrete=True,
+        activation=nnx.tanh,
+        normalize_obs=False,
+    )
+
+
+def delay_student(env, seed: int = 1, *, named_action: bool = False):
+    """An MLP that sees the observation now and ``delay + 1`` steps ago (the cue at the query)."""
+    rngs = nnx.Rngs(seed)
+    width = env.observation_size
+    sample = env.reset(jax.random.key(0)).obs
+    action = Sequential([Dense(32, env.action_size, rngs), CategoricalSampler(rngs, 0.0)])
+    return Sequential(
+        [
+            Parallel(now=Scale(1.0), past=Delay(sample, k_steps=env.delay + 1)),
+            Concat(now=Scale(1.0), past=Scale(1.0)),
+            Dense(2 * width, 32, rngs, activation=nnx.tanh),
+            PPOAdapter(
+                action=Parallel(cue=action) if named_action else action,
+                value=Dense(32, 1, rngs),
+            ),
+        ]
+    )
+
+
+def leaves(tree):
+    return [
+        np.asarray(
+            jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+        )
+        for x in jax.tree.leaves(tree)
+    ]
+
+
+def test_different_action_trees_fail_before_anything_compiles(caplog):
+    teacher, student = lstm_teacher(ENV), delay_student(ENV, named_action=True)
+    with (
+        jax.log_compiles(),
+        caplog.at_level(logging.WARNING),
+        pytest.raises(ValueError) as error,
+    ):
+        new_distillation_state(ENV, teacher, student, 8, seed=0)
+    message = str(error.value)
+    assert "teacher actions: PyTreeDef(*)" in message
+    assert "student actions: PyTreeDef({'cue': *})" in message
+    assert not [r for r in caplog.records if "compil" in r.getMessage().lower()]
+
+
+def test_samplers_of_another_kind_are_named_before_anything_compiles():
+    rngs = nnx.Rngs(2)
+    continuous = Sequential(
+        [
+            Dense(ENV.observation_size, 8, rngs),
+            PPOAdapter(
+                action=Sequential(
+                    [Dense(8, 2 * ENV.action_size, rngs), NormalTanhSampler(rngs, 0.0)]
+                ),
+                value=Dense(8, 1, rngs),
+            ),
+        ]
+    )
+    with pytest.raises(ValueError, match=r"the samplers of action differ.*\(\) int32.*\(2,\)"):
+        new_distillation_state(ENV, lstm_teacher(ENV), continuous, 8, seed=0)
+
+
+def test_steps_lower_the_students_nll_and_leave_the_teacher_untouched():
+    teacher, student = lstm_teacher(ENV), delay_student(ENV)
+    teacher_before = leaves(nnx.state(teacher))
+    state = new_distillation_state(ENV, teacher, student, STEP[0], 0, LEARNING_RATE)
+    nll = []
+    for _ in range(8):
+        state, metrics = distillation_step(ENV, teacher, state, *STEP)
+        nll.append(metrics["losses/distillation_nll/mean"])
+    assert state.steps_taken == metrics["total_steps"] == 8 * STEP[0] * STEP[1]
+    with pytest.raises(ValueError, match="n_envs is 4 but distillation_state holds 8"):
+        distillation_step(ENV, teacher, state, 4, *STEP[1:])
+    assert all(np.isfinite(v) for v in metrics.values())
+    assert nll[-1] < 0.5 * nll[0]
+    for before, after in zip(teacher_before, leaves(nnx.state(teacher)), strict=True):
+        np.testing.assert_array_equal(before, after)
+
+
+def test_configs_name_the_invalid_field():
+    with pytest.raises(ValueError, match=r"n_envs \(6\) must be divisible by n_minibatches"):
+        DistillationConfig(n_envs=6, n_minibatches=4)
+    with pytest.raises(ValueError, match="learning_rate"):
+        DistillationConfig(learning_rate=0.0)
+    with pytest.raises(TypeError, match=r"DistillationTrainConfig\.eval must be a EvalConfig"):
+        DistillationTrainConfig(eval=DistillationConfig())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="config must be a DistillationTrainConfig"):
+        train_distillation(ENV, lstm_teacher(ENV), delay_student(ENV), DistillationConfig())  # type: ignore[arg-type]
+
+
+def test_checkpoint_resumes_the_student_and_both_carries(tmp_path):
+    teacher, student = lstm_teacher(ENV), delay_student(ENV)
+    state = new_distillation_state(ENV, teacher, student, STEP[0], 0, LEARNING_RATE)
+    state, _ = distillation_step(ENV, teacher, state, *STEP)
+    make_distillation_checkpoint_fn(tmp_path)(state, state.steps_taken)
+
+    fresh = new_distillation_state(
+        ENV, teacher, delay_student(ENV, seed=5), STEP[0], 3, LEARNING_RATE
+    )
+    loaded = load_distillation_checkpoint(tmp_path, fresh)
+    assert loaded.steps_taken == state.steps_taken
+    for tree in ("student_states", "teacher_states", "env_states"):
+        for a, b in zip(leaves(getattr(state, tree)), leaves(getattr(loaded, tree)), strict=True):
+            np.testing.assert_array_equal(a, b)
+    for a, b in zip(
+        leaves(nnx.state(state.student, nnx.Param)),
+        leaves(nnx.state(loaded.student, nnx.Param)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_train_distillation_evaluates_logs_and_checkpoints(tmp_path):
+    config = DistillationTrainConfig(
+        distillation=DistillationConfig(
+            n_envs=STEP[0],
+            rollout_length=STEP[1],
+            total_steps=96,
+            learning_rate=LEARNING_RATE,
+            n_epochs=STEP[2],
+            n_minibatches=STEP[3],
+        ),
+        eval=EvalConfig(every_steps=48, n_envs=4, max_episode_length=8),
+        video=VideoConfig(enabled=True, every_steps=96, episode_length=7, render_kwargs={}),
+        checkpoint_every_steps=96,
+    )
+    logged, saved, videos = [], [], []
+    result = train_distillation(
+        ENV,
+        lstm_teacher(ENV),
+        delay_student(ENV),
+        config,
+        log_fn=lambda metrics, step: logged.append(step),
+        video_fn=videos.append,
+        checkpoint_fn=lambda state, step: saved.append(step),
+        eval_env=DrawnMemory(ENV),
+    )
+    assert result.total_steps == 96 and result.total_iterations == 2
+    assert [entry["step"] for entry in result.eval_history] == [0, 48, 96]
+    assert logged == [0, 48, 96]
+    assert saved == [0, 96]
+    assert [(video.step, video.frames.shape) for video in videos] == [
+        (0, (8, 1, 1, 3)),
+        (96, (8, 1, 1, 3)),
+    ]
+
+
+class DrawnMemory(Wrapper):
+    """The memory task with a one-pixel renderer: lit on the query step."""
+
+    def render(self, trajectory):
+        return [np.full((1, 1, 3), 255 * int(state.obs[-2]), np.uint8) for state in trajectory]
