@@ -285,7 +285,9 @@ def print_summary(
 ) -> NetworkSummary:
     """:func:`summary` of ``network``, printed to ``console`` (default: a new one), returned."""
     result = summary(network, example_input)
-    (console or Console()).print(result)
+    console = console or Console()
+    # Off a terminal (a log file, CI) nothing limits the width: do not wrap the paths.
+    console.print(result, width=None if console.is_terminal else max(console.width, 160))
     return result
 
 
