@@ -51,6 +51,10 @@ EXPECTED_OUTPUT = {
         "mean: [2. 4.] samples: 6.0",
         "trainable leaves: 0",
     ],
+    "scale_out.py": [
+        "trained 512 steps; envs on 1 device(s)",
+        "the state stays on the mesh: True",
+    ],
     "distillation.py": [
         "1152 env steps; the NLL of the teacher's actions fell: True",
         "teacher unchanged: True",

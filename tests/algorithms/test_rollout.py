@@ -46,7 +46,9 @@ def simulate(start_horizons, fresh_horizons, steps):
             record["reward"][step, env] = t
             record["done"][step, env] = done
             record["truncated"][step, env] = done and horizon % 2 == 0
-            record["next_value"][step, env] = V * t + carry
+            # GAE bootstraps from it only where no episode terminated.
+            terminated = done and not record["truncated"][step, env]
+            record["next_value"][step, env] = 0.0 if terminated else V * t + carry
             if done:
                 t, horizon, carry = 0, fresh_horizons[env], 0.0
         final.append((t, horizon, carry))

@@ -149,6 +149,7 @@ _FIELD_FORMS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "float": ("a number, e.g. 0.99", _is_number),
     "bool": ("true or false", lambda v: isinstance(v, bool)),
     "float | None": ("a number, or null for none", lambda v: v is None or _is_number(v)),
+    "int | None": ("an integer, or null for the default", lambda v: v is None or _is_int(v)),
     "float | bool | None": (
         "a number, true for optax's default, or null for none",
         lambda v: v is None or isinstance(v, int | float),
@@ -227,7 +228,7 @@ def _flatten(tree: Any) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
     entries: list[dict[str, Any]] = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         key_impl = str(jax.random.key_impl(leaf)) if _is_key(leaf) else None
-        array = np.asarray(jax.random.key_data(leaf) if key_impl else leaf)
+        array = _on_host(jax.random.key_data(leaf) if key_impl else leaf)
         if array.size:
             arrays.append(array)
         entries.append(
@@ -243,6 +244,16 @@ def _flatten(tree: Any) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
     return arrays, entries
 
 
+def _on_host(leaf: Any) -> np.ndarray:
+    """The whole array on this host; an array split over several processes is gathered
+    (a collective: every process of a multi-process run must call it)."""
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+    return np.asarray(leaf)
+
+
 def _describe(entry: dict[str, Any]) -> str:
     return f"shape {tuple(entry['shape'])} {entry['dtype']}"
 
@@ -253,8 +264,17 @@ def _describe(entry: dict[str, Any]) -> str:
 def _manager(directory: Path, keep_last: int | None, create: bool) -> Any:
     import orbax.checkpoint as ocp
 
+    solo: dict[str, Any] = {}
+    if jax.process_count() > 1:
+        # Each process works alone: process 0 writes, and every process reads for itself.
+        solo["multiprocessing_options"] = ocp.options.MultiprocessingOptions(
+            primary_host=jax.process_index(), active_processes={jax.process_index()}
+        )
+        if create:  # Orbax leaves the directory to us when only some processes take part
+            directory.mkdir(parents=True, exist_ok=True)
+            create = False
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep_last, create=create, enable_async_checkpointing=False
+        max_to_keep=keep_last, create=create, enable_async_checkpointing=False, **solo
     )
     return ocp.CheckpointManager(directory.absolute(), options=options)
 
@@ -270,9 +290,11 @@ def make_checkpoint_fn(
       keep_last: how many of the newest checkpoints to keep.
 
     A step already on disk is not written again (a resumed run passes its
-    starting step first). A write that fails (disk full, read-only directory)
-    raises :class:`CheckpointError` naming the directory; Orbax writes into a
-    temporary directory, so the failed step is never taken as the latest.
+    starting step first). In a run of several processes every process calls it
+    (arrays split over processes are gathered) and process 0 alone writes. A
+    write that fails (disk full, read-only directory) raises
+    :class:`CheckpointError` naming the directory; Orbax writes into a temporary
+    directory, so the failed step is never taken as the latest.
 
     Example::
 
@@ -292,6 +314,9 @@ def make_checkpoint_fn(
     def checkpoint_fn(training_state: TrainingState, step: int) -> None:
         import orbax.checkpoint as ocp
 
+        arrays, entries = _flatten(_snapshot(training_state))  # every process takes part
+        if jax.process_index() != 0:
+            return
         if not managers:
             try:
                 managers.append(_manager(root, keep_last, create=True))
@@ -300,7 +325,6 @@ def make_checkpoint_fn(
         manager = managers[0]
         if int(step) in manager.all_steps():
             return  # resuming from it, or a final save right after a periodic one
-        arrays, entries = _flatten(_snapshot(training_state))
         manifest = {
             "format": _FORMAT,
             "steps_taken": int(training_state.steps_taken),

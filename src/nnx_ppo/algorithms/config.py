@@ -216,13 +216,20 @@ class VideoConfig:
 
 @dataclass
 class TrainConfig:
-    """A whole training run: PPO, evaluation, video, seed and checkpoint cadence."""
+    """A whole training run: PPO, evaluation, video, seed, checkpoint cadence and devices.
+
+    Attributes:
+      devices: how many devices the envs are split over (the first ``devices``
+        of ``jax.devices()``); ``None`` for all of them when there is more than
+        one. See :mod:`nnx_ppo.algorithms.sharding`.
+    """
 
     ppo: PPOConfig = field(default_factory=PPOConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     video: VideoConfig = field(default_factory=VideoConfig)
     seed: int = 17
     checkpoint_every_steps: int = 500_000
+    devices: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -238,6 +245,8 @@ class TrainConfig:
             value.validate()
         require_int("TrainConfig", "seed", self.seed, minimum=None)
         require_int("TrainConfig", "checkpoint_every_steps", self.checkpoint_every_steps)
+        if self.devices is not None:
+            require_int("TrainConfig", "devices", self.devices)
 
 
 @dataclass

@@ -32,7 +32,7 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, PyTree, ScalarLike
 
-from nnx_ppo.algorithms import rollout
+from nnx_ppo.algorithms import rollout, sharding
 from nnx_ppo.algorithms.config import (
     EvalConfig,
     PPOConfig,
@@ -122,11 +122,6 @@ def gae(
     return jax.lax.stop_gradient(advantages)
 
 
-def _per_reward_leaf(flags: Any, rewards: Any) -> Any:
-    """``done``/``truncated`` as a tree like the rewards: one env-wide flag is shared."""
-    return jax.tree.map(lambda _: flags, rewards) if isinstance(flags, jax.Array) else flags
-
-
 @typechecked
 def compute_advantages(
     rollout_data: Transition, gae_lambda: ScalarLike, discounting_factor: ScalarLike
@@ -143,8 +138,8 @@ def compute_advantages(
         rollout_data.rewards,
         values,
         rollout_data.next_value_estimates,
-        _per_reward_leaf(rollout_data.done, rollout_data.rewards),
-        _per_reward_leaf(rollout_data.truncated, rollout_data.rewards),
+        rollout.per_reward_leaf(rollout_data.done, rollout_data.rewards),
+        rollout.per_reward_leaf(rollout_data.truncated, rollout_data.rewards),
     )
     return advantages, jax.tree.map(jnp.add, advantages, values)
 
@@ -298,29 +293,50 @@ def ppo_loss(
 # ------------------------------------------------------------------------------ learn
 
 
-def _select_envs(ids: Integer[Array, " b"], data: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The environments ``ids`` of the data: carry leaves ``(B, ...)``, the rest ``(T, B, ...)``."""
+def _select_envs(
+    columns: Integer[Array, " groups"], n_minibatches: int, data: tuple[Any, ...]
+) -> tuple[Any, ...]:
+    """One minibatch: from every group of ``n_minibatches`` neighbouring envs, one env.
+
+    Env ``g * n_minibatches + columns[g]`` of each group ``g`` is taken. Groups
+    never straddle devices (``n_envs`` is a multiple of devices x minibatches), so
+    a minibatch takes the same number of envs from every device and no rollout
+    moves between them, whatever the device count. Carry leaves are ``(B, ...)``,
+    the rest ``(T, B, ...)``.
+    """
     carry, transitions, *per_step = data
     transitions = transitions.replace(metrics={})
 
-    def take(x: Array) -> Array:
-        return x[:, ids]
+    def take(env_axis: int) -> Callable[[Array], Array]:
+        def pick(x: Array) -> Array:
+            shape = x.shape
+            grouped = x.reshape(*shape[:env_axis], -1, n_minibatches, *shape[env_axis + 1 :])
+            one_per_group = jax.vmap(
+                lambda group, column: jnp.take(group, column, axis=env_axis),
+                in_axes=(env_axis, 0),
+                out_axes=env_axis,
+            )
+            return one_per_group(grouped, columns)
+
+        return pick
 
     return (
-        jax.tree.map(lambda x: x[ids], carry),
-        jax.tree.map(take, transitions),
-        *jax.tree.map(take, per_step),
+        jax.tree.map(take(0), carry),
+        jax.tree.map(take(1), transitions),
+        *jax.tree.map(take(1), per_step),
     )
 
 
 def _minibatch_update(
     graphdef: nnx.GraphDef[Any], config: PPOConfig, data: tuple[Any, ...]
-) -> Callable[[nnx.State, Integer[Array, " b"]], tuple[nnx.State, dict[str, Any]]]:
+) -> Callable[[nnx.State, Integer[Array, " groups"]], tuple[nnx.State, dict[str, Any]]]:
     """One gradient step on a minibatch of environments, on the split (network, optimizer)."""
 
-    def update(state: nnx.State, ids: Integer[Array, " b"]) -> tuple[nnx.State, dict[str, Any]]:
+    def update(
+        state: nnx.State, columns: Integer[Array, " groups"]
+    ) -> tuple[nnx.State, dict[str, Any]]:
         networks, optimizer = nnx.merge(graphdef, state)
-        carry, transitions, advantages, targets = _select_envs(ids, data)
+        carry, transitions, advantages, targets = _select_envs(columns, config.n_minibatches, data)
         grads, diagnostics = nnx.grad(
             lambda n: ppo_loss(n, carry, transitions, advantages, targets, config), has_aux=True
         )(networks)
@@ -368,6 +384,10 @@ def _learn(
 ) -> tuple[dict[str, Any], Bool[Array, " E"]]:
     """Epochs of minibatch updates; each minibatch is a set of whole environments.
 
+    The envs fall in groups of ``n_minibatches`` neighbours; an epoch deals each
+    group's envs out to the minibatches in a random order of its own, so each
+    minibatch holds one env of every group (see :func:`_select_envs`).
+
     Args:
       data: ``(first carry, transitions, advantages, value_targets)``.
 
@@ -377,11 +397,12 @@ def _learn(
     """
     graphdef, state = nnx.split((networks, optimizer))
     update = _minibatch_update(graphdef, config, data)
-    envs_per_minibatch = config.n_envs // config.n_minibatches
+    groups = config.n_envs // config.n_minibatches
 
     def epoch(state: nnx.State, key: PRNGKeyArray) -> tuple[nnx.State, dict[str, Any]]:
-        ids = jax.random.permutation(key, config.n_envs)
-        return jax.lax.scan(update, state, ids.reshape(config.n_minibatches, envs_per_minibatch))
+        deal = jax.vmap(lambda k: jax.random.permutation(k, config.n_minibatches))
+        columns = deal(jax.random.split(key, groups))  # (groups, n_minibatches)
+        return jax.lax.scan(update, state, columns.T)
 
     keys = jax.random.split(key, config.n_epochs)
     if config.target_kl is None:
@@ -516,8 +537,10 @@ def _compiled_steps(
     def one_step(scanned: tuple[nnx.State, Any], _: None) -> tuple[tuple[nnx.State, Any], Any]:
         state, carry = scanned
         networks, optimizer = nnx.merge(graphdef, state)
-        carry, *outputs = _train_step(env.env, config.config, networks, optimizer, carry)
-        return (nnx.state((networks, optimizer)), carry), tuple(outputs)
+        (*per_env, key), *outputs = _train_step(env.env, config.config, networks, optimizer, carry)
+        carry = (*sharding.constrain_envs(per_env, config.config.n_envs), key)
+        state = sharding.constrain_replicated(nnx.state((networks, optimizer)))
+        return (state, carry), sharding.constrain_replicated(tuple(outputs))
 
     (state, carry), outputs = jax.lax.scan(one_step, (state, carry), None, length=iterations)
     return state, (carry, *outputs)
@@ -625,18 +648,31 @@ def _run_steps(
         raise ValueError(
             f"{owner}: the training state holds {n_envs} envs, but config.n_envs is {config.n_envs}"
         )
-    networks, optimizer = training_state.networks, training_state.optimizer
-    graphdef, state = nnx.split((networks, optimizer))
     running = training_state.running_episodes
     if running is None:
         running = _no_running_episodes(training_state.env_states)
     network_states, env_states, running = _on_device(
         (training_state.network_states, training_state.env_states, running)
     )
-    carry = (network_states, env_states, running, training_state.rng_key)
-    new_state, (carry, metrics, episodes, health) = _compiled_steps(
-        _EnvArgument(env), _ConfigArgument(config), graphdef, state, carry, iterations
+    training_state = training_state.replace(
+        network_states=network_states, env_states=env_states, running_episodes=running
     )
+    mesh = sharding.mesh_of(training_state)
+    if mesh is not None:
+        sharding.require_divisible(owner, mesh, n_envs, config.n_minibatches, None)
+        training_state = sharding.shard_training_state(training_state, mesh)
+    networks, optimizer = training_state.networks, training_state.optimizer
+    graphdef, state = nnx.split((networks, optimizer))
+    carry = (
+        training_state.network_states,
+        training_state.env_states,
+        training_state.running_episodes,
+        training_state.rng_key,
+    )
+    with sharding.training_mesh(mesh):
+        new_state, (carry, metrics, episodes, health) = _compiled_steps(
+            _EnvArgument(env), _ConfigArgument(config), graphdef, state, carry, iterations
+        )
     metrics, episodes, health = jax.device_get((metrics, episodes, health))
     for i in range(iterations):  # before the caller's network is touched
         steps = training_state.steps_taken + (i + 1) * config.steps_per_iteration
@@ -865,10 +901,15 @@ def _eval_mode(networks: StatefulModule) -> Iterator[None]:
 
 
 def _evaluate(
-    env: RLEnv, networks: StatefulModule, config: EvalConfig, key: PRNGKeyArray, timed: bool
+    env: RLEnv,
+    networks: StatefulModule,
+    config: EvalConfig,
+    key: PRNGKeyArray,
+    timed: bool,
+    mesh: sharding.Mesh | None,
 ) -> dict[str, float]:
-    """One evaluation with the deterministic policy (``networks.eval()``)."""
-    with _eval_mode(networks):
+    """One evaluation with the deterministic policy (``networks.eval()``), over ``mesh``."""
+    with _eval_mode(networks), sharding.training_mesh(mesh):
         start = time.perf_counter()
         graphdef, state = nnx.split(networks)
         metrics = to_host(
@@ -939,7 +980,7 @@ def _crossed(previous: int | None, steps: int, every: int) -> bool:
 
 
 def _with_overrides(
-    config: TrainConfig | None, total_steps: int | None, seed: int | None
+    config: TrainConfig | None, total_steps: int | None, seed: int | None, devices: int | None
 ) -> TrainConfig:
     if config is not None and not isinstance(config, TrainConfig):
         raise TypeError(
@@ -951,6 +992,8 @@ def _with_overrides(
         config.ppo.total_steps = total_steps
     if seed is not None:
         config.seed = seed
+    if devices is not None:
+        config.devices = devices
     config.validate()
     return config
 
@@ -962,6 +1005,7 @@ def train_ppo(
     *,
     total_steps: int | None = None,
     seed: int | None = None,
+    devices: int | None = None,
     log_fn: Callable[[dict[str, float], int], None] | None = None,
     video_fn: Callable[[VideoData], None] | None = None,
     checkpoint_fn: Callable[[TrainingState, int], None] | None = None,
@@ -984,7 +1028,9 @@ def train_ppo(
         for a time limit).
       networks: the PPO network; trained in place.
       config: the run's configuration; :func:`default_config` when ``None``.
-      total_steps, seed: override ``config.ppo.total_steps`` and ``config.seed``.
+      total_steps, seed, devices: override ``config.ppo.total_steps``, ``config.seed``
+        and ``config.devices`` (see :mod:`~nnx_ppo.algorithms.sharding`: envs are
+        split over the devices, parameters replicated).
       log_fn: called as ``log_fn(metrics, step)`` after every PPO step (and after
         the initial evaluation), ``metrics`` a flat ``str -> float`` dict.
       video_fn: receives a :class:`VideoData` per recording.
@@ -1005,10 +1051,17 @@ def train_ppo(
     Raises:
       TypeError: ``config`` is not a :class:`TrainConfig`, ``initial_state`` not a
         :class:`TrainingState`, or video is asked of an eval env without ``render``.
-      ValueError: ``networks`` is not ``initial_state.networks``.
+      ValueError: ``networks`` is not ``initial_state.networks``, or ``n_envs``
+        (training or evaluation) does not split evenly over the devices; raised
+        before anything compiles.
       FloatingPointError: the loss or a parameter became NaN or infinite.
     """
-    config = _with_overrides(config, total_steps, seed)
+    config = _with_overrides(config, total_steps, seed, devices)
+    mesh = sharding.resolve_mesh(config.devices)
+    eval_envs = config.eval.n_envs if config.eval.enabled else None
+    sharding.require_divisible(
+        "train_ppo", mesh, config.ppo.n_envs, config.ppo.n_minibatches, eval_envs
+    )
     if initial_state is not None:
         _require_training_state("train_ppo", "initial_state", initial_state)
         if initial_state.networks is not networks:
@@ -1030,6 +1083,8 @@ def train_ppo(
         )
     else:
         state = initial_state
+    if mesh is not None:
+        state = sharding.shard_training_state(state, mesh)
     timed = LoggingLevel.THROUGHPUT in config.ppo.logging_level
     history: list[dict[str, float]] = []
     resumed_at = state.steps_taken if state.steps_taken > 0 else None
@@ -1043,7 +1098,7 @@ def train_ppo(
         steps, metrics = state.steps_taken, {}
         if config.eval.enabled and _crossed(last["eval"], steps, config.eval.every_steps):
             key = _key_at(config.seed, steps)
-            metrics = _evaluate(eval_env, state.networks, config.eval, key, timed)
+            metrics = _evaluate(eval_env, state.networks, config.eval, key, timed, mesh)
             headline = metrics["eval/episode_reward/mean"]
             history.append({"step": steps, **metrics, "episode_reward_mean": headline})
             last["eval"] = steps

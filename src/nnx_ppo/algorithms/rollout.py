@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree, Shaped
 
+from nnx_ppo.algorithms import sharding
 from nnx_ppo.algorithms.metrics import summarize
 from nnx_ppo.algorithms.recording import (
     SlimData,
@@ -26,7 +27,14 @@ from nnx_ppo.algorithms.recording import (
 )
 from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, Shared, Transition
 from nnx_ppo.contract import ContractError, checks_enabled
-from nnx_ppo.contract.axes import Batched, Carry, FloatHistory, HistoryTree, Mask, PerEnvKeys
+from nnx_ppo.contract.axes import (
+    Batched,
+    BoolHistory,
+    Carry,
+    FloatHistory,
+    Mask,
+    PerEnvKeys,
+)
 from nnx_ppo.contract.checks import typechecked
 from nnx_ppo.contract.env_checks import check_action_tree, check_env_state, check_env_unbatched
 from nnx_ppo.contract.errors import rule_text
@@ -40,6 +48,7 @@ __all__ = [
     "eval_rollout",
     "eval_rollout_for_render_scan",
     "n_envs_of",
+    "per_reward_leaf",
     "record_activations_rollout",
     "record_episode",
     "reset_envs",
@@ -280,25 +289,40 @@ def n_envs_of(env_state: EnvState, where: str = "n_envs_of") -> int:
     return int(jnp.shape(jax.tree.leaves(env_state.done)[0])[0])
 
 
-def _flatten_time(tree: Any) -> Any:
-    return jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), tree)
+def per_reward_leaf(flags: Any, rewards: Any) -> Any:
+    """``done``/``truncated`` as a tree like the rewards: one env-wide flag is shared."""
+    return jax.tree.map(lambda _: flags, rewards) if isinstance(flags, jax.Array) else flags
 
 
-@typechecked
-def _values_after_steps(
-    networks: StatefulModule,
-    carries: HistoryTree,
-    next_obs: HistoryTree,
-    time_and_envs: tuple[int, int],
+def _values(networks: StatefulModule, carry: Carry, obs: Any) -> PyTree[Float[Array, " B"]]:
+    out = networks(carry, obs)
+    return checked_ppo_output(out.output, "unroll_env").value_estimates
+
+
+def _next_values(
+    values: PyTree[FloatHistory],
+    last_values: PyTree[Float[Array, " B"]],
+    at_truncation: PyTree[FloatHistory],
+    ended: BoolHistory,
+    truncated: PyTree[BoolHistory],
 ) -> PyTree[FloatHistory]:
-    """The value of every ``next_obs`` under its pre-reset carry, in one flat batch.
+    """``V(next_obs)`` per step without a second pass over the rollout.
 
-    Rows are independent (forward passes are per-sample pure), so the ``(T, B)``
-    steps are folded into one batch of ``T * B`` rather than scanned.
+    Where no episode ended, step ``t``'s next observation and carry are step
+    ``t + 1``'s own, so its value is ``values[t + 1]`` (``last_values`` after the
+    last step). Where one was truncated, the value computed at that step from
+    the pre-reset carry is taken; where one terminated, GAE never reads it: 0.
     """
-    out = networks(_flatten_time(carries), _flatten_time(next_obs))
-    values = checked_ppo_output(out.output, "unroll_env").value_estimates
-    return jax.tree.map(lambda v: v.reshape(time_and_envs), values)
+
+    def leaf(
+        value: FloatHistory, last: Float[Array, " B"], cut: FloatHistory, was_cut: BoolHistory
+    ) -> FloatHistory:
+        following = jnp.concatenate([value[1:], last[None]])
+        return jnp.where(ended, jnp.where(was_cut, cut, 0.0), following)
+
+    return jax.tree.map(
+        leaf, values, last_values, at_truncation, per_reward_leaf(truncated, values)
+    )
 
 
 @typechecked
@@ -329,21 +353,29 @@ def unroll_env(
     Returns:
       ``(final carry, final env state, transitions)``; the transitions are
       stacked, leaves ``(T, B, ...)``, with ``next_obs`` the pre-reset
-      observations and ``next_value_estimates`` their values.
+      observations and ``next_value_estimates`` their values (0 where an
+      episode terminated: GAE does not bootstrap there).
     """
     batched = _BatchedEnv(env)
     n_envs = n_envs_of(env_state, "unroll_env")
-    fresh_states = batched.reset(jax.random.split(rng_key, n_envs))
+    fresh_states = sharding.constrain_envs(batched.reset(jax.random.split(rng_key, n_envs)), n_envs)
 
     def step(
-        networks: StatefulModule, carry: tuple[Carry, EnvState], _: None
-    ) -> tuple[tuple[Carry, EnvState], tuple[Transition, Carry]]:
-        network_state, env_state = carry
+        networks: StatefulModule, carry: tuple[Carry, EnvState, Carry], _: None
+    ) -> tuple[tuple[Carry, EnvState, Carry], Transition]:
+        network_state, env_state, _ = carry
         out = networks(network_state, env_state.obs)
         output = checked_ppo_output(out.output, "unroll_env")
         stepped = batched.step(env_state, output.actions)
         checked_ppo_output(output, "unroll_env", rewards=stepped.reward)
         done, truncated = episode_flags(stepped)
+        # The value of a truncated episode's final observation, under its pre-reset
+        # carry: computed only at the steps where some episode was truncated.
+        at_truncation = jax.lax.cond(
+            jax.tree.reduce(jnp.logical_or, jax.tree.map(jnp.any, truncated)),
+            lambda: _values(networks, out.next_state, stepped.obs),
+            lambda: jax.tree.map(jnp.zeros_like, output.value_estimates),
+        )
         transition = Transition(
             obs=env_state.obs,
             network_output=output,
@@ -353,18 +385,24 @@ def unroll_env(
             next_obs=stepped.obs,
             metrics={"env": stepped.metrics, "net": out.metrics},
             rollout_extras=out.rollout_extras,
+            next_value_estimates=at_truncation,
         )
         ended = episode_ended(done)
         next_env_state = tree_where(ended, fresh_states, stepped, batched.unmapped)
         reset_carry = networks.reset_state(out.next_state)
         next_network_state = tree_where(ended, reset_carry, out.next_state)
-        return (next_network_state, next_env_state), (transition, out.next_state)
+        return (next_network_state, next_env_state, out.next_state), transition
 
-    (final_carry, final_env_state), (transitions, pre_reset_carries) = scan_module(
-        networks, step, (network_state, env_state), length=unroll_length
+    (final_carry, final_env_state, last_pre_reset), transitions = scan_module(
+        networks, step, (network_state, env_state, network_state), length=unroll_length
     )
-    next_values = _values_after_steps(
-        networks, pre_reset_carries, transitions.next_obs, (unroll_length, n_envs)
+    last_obs = jax.tree.map(lambda x: x[-1], transitions.next_obs)
+    next_values = _next_values(
+        transitions.network_output.value_estimates,
+        _values(networks, last_pre_reset, last_obs),
+        transitions.next_value_estimates,
+        episode_ended(transitions.done),
+        transitions.truncated,
     )
     return final_carry, final_env_state, transitions.replace(next_value_estimates=next_values)
 
@@ -411,8 +449,9 @@ def eval_rollout(
       averaged over its episode, then summarised over envs.
     """
     batched = _BatchedEnv(env)
-    env_states = batched.reset(jax.random.split(key, n_envs))
-    network_state = networks.initialize_state(n_envs)
+    env_states, network_state = sharding.constrain_envs(
+        (batched.reset(jax.random.split(key, n_envs)), networks.initialize_state(n_envs)), n_envs
+    )
     log_env = LoggingLevel.ENV_METRICS in logging_level
     log_net = LoggingLevel.NETWORK_METRICS in logging_level
 

@@ -72,6 +72,22 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--run-dir", type=Path, help="where to write the run (default: runs/...)")
     train.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue this run")
     train.add_argument("--quiet", action="store_true", help="skip the network summary at start")
+    train.add_argument(
+        "--devices",
+        type=_positive_int,
+        help="split the envs over this many devices (default: all, when there are several)",
+    )
+    distributed = train.add_argument_group(
+        "several processes (hosts)",
+        "call jax.distributed.initialize before training; with no address, JAX detects a "
+        "Slurm job or a TPU pod slice itself",
+    )
+    distributed.add_argument(
+        "--distributed", action="store_true", help="run as one of several processes"
+    )
+    distributed.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
+    distributed.add_argument("--num-processes", type=_positive_int, help="how many processes")
+    distributed.add_argument("--process-id", type=int, help="this process's index, from 0")
 
     evaluate = commands.add_parser("eval", help="evaluate a run's latest checkpoint")
     evaluate.add_argument("run_dir", type=Path)
@@ -148,6 +164,8 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
         config["train"]["ppo"]["total_steps"] = args.steps
     if args.seed is not None:
         config["train"]["seed"] = args.seed
+    if args.devices is not None:
+        config["train"]["devices"] = args.devices
     if args.resume is None:
         config = follow_run_length(config, given)
     return config
@@ -178,10 +196,25 @@ class _StopFlag:
 # ------------------------------------------------------------------------------ train
 
 
+def _start_distributed(args: argparse.Namespace) -> None:
+    """``jax.distributed.initialize`` with the command's options, before JAX starts."""
+    given = (args.coordinator, args.num_processes, args.process_id)
+    if not args.distributed and all(option is None for option in given):
+        return
+    jax.distributed.initialize(
+        coordinator_address=args.coordinator,
+        num_processes=args.num_processes,
+        process_id=args.process_id,
+    )
+
+
 def _train(args: argparse.Namespace, console: Console) -> int:
     from nnx_ppo.cli.presets import parse_run_config
     from nnx_ppo.cli.run_dir import hold_run_lock
 
+    _start_distributed(args)
+    if jax.process_index() != 0:  # process 0 alone prints and writes the run directory
+        console = Console(quiet=True)
     # Everything a config error can stop happens before the run directory exists.
     run_config, train_config = parse_run_config(_resolve_config(args))
     env = _make_env(run_config)
@@ -192,6 +225,8 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = args.run_dir or Path("runs") / f"{run_config['env']}-{stamp}"
+    if jax.process_index() != 0:
+        return _train_locked(args, console, run_dir, run_config, train_config, env, network)
     run_dir.mkdir(parents=True, exist_ok=True)
     with hold_run_lock(run_dir):
         return _train_locked(args, console, run_dir, run_config, train_config, env, network)
@@ -267,12 +302,14 @@ def _train_locked(
     elif args.resume is not None:
         console.print(f"{run_dir} has no checkpoint yet: starting it from step 0", soft_wrap=True)
 
-    # Only now, with the checkpoint loaded, does the run's config change.
-    write_atomically(run_dir / "config.json", json.dumps(run_config, indent=2) + "\n")
+    primary = jax.process_index() == 0
     # train_ppo logs again from the step after a checkpoint past 0, and from step 0 itself
     # otherwise (a run without a checkpoint, or resumed from the one at step 0).
     logged_until = start_step if start_step > 0 else -1
-    trim_metrics(run_dir / "metrics.jsonl", logged_until)
+    if primary:
+        # Only now, with the checkpoint loaded, does the run's config change.
+        write_atomically(run_dir / "config.json", json.dumps(run_config, indent=2) + "\n")
+        trim_metrics(run_dir / "metrics.jsonl", logged_until)
     checkpoint_fn = make_checkpoint_fn(run_dir / CHECKPOINT_SUBDIR, train_config)
     per_step = ppo_config.steps_per_iteration
     planned = max(-(-ppo_config.total_steps // per_step) * per_step, start_step)
@@ -290,13 +327,15 @@ def _train_locked(
     )
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    logger = RunLogger(run_dir, purge_from=logged_until + 1)
+    logger = RunLogger(run_dir, purge_from=logged_until + 1) if primary else None
     try:
         with TrainingProgress(planned, console, start_step) as progress:
-            progress.remember(read_metrics(run_dir / "metrics.jsonl"))
+            if primary:
+                progress.remember(read_metrics(run_dir / "metrics.jsonl"))
 
             def log_fn(metrics: dict[str, float], step: int) -> None:
-                logger(metrics, step)
+                if logger is not None:
+                    logger(metrics, step)
                 progress.update(metrics, step)
 
             try:
@@ -315,8 +354,9 @@ def _train_locked(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        logger.close()
-        _plot(run_dir, run_config["env"], console)
+        if logger is not None:
+            logger.close()
+            _plot(run_dir, run_config["env"], console)
     extra = {"run directory": str(run_dir), "checkpoint": f"step {result.total_steps:,}"}
     if stop.is_set():
         extra["stopped by"] = f"{stop.signal_name}; resume with nnx-ppo train --resume {run_dir}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jaxtyping
 
 __all__ = ["DOCS_URL", "ContractError", "format_violation", "rule_text"]
@@ -97,4 +98,11 @@ def format_violation(
     ):
         if value is not None:
             lines.append(f"  {label + ':':<9} {value}")
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.size > 1:
+        sizes = ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
+        lines.append(
+            f"  {'devices:':<9} traced over a mesh ({sizes}): B and every shape above are "
+            "global, the whole batch, not one device's share"
+        )
     return "\n".join(lines)

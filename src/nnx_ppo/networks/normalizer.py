@@ -182,9 +182,13 @@ class Normalizer(StatefulModule):
         n_total = n_old + n_new
         # Chan et al.'s pairwise merge: the new samples' own mean and M2 are taken
         # about their own mean (two passes), which keeps float32 accurate.
-        samples = jax.tree.map(lambda v: v.reshape((-1, *v.shape[2:])).astype(jnp.float32), history)
-        new_mean = jax.tree.map(lambda v: jnp.mean(v, axis=0), samples)
-        new_m2 = jax.tree.map(lambda v, m: jnp.sum(jnp.square(v - m), axis=0), samples, new_mean)
+        # Reduced over (T, B) in place, not flattened first: a B split over devices
+        # then stays split, each device summing its own envs.
+        samples = jax.tree.map(lambda v: v.astype(jnp.float32), history)
+        new_mean = jax.tree.map(lambda v: jnp.mean(v, axis=(0, 1)), samples)
+        new_m2 = jax.tree.map(
+            lambda v, m: jnp.sum(jnp.square(v - m), axis=(0, 1)), samples, new_mean
+        )
         delta = jax.tree.map(jnp.subtract, new_mean, self.mean.get_value())
         self.mean.set_value(
             jax.tree.map(lambda m, d: m + d * (n_new / n_total), self.mean.get_value(), delta)

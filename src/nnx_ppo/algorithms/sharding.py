@@ -1,0 +1,234 @@
+"""Data-parallel training over devices and hosts, with JAX's own SPMD machinery.
+
+A run spreads over a one-axis :class:`jax.sharding.Mesh` whose axis is
+:data:`DATA_AXIS`. Every per-env array (env states, the network's carries, the
+episodes in progress) is split along its env axis over that mesh; parameters,
+optimizer state and the training key are replicated. The compiled PPO step is
+the same program as on one device: ``jax.jit`` partitions it (GSPMD), so every
+mean over the batch (the loss and so the gradient, ``Normalizer`` statistics,
+advantage standardisation, metrics, evaluation) is over the **global** batch,
+and a module's contract checks see the global ``B``.
+
+Which leaves are per-env is read from their shape: a leaf whose leading axis
+(the env axis) has ``n_envs`` entries is split; any other leaf (a model-wide
+simulator field, a ``Shared`` node) is replicated.
+
+Several hosts: call :func:`jax.distributed.initialize` in each process before
+anything else; :func:`data_mesh` then spans every process's devices, and each
+process holds the envs of its own devices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from nnx_ppo.algorithms.types import TrainingState
+from nnx_ppo.contract.arguments import require_int
+
+__all__ = [
+    "DATA_AXIS",
+    "constrain_envs",
+    "constrain_replicated",
+    "data_mesh",
+    "mesh_of",
+    "require_divisible",
+    "resolve_mesh",
+    "shard_training_state",
+    "training_mesh",
+]
+
+DATA_AXIS = "data"
+"""The name of the mesh axis that envs are split over."""
+
+
+def data_mesh(devices: int | Sequence[Any] | None = None) -> Mesh:
+    """A one-axis mesh (axis :data:`DATA_AXIS`) over ``devices``.
+
+    Args:
+      devices: ``None`` for every device of every process (``jax.devices()``),
+        an int ``N`` for the first ``N`` of them, or a sequence of ``jax.Device``.
+
+    Raises:
+      ValueError: more devices are asked for than there are, or none.
+    """
+    available = jax.devices()
+    if devices is None:
+        chosen = list(available)
+    elif isinstance(devices, int):
+        require_int("data_mesh", "devices", devices)
+        if devices > len(available):
+            raise ValueError(
+                f"data_mesh: {devices} devices asked for, but JAX sees {len(available)} "
+                f"({jax.default_backend()}); on CPU, XLA_FLAGS="
+                f"--xla_force_host_platform_device_count={devices} makes that many"
+            )
+        chosen = list(available[:devices])
+    else:
+        chosen = list(devices)
+        if not chosen:
+            raise ValueError("data_mesh: devices is an empty sequence")
+    return Mesh(np.array(chosen), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def resolve_mesh(devices: int | None) -> Mesh | None:
+    """The mesh of ``TrainConfig.devices``: ``None`` (one device, no mesh) or a data mesh.
+
+    ``devices=None`` takes every device when there is more than one.
+    """
+    if devices is None:
+        return data_mesh() if jax.device_count() > 1 else None
+    return data_mesh(devices)
+
+
+def require_divisible(
+    owner: str, mesh: Mesh | None, n_envs: int, n_minibatches: int, eval_n_envs: int | None
+) -> None:
+    """Refuse, before anything compiles, a batch the mesh cannot split evenly.
+
+    Each minibatch takes ``n_envs / n_minibatches`` whole envs, the same number
+    from every device, so no rollout moves between devices: ``n_envs`` must be a
+    multiple of ``devices * n_minibatches``, and an evaluation's ``n_envs`` a
+    multiple of ``devices``.
+    """
+    if mesh is None:
+        return
+    devices = mesh.size
+    if n_envs % (devices * n_minibatches):
+        raise ValueError(
+            f"{owner}: ppo.n_envs={n_envs} is not divisible by devices x n_minibatches = "
+            f"{devices} x {n_minibatches}; each minibatch takes the same number of whole envs "
+            f"from every device. Use a multiple of {devices * n_minibatches}, or fewer devices"
+        )
+    if eval_n_envs is not None and eval_n_envs % devices:
+        raise ValueError(
+            f"{owner}: eval.n_envs={eval_n_envs} is not divisible by the {devices} devices; "
+            f"use a multiple of {devices}"
+        )
+
+
+def _first_done(training_state: TrainingState) -> Any:
+    return jax.tree.leaves(training_state.env_states.done)[0]
+
+
+def mesh_of(training_state: TrainingState) -> Mesh | None:
+    """The data mesh a training state's envs are placed on, or ``None`` (one device)."""
+    placement = getattr(_first_done(training_state), "sharding", None)
+    if isinstance(placement, NamedSharding) and DATA_AXIS in placement.mesh.axis_names:
+        mesh = placement.mesh
+        return mesh if isinstance(mesh, Mesh) else None
+    return None
+
+
+@contextlib.contextmanager
+def training_mesh(mesh: Mesh | None) -> Iterator[None]:
+    """Trace and run the compiled step under ``mesh`` (part of jit's cache key)."""
+    if mesh is None:
+        yield
+        return
+    with jax.set_mesh(mesh):
+        yield
+
+
+# ---------------------------------------------------------------------------- placing
+
+
+def _is_key(leaf: Any) -> bool:
+    return jnp.issubdtype(getattr(leaf, "dtype", np.float32), jax.dtypes.prng_key)
+
+
+def _put(leaf: Any, where: NamedSharding) -> jax.Array:
+    """``leaf`` on ``where``; from each process's own copy when there are several."""
+    if isinstance(leaf, jax.Array) and leaf.sharding == where:
+        return leaf
+    if _is_key(leaf):
+        data = _put(jax.random.key_data(leaf), where)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
+    if jax.process_count() == 1 or (isinstance(leaf, jax.Array) and not leaf.is_fully_addressable):
+        return jax.device_put(leaf, where)
+    host = np.asarray(leaf)  # every process built the same value from the same seed
+    return jax.make_array_from_callback(host.shape, where, lambda index: host[index])
+
+
+def _env_spec(leaf: Any, n_envs: int) -> PartitionSpec:
+    per_env = np.ndim(leaf) >= 1 and np.shape(leaf)[0] == n_envs
+    return PartitionSpec(DATA_AXIS) if per_env else PartitionSpec()
+
+
+def _shard_envs(tree: Any, mesh: Mesh, n_envs: int, what: str) -> Any:
+    def place(path: Any, leaf: Any) -> jax.Array:
+        if not isinstance(leaf, jax.Array | np.ndarray | np.generic | int | float | bool):
+            raise ValueError(
+                f"{what}{jax.tree_util.keystr(path)} is a {type(leaf).__name__}, which cannot be "
+                "placed on devices: a state's leaves must be arrays"
+            )
+        return _put(leaf, NamedSharding(mesh, _env_spec(leaf, n_envs)))
+
+    return jax.tree_util.tree_map_with_path(place, tree)
+
+
+def _replicate(tree: Any, mesh: Mesh) -> Any:
+    return jax.tree.map(lambda leaf: _put(leaf, NamedSharding(mesh, PartitionSpec())), tree)
+
+
+def shard_training_state(training_state: TrainingState, mesh: Mesh) -> TrainingState:
+    """The training state placed on ``mesh``: envs split, everything else replicated.
+
+    The network and optimizer are updated in place (NNX semantics). Arrays
+    already placed are kept, so this is cheap to call before every step; it also
+    moves a state restored from a checkpoint written on another device count.
+
+    Raises:
+      ValueError: an env-state leaf is not an array (so cannot be placed).
+    """
+    n_envs = int(np.shape(_first_done(training_state))[0])
+    for module in (training_state.networks, training_state.optimizer):
+        state = nnx.state(module)
+        nnx.update(module, _replicate(state, mesh))
+    return training_state.replace(
+        env_states=_shard_envs(training_state.env_states, mesh, n_envs, "env_states"),
+        network_states=_shard_envs(training_state.network_states, mesh, n_envs, "network_states"),
+        running_episodes=_shard_envs(
+            training_state.running_episodes, mesh, n_envs, "running_episodes"
+        ),
+        rng_key=_replicate(training_state.rng_key, mesh),
+    )
+
+
+# ------------------------------------------------------------------- inside the trace
+
+
+def _active() -> bool:
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and DATA_AXIS in mesh.axis_names
+
+
+def constrain_envs(tree: Any, n_envs: int, env_axis: int = 0) -> Any:
+    """While tracing under a data mesh: split each per-env leaf over it along ``env_axis``.
+
+    A leaf is per-env when its ``env_axis`` has ``n_envs`` entries; the others
+    are replicated. Without a mesh, ``tree`` is returned as it is.
+    """
+    if not _active():
+        return tree
+
+    def constrain(leaf: jax.Array) -> jax.Array:
+        per_env = leaf.ndim > env_axis and leaf.shape[env_axis] == n_envs
+        spec = PartitionSpec(*([None] * env_axis), DATA_AXIS) if per_env else PartitionSpec()
+        return jax.lax.with_sharding_constraint(leaf, spec)
+
+    return jax.tree.map(constrain, tree)
+
+
+def constrain_replicated(tree: Any) -> Any:
+    """While tracing under a data mesh: every leaf whole on every device (e.g. metrics)."""
+    if not _active():
+        return tree
+    return jax.tree.map(lambda leaf: jax.lax.with_sharding_constraint(leaf, PartitionSpec()), tree)

@@ -1,0 +1,211 @@
+"""Training runs over several forced CPU devices, for tests/algorithms/test_sharding.py.
+
+Run as a script in a fresh process (the device count is fixed when JAX starts):
+``python sharded_runs.py MODE OUT_JSON [ARGS]``. It prints nothing the test reads;
+it writes its findings as JSON to ``OUT_JSON``.
+
+Modes:
+  ``equivalence DIR``  train on 1 device and on 4 (same seed and global batch);
+                      checkpoint the 4-device run, resume it on 1 and the 1-device
+                      run on 4, and report every difference and placement.
+  ``errors``           what train_ppo raises for layouts that do not split.
+  ``distributed DIR PORT PROCESS_ID``  one of two processes (2 devices each) running
+                      ``nnx-ppo train`` over all 4; saves its final parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DEVICES = 2 if sys.argv[1] == "distributed" else 4
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn  # noqa: E402
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig  # noqa: E402
+from nnx_ppo.algorithms.ppo import new_training_state, train_ppo  # noqa: E402
+from nnx_ppo.envs import make  # noqa: E402
+from nnx_ppo.networks.factories import make_default_network  # noqa: E402
+
+N_ENVS, ROLLOUT = 16, 8
+STEP = N_ENVS * ROLLOUT
+
+
+def config(devices: int, total_steps: int, **eval_options: Any) -> TrainConfig:
+    eval_config = EvalConfig(n_envs=8, max_episode_length=20, every_steps=10**9)
+    for name, value in eval_options.items():
+        setattr(eval_config, name, value)
+    return TrainConfig(
+        ppo=PPOConfig(
+            n_envs=N_ENVS,
+            rollout_length=ROLLOUT,
+            n_minibatches=2,
+            n_epochs=2,
+            total_steps=total_steps,
+        ),
+        eval=eval_config,
+        devices=devices,
+        checkpoint_every_steps=10**9,
+    )
+
+
+def parameters(networks: nnx.Module) -> list[np.ndarray]:
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(nnx.state(networks, nnx.Param))]
+
+
+def largest_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
+
+
+def specs(tree: Any) -> list[str]:
+    return sorted({str(leaf.sharding.spec) for leaf in jax.tree.leaves(tree)})
+
+
+def equivalence(directory: Path) -> dict[str, Any]:
+    # The memory task with an LSTM: carries and per-env keys to place as well.
+    env = make("memory")
+
+    def network() -> nnx.Module:
+        return make_default_network(env, nnx.Rngs(0), hidden_sizes=(8,))
+
+    found: dict[str, Any] = {}
+    runs = {}
+    for devices in (1, 4):
+        networks = network()
+        checkpoint_fn = make_checkpoint_fn(directory / f"on{devices}")
+        result = train_ppo(env, networks, config(devices, 2 * STEP), checkpoint_fn=checkpoint_fn)
+        checkpoint_fn(result.training_state, result.total_steps)
+        state = result.training_state
+        runs[devices] = parameters(networks)
+        found[f"devices_{devices}"] = {
+            "env_state_devices": len(jax.tree.leaves(state.env_states)[0].sharding.device_set),
+            "env_state_specs": specs(state.env_states),
+            "carry_specs": specs(state.network_states),
+            "parameter_specs": specs(nnx.state(networks, nnx.Param)),
+            "eval_return": result.eval_history[-1]["episode_reward_mean"],
+        }
+    found["parameter_difference"] = largest_difference(runs[1], runs[4])
+
+    # Both continue for one more step: straight on, and from the other's checkpoint.
+    resumed = {}
+    for saved_on, resume_on in ((4, 1), (1, 4)):
+        networks = network()
+        template = new_training_state(env, networks, N_ENVS, 17)
+        state = load_checkpoint(directory / f"on{saved_on}", template)["training_state"]
+        result = train_ppo(env, networks, config(resume_on, 3 * STEP), initial_state=state)
+        resumed[saved_on] = parameters(networks)
+        found[f"resumed_{saved_on}_on_{resume_on}"] = {
+            "steps": result.total_steps,
+            "env_state_devices": len(
+                jax.tree.leaves(result.training_state.env_states)[0].sharding.device_set
+            ),
+        }
+    found["resumed_difference"] = largest_difference(resumed[4], resumed[1])
+    return found
+
+
+def errors() -> dict[str, str]:
+    env = make("cartpole")
+    eight_minibatches = config(4, STEP)
+    eight_minibatches.ppo.n_minibatches = 8
+    attempts = {
+        "n_envs": eight_minibatches,
+        "eval_n_envs": config(4, STEP, n_envs=6),
+        "too_many_devices": config(8, STEP),
+    }
+    found = {}
+    for name, train_config in attempts.items():
+        networks = make_default_network(env, nnx.Rngs(0), hidden_sizes=(8,))
+        try:
+            train_ppo(env, networks, train_config)
+        except ValueError as error:
+            found[name] = str(error)
+        else:
+            found[name] = "no error"
+    found["contract"] = contract_message_under_a_mesh()
+    return found
+
+
+def contract_message_under_a_mesh() -> str:
+    """A module breaking its contract inside a step traced over 4 devices."""
+    from nnx_ppo import ContractError
+    from nnx_ppo.algorithms import sharding
+    from nnx_ppo.networks.feedforward import Dense
+
+    layer = Dense(3, 2, nnx.Rngs(0))
+    mesh = sharding.data_mesh(4)
+
+    @jax.jit
+    def call(x: jax.Array) -> Any:
+        return layer(layer.initialize_state(8), x[0])  # drops the batch axis
+
+    try:
+        with sharding.training_mesh(mesh):
+            call(jax.numpy.ones((8, 3)))
+    except ContractError as error:
+        return str(error)
+    return "no error"
+
+
+def distributed(directory: Path, port: int, process_id: int) -> dict[str, Any]:
+    import nnx_ppo.algorithms.ppo as ppo
+    from nnx_ppo.cli.main import main
+
+    results = []
+    trained = ppo.train_ppo
+
+    def remembered(*args: Any, **kwargs: Any) -> Any:
+        results.append(trained(*args, **kwargs))
+        return results[-1]
+
+    ppo.train_ppo = remembered
+    status = main(
+        [
+            "train",
+            "--quiet",
+            "--steps",
+            str(2 * 64 * 8),
+            "--set",
+            "ppo.n_envs=64",
+            "--set",
+            "ppo.rollout_length=8",
+            "--set",
+            "eval.n_envs=8",
+            "--set",
+            "eval.max_episode_length=20",
+            "--run-dir",
+            str(directory / f"run_of_process_{process_id}"),
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--num-processes",
+            "2",
+            "--process-id",
+            str(process_id),
+        ]
+    )
+    networks = results[-1].training_state.networks
+    np.savez(directory / f"parameters_{process_id}.npz", *parameters(networks))
+    return {
+        "status": status,
+        "devices": jax.device_count(),
+        "local_devices": jax.local_device_count(),
+        "steps": results[-1].total_steps,
+    }
+
+
+if __name__ == "__main__":
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    if mode == "equivalence":
+        report = equivalence(Path(sys.argv[3]))
+    elif mode == "errors":
+        report = errors()
+    else:
+        report = distributed(Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    out.write_text(json.dumps(report))

@@ -1,0 +1,166 @@
+"""Data-parallel training: placement, equivalence with one device, resharded resumes, hosts.
+
+The runs over several devices happen in fresh processes (``sharded_runs.py``):
+the forced CPU device count is fixed when JAX starts, and the rest of the suite
+runs on one device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+from nnx_ppo.algorithms import sharding
+from nnx_ppo.algorithms.checkpointing import config_from_dict
+from nnx_ppo.algorithms.config import TrainConfig
+
+SCRIPT = Path(__file__).with_name("sharded_runs.py")
+
+
+def run_script(tmp_path: Path, *args: str) -> dict[str, Any]:
+    out = tmp_path / f"{args[0]}.json"
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), args[0], str(out), *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_four_devices_train_like_one_and_resume_on_another_count(tmp_path):
+    found = run_script(tmp_path, "equivalence", str(tmp_path))
+    one, four = found["devices_1"], found["devices_4"]
+    assert one["env_state_devices"] == 1
+    # Env states and carries are split along the env axis; parameters are replicated.
+    assert four["env_state_devices"] == 4
+    assert "P('data',)" in four["env_state_specs"]
+    assert four["carry_specs"] == ["P('data',)"]
+    assert four["parameter_specs"] == ["P()"]
+    # Same seed and global batch: the same parameters, up to float reassociation.
+    assert found["parameter_difference"] < 1e-5
+    assert one["eval_return"] == pytest.approx(four["eval_return"])
+    # A checkpoint written on 4 devices resumes on 1, and one written on 1 on 4.
+    assert found["resumed_4_on_1"] == {"steps": 3 * 128, "env_state_devices": 1}
+    assert found["resumed_1_on_4"] == {"steps": 3 * 128, "env_state_devices": 4}
+    assert found["resumed_difference"] < 1e-5
+
+
+def test_layouts_that_do_not_split_are_refused_before_training(tmp_path):
+    found = run_script(tmp_path, "errors")
+    assert "ppo.n_envs=16 is not divisible by devices x n_minibatches = 4 x 8" in found["n_envs"]
+    assert "eval.n_envs=6 is not divisible by the 4 devices" in found["eval_n_envs"]
+    assert "8 devices asked for, but JAX sees 4" in found["too_many_devices"]
+    # A contract error raised while tracing over the mesh says its B is the global one.
+    assert "traced over a mesh (data=4): B and every shape above are global" in found["contract"]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_two_processes_train_as_one_and_only_process_0_writes(tmp_path):
+    port = str(_free_port())
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(SCRIPT),
+                "distributed",
+                str(tmp_path / f"process_{i}.json"),
+                str(tmp_path),
+                port,
+                str(i),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [process.communicate(timeout=600)[0] for process in processes]
+    for process, output in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, output[-3000:]
+    reports = [json.loads((tmp_path / f"process_{i}.json").read_text()) for i in range(2)]
+    for report in reports:
+        assert report == {"status": 0, "devices": 4, "local_devices": 2, "steps": 1024}
+    first, second = (np.load(tmp_path / f"parameters_{i}.npz") for i in range(2))
+    for name in first.files:
+        np.testing.assert_array_equal(first[name], second[name])
+    written = tmp_path / "run_of_process_0"
+    assert (written / "metrics.jsonl").is_file()
+    assert (written / "checkpoints" / "1024").is_dir()
+    assert not (tmp_path / "run_of_process_1").exists()
+
+
+def test_cli_trains_over_four_devices(tmp_path):
+    run_dir = tmp_path / "run"
+    environment = os.environ | {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nnx_ppo.cli.main",
+            "train",
+            "--devices",
+            "4",
+            "--quiet",
+            "--steps",
+            "512",
+            "--set",
+            "ppo.n_envs=32",
+            "--set",
+            "ppo.rollout_length=16",
+            "--set",
+            "eval.n_envs=8",
+            "--set",
+            "eval.max_episode_length=20",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["train"]["devices"] == 4
+    assert (run_dir / "checkpoints" / "512").is_dir()
+
+
+# ------------------------------------------------------------------ in this process
+
+
+def test_one_device_runs_without_a_mesh():
+    assert jax.device_count() == 1
+    assert sharding.resolve_mesh(None) is None
+    assert sharding.resolve_mesh(1).size == 1
+
+
+def test_one_device_splits_any_batch_and_missing_devices_are_named():
+    mesh = sharding.data_mesh(1)
+    sharding.require_divisible("here", mesh, 6, 3, 5)  # one device splits anything
+    with pytest.raises(ValueError, match="data_mesh: 2 devices asked for, but JAX sees 1"):
+        sharding.data_mesh(2)
+
+
+def test_devices_is_a_config_field():
+    with pytest.raises(ValueError, match="devices"):
+        TrainConfig(devices=0)
+    assert config_from_dict({"devices": 4}).devices == 4
+    assert config_from_dict({"devices": None}).devices is None
+    with pytest.raises(ValueError, match="config field devices must be an integer"):
+        config_from_dict({"devices": "all"})
