@@ -31,7 +31,12 @@ from jaxtyping import Array, Float, Key
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.axes import BatchedTree, Carry, Extras
 from nnx_ppo.networks.containers import Parallel, _KeyedContainer
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import (
+    EntryTypeError,
+    MissingEntryError,
+    StatefulModule,
+    StatefulModuleOutput,
+)
 
 __all__ = [
     "Filter",
@@ -175,11 +180,14 @@ def _extract(x: BatchedTree, how: FilterSpec, out_key: str) -> Any:
             value = value[key]
         except (KeyError, IndexError, TypeError) as error:
             available = sorted(value) if isinstance(value, Mapping) else type(value).__name__
-            raise ValueError(
+            message = (
                 f"Filter output {out_key!r} reads x{''.join(f'[{k!r}]' for k in path)}, but "
                 f"x{''.join(f'[{k!r}]' for k in path[:depth])} has no entry {key!r} "
                 f"(it holds {available})"
-            ) from error
+            )
+            # The error types 0.3.0 let escape from the lookup, each also a ValueError.
+            kind = EntryTypeError if isinstance(error, TypeError) else MissingEntryError
+            raise kind(message) from error
     return value
 
 
@@ -259,13 +267,13 @@ class Map(_KeyedContainer):
         rollout_extras: dict[str, Extras] | None = None,
     ) -> StatefulModuleOutput:
         if not isinstance(x, Mapping):
-            raise TypeError(
+            raise EntryTypeError(
                 f"Map expects a dict input with keys {sorted(self.components)}, "
                 f"got a {type(x).__name__}"
             )
         missing = sorted(set(self.components) - set(x))
         if missing:
-            raise ValueError(
+            raise MissingEntryError(
                 f"Map input lacks the entries {missing} for its children; it has {sorted(x)}"
             )
         outputs, rest = self._run_children(state, lambda key: x[key], rollout_extras)
