@@ -16,7 +16,8 @@ key, regularization is summed, metrics are nested under the child's key, and ``u
 
 Functions:
 
-* :func:`new_env_keys`: seed a ``(B,)`` array of per-env keys from an ``nnx.Rngs``.
+* :func:`new_env_keys`: seed a ``(B,)`` array of per-env keys from a :data:`KeySource`.
+* :func:`require_key_source`: check a module's ``rng`` argument.
 * :func:`split_env_keys`: advance per-env keys by one step.
 """
 
@@ -42,22 +43,47 @@ __all__ = [
     "Filter",
     "FilterSpec",
     "Flattener",
+    "KeySource",
     "Map",
     "Merge",
     "Scale",
     "new_env_keys",
+    "require_key_source",
     "split_env_keys",
 ]
 
 
-def new_env_keys(rngs: nnx.Rngs, batch_size: int) -> Key[Array, " B"]:
-    """``batch_size`` independent typed keys, one per environment, from ``rngs``' default stream.
+KeySource: TypeAlias = nnx.Rngs | nnx.RngStream | Callable[[], Key[Array, ""]]
+"""What seeds a stochastic module's per-env keys: anything that returns a fresh key when called.
+
+An ``nnx.Rngs`` (its default stream), one of its streams (``rngs.params``), or a
+function; nnx-ppo 0.3.0's modules called their ``rng`` the same way, so all three
+keep working.
+"""
+
+
+def require_key_source(owner: str, name: str, value: object) -> None:
+    """Raise ``TypeError`` unless ``value`` can seed keys (see :data:`KeySource`)."""
+    if not callable(value):
+        raise TypeError(
+            f"{owner}: {name} must be an nnx.Rngs, one of its streams or a function returning "
+            f"a key, got a {type(value).__name__}"
+        )
+
+
+def new_env_keys(rngs: KeySource, batch_size: int) -> Key[Array, " B"]:
+    """``batch_size`` independent typed keys, one per environment, from one key drawn from ``rngs``.
 
     For ``initialize_state`` of modules that draw random numbers in their forward
     pass: the keys then live in the carry, so the randomness of env ``i`` depends
-    only on its own carry row (the forward path is per-sample pure).
+    only on its own carry row (the forward path is per-sample pure). A legacy
+    ``uint32`` key (``jax.random.PRNGKey``) is wrapped, so the carry always holds
+    typed keys.
     """
-    return jax.random.split(rngs(), batch_size)
+    key = rngs()
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    return jax.random.split(key, batch_size)
 
 
 def split_env_keys(
