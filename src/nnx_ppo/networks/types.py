@@ -28,6 +28,7 @@ from nnx_ppo.contract.checks import CONTRACT_METHODS, describe_leaf, named_leave
 from nnx_ppo.contract.errors import rule_text
 
 __all__ = [
+    "ACTIVATION_KEY",
     "CarryOrSlice",
     "EntryTypeError",
     "MissingEntryError",
@@ -38,6 +39,13 @@ __all__ = [
     "StatefulModuleOutput",
     "checked_ppo_output",
 ]
+
+
+ACTIVATION_KEY = "__activation__"
+"""The ``metrics`` key under which a ``Recorder`` returns the activations it recorded.
+
+Defined here, where 0.3.0 had it, and re-exported by :mod:`nnx_ppo.networks.recording`.
+"""
 
 
 class MissingEntryError(KeyError, IndexError, ValueError):
