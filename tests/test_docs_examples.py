@@ -150,7 +150,7 @@ EXPECTED_OUTPUT = {
     ],
     "checkpoint_resume.py": [
         "stopped early at 192 of 320",
-        "steps on disk: [0, 128, 192]",
+        "steps on disk: ['step_0000000000', 'step_0000000128', 'step_0000000192']",
         "loaded step 192 and its config: True",
         "resumed run ended at 320 after 2 steps",
     ],

@@ -39,3 +39,28 @@ def test_the_networks_package_reexports_the_deep_paths_objects() -> None:
         value = getattr(nnx_ppo.networks, attribute)
         home = importlib.import_module(getattr(value, "__module__", "nnx_ppo.networks"))
         assert getattr(home, attribute, value) is value
+
+
+def test_the_paths_and_parameter_names_of_0_3_0_still_work() -> None:
+    """Where this version and 0.3.0 differ only by a name or a path, 0.3.0's is kept."""
+    from nnx_ppo.algorithms import checkpointing, config, distillation, ppo, rollout, types
+    from nnx_ppo.networks import recording
+    from nnx_ppo.networks import types as network_types
+
+    for name in ("DistillationConfig", "DistillationTrainConfig", "DistillationTrainResult"):
+        assert getattr(config, name) is getattr(distillation, name)
+    assert types.DistillationState is distillation.DistillationState
+    assert network_types.ACTIVATION_KEY is recording.ACTIVATION_KEY
+    save = checkpointing.make_checkpoint_fn("never-written")  # nothing is written before a save
+    assert isinstance(save, checkpointing.CheckpointCallback)
+
+    def parameters(function: object) -> list[str]:
+        return [p for p in inspect.signature(function).parameters if p != "self"]  # type: ignore[arg-type]
+
+    assert parameters(ppo.gae)[:5] == [
+        "rewards", "values_excl_last", "next_values", "done", "truncation"
+    ]  # fmt: skip
+    assert parameters(rollout.unroll_env)[-1] == "rng_key_for_env_reset"
+    assert parameters(rollout.tree_where)[:3] == ["cond", "on_true", "on_false"]
+    assert parameters(recording.with_recording) == ["net"]
+    assert parameters(recording.Recorder.__init__) == ["wrapped"]

@@ -44,7 +44,7 @@ with tempfile.TemporaryDirectory() as root:
         should_stop=lambda: reached["step"] >= 192,
     )
     print("stopped early at", stopped.total_steps, "of", config.ppo.total_steps)
-    print("steps on disk:", sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()))
+    print("steps on disk:", sorted(p.name for p in directory.iterdir()))
 
     # Resume: a template of the same architecture and n_envs, filled in from the latest step.
     template = new_training_state(env, fresh_network(), config.ppo.n_envs, config.seed)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 from nnx_ppo.networks.delay import Delay
 
 delay = Delay(jnp.zeros(1), k_steps=2, initial_value=-1.0)
-state = delay.initialize_state(1)  # {"buffer": (B, k_steps, 1), "position": (B,)}
+state = delay.initialize_state(1)  # {"buffer": (B, k_steps, 1), "idx": (B,)}
 outputs = []
 for t in range(4):
     out = delay(state, jnp.full((1, 1), float(t)))

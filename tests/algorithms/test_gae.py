@@ -123,14 +123,14 @@ def test_lambda_limits(lam):
         )
 
 
-@pytest.mark.parametrize("argument", ["values", "next_values", "done", "truncated"])
+@pytest.mark.parametrize("argument", ["values_excl_last", "next_values", "done", "truncation"])
 def test_an_input_shaped_unlike_the_rewards_is_named(argument):
-    inputs = {
+    inputs = {  # by keyword, with the names of 0.3.0 where the meaning is unchanged
         "rewards": jnp.zeros((4, 3)),
-        "values": jnp.zeros((4, 3)),
+        "values_excl_last": jnp.zeros((4, 3)),
         "next_values": jnp.zeros((4, 3)),
         "done": jnp.zeros((4, 3), bool),
-        "truncated": jnp.zeros((4, 3), bool),
+        "truncation": jnp.zeros((4, 3), bool),
     }
     inputs[argument] = inputs[argument][:, :2]
     with pytest.raises(ContractError) as caught:

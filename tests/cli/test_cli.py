@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nnx_ppo.algorithms.checkpointing import CheckpointError, find_checkpoint, load_checkpoint
+from nnx_ppo.algorithms.checkpointing import (
+    CheckpointError,
+    find_checkpoint,
+    load_checkpoint,
+    step_directory,
+)
 from nnx_ppo.cli.main import main
 from nnx_ppo.cli.run_dir import read_metrics
 from nnx_ppo.envs import make
@@ -136,20 +142,22 @@ def test_broken_checkpoints_are_named(tmp_path: Path) -> None:
     checkpoints, latest = find_checkpoint(run_dir)
 
     # A crash mid-write leaves Orbax's temporary directory: the previous checkpoint stays latest.
-    (checkpoints / f"{latest + 128}.orbax-checkpoint-tmp-1").mkdir()
+    (
+        checkpoints / f"{step_directory(checkpoints, latest + 128).name}.orbax-checkpoint-tmp-1"
+    ).mkdir()
     assert find_checkpoint(run_dir) == (checkpoints, latest)
 
-    manifest = next((checkpoints / str(latest) / "manifest").iterdir())
+    manifest = next((step_directory(checkpoints, latest) / "manifest").iterdir())
     manifest.write_text("{ truncated")
     with pytest.raises(CheckpointError, match="corrupted: its manifest is not valid JSON"):
         load_checkpoint(run_dir, network)
 
-    previous = sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())[-2]
-    for item in (checkpoints / str(previous) / "arrays").rglob("*"):
+    previous = sorted(p for p in checkpoints.iterdir() if re.fullmatch(r"step_\d{10}", p.name))[-2]
+    for item in (previous / "arrays").rglob("*"):
         if item.is_file():
             item.write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="could not be read"):
-        load_checkpoint(checkpoints / str(previous), network)
+        load_checkpoint(previous, network)
 
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "nowhere", network)
@@ -223,7 +231,9 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path: Path) -> None:
     save = make_checkpoint_fn(tmp_path, keep_last=2)
     for step in (10, 20, 30):
         save(state.replace(steps_taken=step), step)
-    assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [20, 30]
+    # Step directories are named as 0.3.0 named them: step_ and ten digits.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_0000000020", "step_0000000030"]
+    assert step_directory(tmp_path, 30) == tmp_path / "step_0000000030"
     assert find_checkpoint(tmp_path) == (tmp_path, 30)
     assert load_checkpoint(tmp_path, state)["training_state"].steps_taken == 30
     with pytest.raises(ValueError, match="keep_last must be a positive int"):

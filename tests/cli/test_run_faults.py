@@ -20,7 +20,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms import ppo
-from nnx_ppo.algorithms.checkpointing import CheckpointError, find_checkpoint
+from nnx_ppo.algorithms.checkpointing import CheckpointError, find_checkpoint, step_directory
 from nnx_ppo.cli import run_dir as run_dir_module
 from nnx_ppo.cli.main import main
 from nnx_ppo.cli.presets import follow_run_length, parse_run_config, preset
@@ -118,7 +118,7 @@ def test_a_resume_that_cannot_load_its_checkpoint_leaves_config_json_as_it_was(
     run_dir = copy_of(finished_run, tmp_path)
     config = (run_dir / "config.json").read_bytes()
     checkpoints, latest = find_checkpoint(run_dir)
-    for item in (checkpoints / str(latest) / "arrays").rglob("*"):
+    for item in (step_directory(checkpoints, latest) / "arrays").rglob("*"):
         if item.is_file():
             item.write_bytes(b"garbage")
     assert resume(run_dir, "--set", "ppo.learning_rate=0.01", "--steps", "1024") == 2
@@ -212,8 +212,8 @@ def test_a_checkpoint_that_cannot_be_written_is_named_and_never_taken_as_latest(
     # A step directory a crash (or a full disk) left without Orbax's metadata is skipped.
     copy = copy_of(finished_run, tmp_path)
     checkpoints, latest = find_checkpoint(copy)
-    partial = checkpoints / str(latest + STEP)
-    shutil.copytree(checkpoints / str(latest) / "arrays", partial / "arrays")
+    partial = step_directory(checkpoints, latest + STEP)
+    shutil.copytree(step_directory(checkpoints, latest) / "arrays", partial / "arrays")
     assert find_checkpoint(copy) == (checkpoints, latest)
 
 

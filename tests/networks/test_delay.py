@@ -74,19 +74,19 @@ def test_output_is_the_input_from_k_steps_ago_per_env(
         state = out.next_state
 
 
-def test_batched_reset_refills_buffer_and_rewinds_position():
+def test_batched_reset_refills_buffer_and_rewinds_idx():
     delay = Delay(SAMPLE, 2, initial_value=INITIAL)
     state = delay.initialize_state(3)
     for step in range(3):
         state = _step(delay, state, _inputs(step, 3), jnp.zeros(3, bool)).next_state
-    assert np.all(np.asarray(state["position"]) == 1)
+    assert np.all(np.asarray(state["idx"]) == 1)
 
     reset = delay.reset_state(state)
 
     assert _shapes_and_dtypes(reset) == _shapes_and_dtypes(state)
     assert _shapes_and_dtypes(reset) == _shapes_and_dtypes(delay.initialize_state(3))
     jax.tree.map(lambda b: np.testing.assert_array_equal(b, INITIAL), reset["buffer"])
-    np.testing.assert_array_equal(reset["position"], 0)
+    np.testing.assert_array_equal(reset["idx"], 0)
     one_env = jax.tree.map(lambda leaf: leaf[0], state)
     assert _shapes_and_dtypes(delay.reset_state(one_env)) == _shapes_and_dtypes(one_env)
 
@@ -96,7 +96,7 @@ def test_array_input_and_carry_layout():
     state = delay.initialize_state(2)
     assert _shapes_and_dtypes(state) == {
         "buffer": ((2, 3, 4), jnp.float32),
-        "position": ((2,), jnp.int32),
+        "idx": ((2,), jnp.int32),
     }
     out = delay(state, jnp.ones((2, 4)))
     np.testing.assert_array_equal(out.output, np.zeros((2, 4)))

@@ -103,7 +103,7 @@ def test_rollout_activations_are_the_modules_outputs_called_by_hand(network):
 
 def test_recorder_runs_the_network_unchanged(network):
     recorder = with_recording(network)
-    assert recorder.network is network
+    assert recorder.wrapped is network  # 0.3.0's attribute name
     state, obs = network.initialize_state(2), jnp.ones((2, 4))
     plain, recorded = jax.jit(lambda s, x: (network(s, x), recorder(s, x)))(state, obs)
     jax.tree.map(np.testing.assert_array_equal, plain.output, recorded.output)

@@ -393,6 +393,13 @@ def test_bad_constructor_arguments_are_named(kwargs: dict[str, Any], error: type
         NormalTanhSampler(nnx.Rngs(0), **kwargs)
 
 
+def test_rng_may_be_a_stream_or_a_key_function_as_in_0_3_0():
+    for rng in (nnx.Rngs(params=0).params, lambda: jax.random.key(0)):
+        keys = CategoricalSampler(rng, entropy_weight=0.0).initialize_state(3)
+        assert keys.shape == (3,)
+        assert jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)
+
+
 def test_rng_must_be_an_rngs_and_action_size_positive():
     with pytest.raises(TypeError, match=r"rng must be an nnx\.Rngs"):
         CategoricalSampler(jax.random.key(0), entropy_weight=0.0)  # type: ignore[arg-type]

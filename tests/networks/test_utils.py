@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import nnx_ppo
 from nnx_ppo.networks.adapter import PPOAdapter
-from nnx_ppo.networks.containers import Parallel, Sequential
+from nnx_ppo.networks.containers import Concat, Parallel, Sequential
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.sampling_layers import CategoricalSampler
@@ -93,9 +93,22 @@ def test_filter_by_key_path_index_and_function():
     np.testing.assert_array_equal(out["speed"], np.zeros((2, 1)))
 
 
-def test_filter_names_the_missing_entry():
-    with pytest.raises(ValueError, match=r"x\['obs'\] has no entry 'vel'.*\['pos'\]"):
+@pytest.mark.parametrize("caught", [KeyError, ValueError])
+def test_filter_names_the_missing_entry(caught: type[Exception]):
+    # 0.3.0 raised KeyError; ValueError is this version's type for bad inputs: both catch it.
+    with pytest.raises(caught, match=r"x\['obs'\] has no entry 'vel'.*\['pos'\]") as raised:
         Filter({"v": ("obs", "vel")})((), {"obs": {"pos": jnp.ones((2, 1))}})
+    assert str(raised.value).startswith("Filter output 'v' reads")  # not repr-quoted
+
+
+def test_filter_path_errors_keep_the_types_of_0_3_0():
+    x = {"list": [jnp.ones((2, 1))], "leaf": jnp.ones((2, 1))}
+    with pytest.raises(IndexError, match=r"x\['list'\] has no entry 3") as raised:
+        Filter({"v": ("list", 3)})((), x)
+    assert isinstance(raised.value, ValueError)
+    with pytest.raises(TypeError, match=r"x\['leaf'\] has no entry 'a'") as raised:
+        Filter({"v": ("leaf", "a")})((), x)
+    assert isinstance(raised.value, ValueError)
 
 
 def test_filter_bad_specs_are_named():
@@ -215,14 +228,30 @@ def test_map_routes_samplers_state_extras_and_statistics():
 
 def test_map_missing_entries_are_named():
     net = Map(a=Scale(1.0), b=Scale(1.0))
-    with pytest.raises(ValueError, match=r"lacks the entries \['b'\]"):
-        net({"a": (), "b": ()}, {"a": jnp.ones((1, 1))})
+    for caught in (KeyError, ValueError):  # 0.3.0's type, and this version's
+        with pytest.raises(caught, match=r"lacks the entries \['b'\]") as raised:
+            net({"a": (), "b": ()}, {"a": jnp.ones((1, 1))})
+        assert str(raised.value).startswith("Map input lacks")
     with pytest.raises(nnx_ppo.ContractError, match=r"Map\.__call__: argument x"):
         net({"a": (), "b": ()}, jnp.ones((1, 1)))
-    with nnx_ppo.checks(False), pytest.raises(TypeError, match="expects a dict input"):
+    with nnx_ppo.checks(False), pytest.raises(TypeError, match="expects a dict input") as raised:
         net({"a": (), "b": ()}, jnp.ones((1, 1)))
+    assert isinstance(raised.value, ValueError)
     with pytest.raises(ValueError, match="either a dict or keyword"):
         Map({"a": Scale(1.0)}, b=Scale(1.0))
+
+
+def test_concat_input_errors_keep_the_types_of_0_3_0():
+    net = Concat(a=Scale(1.0), b=Scale(1.0))
+    state = {"a": (), "b": ()}
+    with pytest.raises(KeyError, match=r"keys \['a', 'b'\], got \['a'\]") as missing:
+        net(state, {"a": jnp.ones((1, 1))})
+    assert isinstance(missing.value, ValueError)
+    with pytest.raises(ValueError, match=r"got \['a', 'b', 'c'\]"):
+        net(state, {"a": jnp.ones((1, 1)), "b": jnp.ones((1, 1)), "c": jnp.ones((1, 1))})
+    with nnx_ppo.checks(False), pytest.raises(TypeError, match="got a ArrayImpl") as raised:
+        net(state, jnp.ones((1, 1)))
+    assert isinstance(raised.value, ValueError)
 
 
 def test_flattener_feeds_a_ppo_adapter():

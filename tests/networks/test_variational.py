@@ -158,5 +158,26 @@ def test_wrong_input_width_and_bad_arguments_are_named():
         VariationalBottleneck(2, nnx.Rngs(0), kl_weight=-1.0)
     with pytest.raises(ValueError, match="ar1_weight must be >= 0"):
         AR1VariationalBottleneck(2, nnx.Rngs(0), ar1_weight=-0.1)
-    with pytest.raises(TypeError, match="rng must be an nnx"):
+    with pytest.raises(TypeError, match=r"VariationalBottleneck: rng must be an nnx\.Rngs"):
         VariationalBottleneck(2, 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("module_type", [VariationalBottleneck, AR1VariationalBottleneck])
+@pytest.mark.parametrize(
+    "rng",
+    [
+        nnx.Rngs(0),
+        nnx.Rngs(params=0).params,  # a stream, as 0.3.0 also accepted
+        lambda: jax.random.key(0),  # any function returning a key, as 0.3.0 called rng()
+        lambda: jax.random.PRNGKey(0),  # a legacy uint32 key is wrapped
+    ],
+    ids=["rngs", "stream", "function", "legacy_key_function"],
+)
+def test_rng_takes_every_form_0_3_0_accepted(module_type: type, rng: object):
+    module = module_type(LATENT, rng)
+    state = module.initialize_state(BATCH)
+    keys = state if module_type is VariationalBottleneck else state["keys"]
+    assert keys.shape == (BATCH,)
+    assert jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)
+    out = module(state, jnp.zeros((BATCH, 2 * LATENT)))
+    assert out.output.shape == (BATCH, LATENT)

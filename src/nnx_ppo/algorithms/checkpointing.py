@@ -8,7 +8,8 @@ counter and the run's config. Typed PRNG keys are stored as their raw key data
 and re-wrapped on load.
 
 Layout: ``make_checkpoint_fn(directory)`` writes one Orbax step directory per
-checkpoint under ``directory`` (``directory/<step>/``), each with three items:
+checkpoint under ``directory``, named as nnx-ppo 0.3.0 named them,
+``directory/step_0000500000/`` (see :func:`step_directory`), each with three items:
 
 - ``arrays``: every array of the state, as a list (Orbax ``StandardSave``);
 - ``manifest``: JSON naming each array's path in the state, shape, dtype and key
@@ -25,9 +26,10 @@ Only the newest ``keep_last`` checkpoints are kept.
 import dataclasses
 import enum
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -39,18 +41,32 @@ from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
 
 __all__ = [
     "CHECKPOINT_SUBDIR",
+    "CheckpointCallback",
     "CheckpointError",
     "config_from_dict",
     "config_to_dict",
     "find_checkpoint",
     "load_checkpoint",
     "make_checkpoint_fn",
+    "step_directory",
 ]
 
 CHECKPOINT_SUBDIR = "checkpoints"
 """Where a run directory keeps its checkpoints."""
 
 _FORMAT = 1
+
+# Step directories are named ``step_`` and the step in at least ten digits, as in 0.3.0.
+_STEP_PREFIX = "step"
+_STEP_DIGITS = 10
+_STEP_NAME = re.compile(rf"{_STEP_PREFIX}_(\d{{{_STEP_DIGITS},}})")
+
+
+@runtime_checkable
+class CheckpointCallback(Protocol):
+    """A ``checkpoint_fn``: called as ``fn(training_state, step)``; 0.3.0's name for the type."""
+
+    def __call__(self, training_state: TrainingState, step: int) -> None: ...
 
 
 class CheckpointError(ValueError):
@@ -274,14 +290,19 @@ def _manager(directory: Path, keep_last: int | None, create: bool) -> Any:
             directory.mkdir(parents=True, exist_ok=True)
             create = False
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep_last, create=create, enable_async_checkpointing=False, **solo
+        max_to_keep=keep_last,
+        create=create,
+        enable_async_checkpointing=False,
+        step_prefix=_STEP_PREFIX,
+        step_format_fixed_length=_STEP_DIGITS,
+        **solo,
     )
     return ocp.CheckpointManager(directory.absolute(), options=options)
 
 
 def make_checkpoint_fn(
     directory: str | Path, config: TrainConfig | None = None, *, keep_last: int = 3
-) -> Callable[[TrainingState, int], None]:
+) -> CheckpointCallback:
     """A ``checkpoint_fn`` for :func:`~nnx_ppo.algorithms.ppo.train_ppo` writing Orbax checkpoints.
 
     Args:
@@ -359,13 +380,27 @@ def _write_failure(root: Path, step: int, error: OSError) -> str:
 # ------------------------------------------------------------------------------ load
 
 
+def step_directory(root: str | Path, step: int) -> Path:
+    """The directory of the checkpoint of ``step`` under ``root``: ``root/step_0000500000``.
+
+    The name is 0.3.0's, so scripts that build or parse step paths keep working.
+    """
+    return Path(root) / f"{_STEP_PREFIX}_{int(step):0{_STEP_DIGITS}d}"
+
+
+def _step_of(step_dir: Path) -> int | None:
+    """The step a step directory's name holds, or ``None`` for any other name."""
+    match = _STEP_NAME.fullmatch(step_dir.name)
+    return int(match.group(1)) if match else None
+
+
 def _complete(step_dir: Path) -> bool:
-    """A step directory Orbax finished: renamed into place, with its metadata and manifest."""
-    return (
-        step_dir.name.isdigit()
-        and (step_dir / "_CHECKPOINT_METADATA").is_file()
-        and (step_dir / "manifest").is_dir()
-    )
+    """Whether Orbax finished a step directory: it holds Orbax's metadata and our manifest.
+
+    A directory Orbax is still writing has a temporary name, which :func:`_step_of`
+    does not read as a step.
+    """
+    return (step_dir / "_CHECKPOINT_METADATA").is_file() and (step_dir / "manifest").is_dir()
 
 
 def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, int]:
@@ -383,13 +418,15 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
         raise CheckpointError(f"no checkpoint: {path} does not exist")
     if (path / CHECKPOINT_SUBDIR).is_dir():
         path = path / CHECKPOINT_SUBDIR
-    if step is None and path.name.isdigit() and (path / "manifest").exists():
-        return path.parent, int(path.name)
-    steps = sorted(int(p.name) for p in path.iterdir() if p.is_dir() and _complete(p))
+    own_step = _step_of(path)
+    if step is None and own_step is not None and (path / "manifest").exists():
+        return path.parent, own_step
+    named = ((_step_of(p), p) for p in path.iterdir() if p.is_dir())
+    steps = sorted(found for found, p in named if found is not None and _complete(p))
     if not steps:
         raise CheckpointError(
-            f"no checkpoint in {path}: expected step directories (e.g. {path / '100000'}) "
-            f"written by make_checkpoint_fn"
+            f"no checkpoint in {path}: expected step directories (e.g. "
+            f"{step_directory(path, 100000)}) written by make_checkpoint_fn"
         )
     if step is None:
         return path, steps[-1]
@@ -464,7 +501,7 @@ def load_checkpoint(
         arrays do not fit the template (the message names the paths that differ).
     """
     root, step = find_checkpoint(path, step)
-    step_dir = root / str(step)
+    step_dir = step_directory(root, step)
     manifest = _read_json(step_dir, "manifest")
     if manifest.get("format") != _FORMAT or "leaves" not in manifest:
         raise CheckpointError(f"checkpoint {step_dir} has an unknown manifest format")

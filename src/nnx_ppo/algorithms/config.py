@@ -30,6 +30,19 @@ __all__ = [
 AdvantageNormalization = Literal["per_leaf", "global"]
 
 
+def __getattr__(name: str) -> Any:
+    """The distillation configs at 0.3.0's path: defined in ``algorithms.distillation``.
+
+    That module imports this one, so they are fetched on first use (PEP 562); they are
+    not in ``__all__``, whose names are this module's own.
+    """
+    if name in ("DistillationConfig", "DistillationTrainConfig", "DistillationTrainResult"):
+        from nnx_ppo.algorithms import distillation
+
+        return getattr(distillation, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _require_logging(owner: str, level: Any, percentiles: Any) -> None:
     if not isinstance(level, LoggingLevel):
         raise TypeError(

@@ -84,33 +84,36 @@ _EPSILON = 1e-8
 @typechecked
 def gae(
     rewards: FloatHistory,
-    values: FloatHistory,
+    values_excl_last: FloatHistory,
     next_values: FloatHistory,
     done: BoolHistory,
-    truncated: BoolHistory,
+    truncation: BoolHistory,
     lambda_: ScalarLike,
     gamma: ScalarLike,
 ) -> FloatHistory:
     """Generalised advantage estimates of one reward leaf.
 
     ``delta_t = r_t + gamma * V(next_obs_t) * (not terminated_t) - V(obs_t)`` with
-    ``terminated = done and not truncated``, and
+    ``terminated = done and not truncation``, and
     ``A_t = delta_t + gamma * lambda * (not done_t) * A_{t+1}``: termination cuts the
     bootstrap, truncation keeps it (from the true final observation), and any
     episode end cuts the trace. The last step's ``A_{T}`` is zero.
 
     Args:
-      rewards, values: per step, ``(T, B)``.
+      rewards, values_excl_last: per step, ``(T, B)``; ``values_excl_last`` is
+        ``V(obs_t)`` (0.3.0's names for the arguments are kept).
       next_values: ``V(next_obs)`` per step, pre-reset (``Transition.next_value_estimates``).
-      done, truncated: episode ends, and which of them were time limits.
+      done, truncation: episode ends, and which of them were time limits.
       lambda_, gamma: GAE's lambda and the discount.
 
     Raises:
       ContractError: an input is not ``(T, B)`` with the ``T`` and ``B`` of
         ``rewards``; the message names the argument and both shapes.
     """
-    terminated = jnp.logical_and(done, jnp.logical_not(truncated))
-    deltas = jnp.asarray(rewards + gamma * jnp.where(terminated, 0.0, next_values) - values)
+    terminated = jnp.logical_and(done, jnp.logical_not(truncation))
+    deltas = jnp.asarray(
+        rewards + gamma * jnp.where(terminated, 0.0, next_values) - values_excl_last
+    )
 
     def step(later: Array, inputs: tuple[Array, Array]) -> tuple[Array, Array]:
         delta, ended = inputs  # one step's (B,) rows

@@ -65,12 +65,12 @@ ScanCarry = TypeVar("ScanCarry")
 
 @typechecked
 def tree_where(
-    mask: Mask,
+    cond: Mask,
     on_true: Tree,
     on_false: Tree,
     unmapped: Collection[str] = frozenset(),
 ) -> Tree:
-    """Per environment, pick ``on_true``'s slice where ``mask`` holds, else ``on_false``'s.
+    """Per environment, pick ``on_true``'s slice where ``cond`` holds, else ``on_false``'s.
 
     The rule is explicit: every array leaf leads with the env axis ``B`` and is
     selected along it, except two kinds of leaves that carry no env axis and pass
@@ -89,12 +89,12 @@ def tree_where(
         if isinstance(when_true, Shared) or jax.tree_util.keystr(path) in unmapped:
             return when_false
         shape = getattr(when_true, "shape", None)
-        if shape is None or tuple(shape[:1]) != tuple(mask.shape):
+        if shape is None or tuple(shape[:1]) != tuple(cond.shape):
             raise ContractError.violation(
                 "tree_where",
                 "a leaf does not lead with the env axis B.",
                 leaf="state" + jax.tree_util.keystr(path),
-                expected=f"(B={mask.shape[0]}, ...)",
+                expected=f"(B={cond.shape[0]}, ...)",
                 found="not an array" if shape is None else f"shape {tuple(shape)}",
                 rule=rule_text(
                     "every per-env leaf leads with B; wrap leaves that carry no env axis in "
@@ -103,7 +103,7 @@ def tree_where(
                     "environments",
                 ),
             )
-        widened = mask.reshape(mask.shape + (1,) * (when_true.ndim - 1))
+        widened = cond.reshape(cond.shape + (1,) * (when_true.ndim - 1))
         return jnp.where(widened, when_true, when_false)
 
     return jax.tree_util.tree_map_with_path(
@@ -332,13 +332,13 @@ def unroll_env(
     networks: StatefulModule,
     network_state: Carry,
     unroll_length: int,
-    rng_key: PRNGKeyArray,
+    rng_key_for_env_reset: PRNGKeyArray,
 ) -> tuple[Carry, EnvState, Transition]:
     """Step ``n_envs`` environments ``unroll_length`` times with the network acting.
 
     Where an episode ends, that env is swapped for a fresh one and its carry for
     ``networks.reset_state`` of it. The fresh states come from **one** vmapped
-    ``reset`` at the start of the rollout (keys from ``rng_key``), so a step
+    ``reset`` at the start of the rollout (keys from ``rng_key_for_env_reset``), so a step
     costs no reset; an env that ends twice in a rollout restarts from the same
     fresh state both times.
 
@@ -348,7 +348,7 @@ def unroll_env(
       networks: the PPO network, called with ``rollout_extras=None``.
       network_state: its carry, leaves ``(B, ...)``.
       unroll_length: the number of steps ``T``.
-      rng_key: the key of the fresh reset states.
+      rng_key_for_env_reset: the key of the fresh reset states.
 
     Returns:
       ``(final carry, final env state, transitions)``; the transitions are
@@ -358,7 +358,9 @@ def unroll_env(
     """
     batched = _BatchedEnv(env)
     n_envs = n_envs_of(env_state, "unroll_env")
-    fresh_states = sharding.constrain_envs(batched.reset(jax.random.split(rng_key, n_envs)), n_envs)
+    fresh_states = sharding.constrain_envs(
+        batched.reset(jax.random.split(rng_key_for_env_reset, n_envs)), n_envs
+    )
 
     def step(
         networks: StatefulModule, carry: tuple[Carry, EnvState, Carry], _: None

@@ -30,6 +30,19 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    """``DistillationState`` at 0.3.0's path: defined in ``algorithms.distillation``.
+
+    That module imports this one, so it is fetched on first use (PEP 562); it is not
+    in ``__all__``, whose names are this module's own.
+    """
+    if name == "DistillationState":
+        from nnx_ppo.algorithms import distillation
+
+        return distillation.DistillationState
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 @jax.tree_util.register_pytree_node_class
 class Shared:
     """Marks a part of an env state that carries no per-env axis.

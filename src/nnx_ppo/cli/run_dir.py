@@ -6,7 +6,7 @@ Layout of a run directory::
     metrics.jsonl        one JSON object per logged iteration: {"step": s, "<name>": value, ...}
     events.out.tfevents.*  the same scalars for TensorBoard (one file per session)
     learning_curve.png   evaluation (and training) return against environment steps
-    checkpoints/         Orbax checkpoints, see nnx_ppo.algorithms.checkpointing
+    checkpoints/         Orbax checkpoints, step_0000000512/ etc. (nnx_ppo.algorithms.checkpointing)
     .lock                held by the process training the run
 
 ``config.json``, ``learning_curve.png`` and a trimmed ``metrics.jsonl`` are written

@@ -30,6 +30,8 @@ from nnx_ppo.networks.sampling_layers import (
     SampledAction,
 )
 from nnx_ppo.networks.types import (
+    EntryTypeError,
+    MissingEntryError,
     PPONetworkOutput,
     StatefulModule,
     StatefulModuleOutput,
@@ -48,12 +50,14 @@ __all__ = [
     "Concat",
     "Delay",
     "Dense",
+    "EntryTypeError",
     "Filter",
     "Flattener",
     "FrozenStatistics",
     "LSTMCarry",
     "Map",
     "Merge",
+    "MissingEntryError",
     "NormalSampler",
     "NormalTanhSampler",
     "Normalizer",

@@ -26,7 +26,12 @@ from nnx_ppo.contract.axes import (
     RegularizationLoss,
 )
 from nnx_ppo.contract.checks import FROZEN_STATISTICS_MARK
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import (
+    EntryTypeError,
+    MissingEntryError,
+    StatefulModule,
+    StatefulModuleOutput,
+)
 
 __all__ = ["Concat", "FrozenStatistics", "Parallel", "Sequential", "Splitter"]
 
@@ -197,11 +202,15 @@ class Concat(_KeyedContainer):
         x: Mapping[str, BatchedTree],
         rollout_extras: dict[str, Extras] | None = None,
     ) -> StatefulModuleOutput:
-        if not isinstance(x, Mapping) or set(x) != set(self.components):
-            found = sorted(x) if isinstance(x, Mapping) else type(x).__name__
-            raise ValueError(
-                f"Concat expects a dict input with keys {sorted(self.components)}, got {found}"
+        expected = sorted(self.components)
+        if not isinstance(x, Mapping):
+            raise EntryTypeError(
+                f"Concat expects a dict input with keys {expected}, got a {type(x).__name__}"
             )
+        if set(x) != set(self.components):
+            # A missing key is the KeyError 0.3.0 raised; an extra one it silently dropped.
+            kind = MissingEntryError if set(self.components) - set(x) else ValueError
+            raise kind(f"Concat expects a dict input with keys {expected}, got {sorted(x)}")
         outputs, rest = self._run_children(state, lambda key: x[key], rollout_extras)
         return rest.replace(output=jnp.concatenate(list(outputs.values()), axis=-1))
 

@@ -14,7 +14,7 @@ from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 __all__ = ["Delay"]
 
 DelayCarry = dict[str, Any]
-"""``{"buffer": tree of (B, k_steps, *feat), "position": (B,) int32}``."""
+"""``{"buffer": tree of (B, k_steps, *feat), "idx": (B,) int32}``, the names of 0.3.0."""
 
 
 class Delay(StatefulModule):
@@ -26,10 +26,10 @@ class Delay(StatefulModule):
     the dtypes of ``sample_input``.
 
     Carry: a per-env ring buffer,
-    ``{"buffer": tree of (B, k_steps, *feat), "position": (B,) int32}``, where
-    ``position`` is the slot read (the oldest input) and then overwritten this
-    step. ``reset_state`` refills the buffer with ``initial_value`` and rewinds
-    ``position``. Emits no ``rollout_extras``.
+    ``{"buffer": tree of (B, k_steps, *feat), "idx": (B,) int32}``, where
+    ``idx`` is the slot read (the oldest input) and then overwritten this step.
+    ``reset_state`` refills the buffer with ``initial_value`` and rewinds
+    ``idx``. Emits no ``rollout_extras``.
 
     Args:
       sample_input: one unbatched example of the input pytree; only its tree,
@@ -76,32 +76,28 @@ class Delay(StatefulModule):
 
         def step_one_env(
             buffer: PyTree[Shaped[Array, "k ..."]],
-            position: Int[Array, ""],
+            idx: Int[Array, ""],
             value: PyTree[Shaped[Array, "..."]],
         ) -> tuple[PyTree[Shaped[Array, "k ..."]], PyTree[Shaped[Array, "..."]]]:
-            oldest = jax.tree.map(lambda b: b[position], buffer)
-            written = jax.tree.map(
-                lambda b, v: b.at[position].set(v.astype(b.dtype)), buffer, value
-            )
+            oldest = jax.tree.map(lambda b: b[idx], buffer)
+            written = jax.tree.map(lambda b, v: b.at[idx].set(v.astype(b.dtype)), buffer, value)
             return written, oldest
 
-        buffer, output = jax.vmap(step_one_env)(state["buffer"], state["position"], x)
-        position = (state["position"] + 1) % self.k_steps
-        return StatefulModuleOutput(
-            {"buffer": buffer, "position": position}, output, jnp.zeros(()), {}, None
-        )
+        buffer, output = jax.vmap(step_one_env)(state["buffer"], state["idx"], x)
+        idx = (state["idx"] + 1) % self.k_steps
+        return StatefulModuleOutput({"buffer": buffer, "idx": idx}, output, jnp.zeros(()), {}, None)
 
     def initialize_state(self, batch_size: int) -> DelayCarry:
         buffer = jax.tree.map(
             lambda s: jnp.full((batch_size, self.k_steps, *s.shape), self.initial_value, s.dtype),
             self.sample,
         )
-        return {"buffer": buffer, "position": jnp.zeros((batch_size,), jnp.int32)}
+        return {"buffer": buffer, "idx": jnp.zeros((batch_size,), jnp.int32)}
 
     def reset_state(self, prev_state: DelayCarry) -> DelayCarry:
         return {
             "buffer": jax.tree.map(
                 lambda b: jnp.full_like(b, self.initial_value), prev_state["buffer"]
             ),
-            "position": jnp.zeros_like(prev_state["position"]),
+            "idx": jnp.zeros_like(prev_state["idx"]),
         }

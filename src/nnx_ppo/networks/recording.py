@@ -33,12 +33,9 @@ from flax import nnx
 
 from nnx_ppo.contract.axes import BatchedTree, Carry, CarrySlice, Extras, HistoryTree
 from nnx_ppo.contract.checks import CallRecord, checks, format_graph_path, observe_calls
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import ACTIVATION_KEY, StatefulModule, StatefulModuleOutput
 
 __all__ = ["ACTIVATION_KEY", "Recorder", "extract_activations", "with_recording"]
-
-ACTIVATION_KEY = "__activation__"
-"""The ``metrics`` key under which a :class:`Recorder` returns the activations it recorded."""
 
 
 class Recorder(StatefulModule):
@@ -55,7 +52,7 @@ class Recorder(StatefulModule):
     once traced.
 
     Attributes:
-      network: the recorded network; its parameters are shared, not copied.
+      wrapped: the recorded network (0.3.0's name); its parameters are shared, not copied.
 
     Raises:
       ValueError: from ``__call__``, when a module is called more than once in one
@@ -63,26 +60,26 @@ class Recorder(StatefulModule):
         network's NNX graph: its activation has no path of its own to be keyed by.
     """
 
-    def __init__(self, network: StatefulModule) -> None:
-        self.network = network
+    def __init__(self, wrapped: StatefulModule) -> None:
+        self.wrapped = wrapped
 
     def __call__(
         self, state: Carry, x: BatchedTree, rollout_extras: Extras = None
     ) -> StatefulModuleOutput:
         records: list[CallRecord] = []
         with checks(True), observe_calls(records.append):
-            out: StatefulModuleOutput = self.network(state, x, rollout_extras)
-        activations = _activations_by_path(self.network, records)
+            out: StatefulModuleOutput = self.wrapped(state, x, rollout_extras)
+        activations = _activations_by_path(self.wrapped, records)
         return out.replace(metrics={"network": out.metrics, ACTIVATION_KEY: activations})
 
     def initialize_state(self, batch_size: int) -> Carry:
-        return self.network.initialize_state(batch_size)
+        return self.wrapped.initialize_state(batch_size)
 
     def reset_state(self, prev_state: CarrySlice) -> CarrySlice:
-        return self.network.reset_state(prev_state)
+        return self.wrapped.reset_state(prev_state)
 
     def update_statistics(self, rollout_extras: HistoryTree) -> None:
-        self.network.update_statistics(rollout_extras)
+        self.wrapped.update_statistics(rollout_extras)
 
 
 def _activations_by_path(network: StatefulModule, records: list[CallRecord]) -> dict[str, Any]:
@@ -110,19 +107,19 @@ def _activations_by_path(network: StatefulModule, records: list[CallRecord]) -> 
     return activations
 
 
-def with_recording(network: StatefulModule) -> Recorder:
-    """A :class:`Recorder` of ``network``; ``network`` itself is left as it is.
+def with_recording(net: StatefulModule) -> Recorder:
+    """A :class:`Recorder` of ``net`` (0.3.0's parameter name); ``net`` itself is left as it is.
 
     A network that already is a :class:`Recorder` is returned unchanged, with a
     warning (recording it twice would nest the activations).
     """
-    if isinstance(network, Recorder):
+    if isinstance(net, Recorder):
         warnings.warn(
             "with_recording: the network already is a Recorder; it is returned unchanged",
             stacklevel=2,
         )
-        return network
-    return Recorder(network)
+        return net
+    return Recorder(net)
 
 
 def extract_activations(metrics: Mapping[Any, Any]) -> Any:

@@ -40,7 +40,9 @@ from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.errors import rule_text
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import (
+    KeySource,
     new_env_keys,
+    require_key_source,
     split_env_keys,
 )
 
@@ -80,17 +82,17 @@ class ActionSampler(StatefulModule):
     when the environment's action is a transform of the raw sample, :meth:`squash`.
 
     Args:
-      rng: seeds the per-env keys in ``initialize_state`` (its default stream).
+      rng: seeds the per-env keys in ``initialize_state``: an ``nnx.Rngs`` (its
+        default stream), one of its streams, or a function returning a key.
       entropy_weight: the entropy bonus; ``regularization_loss`` is
         ``-entropy_weight * entropy``. Must be ``>= 0``.
     """
 
     deterministic: bool
 
-    def __init__(self, rng: nnx.Rngs, entropy_weight: float) -> None:
+    def __init__(self, rng: KeySource, entropy_weight: float) -> None:
         name = type(self).__name__
-        if not isinstance(rng, nnx.Rngs):
-            raise TypeError(f"{name} rng must be an nnx.Rngs, got {type(rng).__name__}")
+        require_key_source(name, "rng", rng)
         require_number(name, "entropy_weight", entropy_weight, minimum=0.0)
         self.rng = rng
         self.entropy_weight = float(entropy_weight)
@@ -242,7 +244,7 @@ class NormalSampler(_Normal):
 
     def __init__(
         self,
-        rng: nnx.Rngs,
+        rng: KeySource,
         entropy_weight: float,
         min_std: float = 1e-3,
         std_scale: float = 1.0,
@@ -356,7 +358,7 @@ class NormalTanhSampler(_Normal):
 
     def __init__(
         self,
-        rng: nnx.Rngs,
+        rng: KeySource,
         entropy_weight: float,
         min_std: float = 1e-3,
         std_scale: float = 1.0,

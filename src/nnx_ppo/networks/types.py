@@ -28,7 +28,10 @@ from nnx_ppo.contract.checks import CONTRACT_METHODS, describe_leaf, named_leave
 from nnx_ppo.contract.errors import rule_text
 
 __all__ = [
+    "ACTIVATION_KEY",
     "CarryOrSlice",
+    "EntryTypeError",
+    "MissingEntryError",
     "ModuleState",
     "PPONetworkOutput",
     "Replaceable",
@@ -36,6 +39,36 @@ __all__ = [
     "StatefulModuleOutput",
     "checked_ppo_output",
 ]
+
+
+ACTIVATION_KEY = "__activation__"
+"""The ``metrics`` key under which a ``Recorder`` returns the activations it recorded.
+
+Defined here, where 0.3.0 had it, and re-exported by :mod:`nnx_ppo.networks.recording`.
+"""
+
+
+class MissingEntryError(KeyError, IndexError, ValueError):
+    """A module's input lacks an entry the module reads by key or index.
+
+    Raised by ``Filter``, ``Map`` and ``Concat``. It is a :class:`KeyError` and an
+    :class:`IndexError`, the types nnx-ppo 0.3.0 let escape from the failed lookup,
+    and a :class:`ValueError`, the type of this version's other bad-input errors,
+    so ``except`` clauses written for either version catch it.
+    """
+
+    def __str__(self) -> str:
+        # KeyError's str() quotes its argument as if it were a bare key; ours is a sentence.
+        return str(self.args[0]) if self.args else ""
+
+
+class EntryTypeError(TypeError, ValueError):
+    """A module indexes its input by key, but the input (or a part of it) cannot be indexed so.
+
+    Raised by ``Filter`` and ``Concat``. A :class:`TypeError`, as 0.3.0's failed
+    lookup was, and a :class:`ValueError`, as this version's other bad-input errors.
+    """
+
 
 ModuleState: TypeAlias = Carry
 """A module's carry, leaves ``(B, ...)``: :data:`nnx_ppo.contract.axes.Carry` by its 0.3.0 name."""

@@ -16,7 +16,8 @@ key, regularization is summed, metrics are nested under the child's key, and ``u
 
 Functions:
 
-* :func:`new_env_keys`: seed a ``(B,)`` array of per-env keys from an ``nnx.Rngs``.
+* :func:`new_env_keys`: seed a ``(B,)`` array of per-env keys from a :data:`KeySource`.
+* :func:`require_key_source`: check a module's ``rng`` argument.
 * :func:`split_env_keys`: advance per-env keys by one step.
 """
 
@@ -31,28 +32,58 @@ from jaxtyping import Array, Float, Key
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.axes import BatchedTree, Carry, Extras
 from nnx_ppo.networks.containers import Parallel, _KeyedContainer
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import (
+    EntryTypeError,
+    MissingEntryError,
+    StatefulModule,
+    StatefulModuleOutput,
+)
 
 __all__ = [
     "Filter",
     "FilterSpec",
     "Flattener",
+    "KeySource",
     "Map",
     "Merge",
     "Scale",
     "new_env_keys",
+    "require_key_source",
     "split_env_keys",
 ]
 
 
-def new_env_keys(rngs: nnx.Rngs, batch_size: int) -> Key[Array, " B"]:
-    """``batch_size`` independent typed keys, one per environment, from ``rngs``' default stream.
+KeySource: TypeAlias = nnx.Rngs | nnx.RngStream | Callable[[], Key[Array, ""]]
+"""What seeds a stochastic module's per-env keys: anything that returns a fresh key when called.
+
+An ``nnx.Rngs`` (its default stream), one of its streams (``rngs.params``), or a
+function; nnx-ppo 0.3.0's modules called their ``rng`` the same way, so all three
+keep working.
+"""
+
+
+def require_key_source(owner: str, name: str, value: object) -> None:
+    """Raise ``TypeError`` unless ``value`` can seed keys (see :data:`KeySource`)."""
+    if not callable(value):
+        raise TypeError(
+            f"{owner}: {name} must be an nnx.Rngs, one of its streams or a function returning "
+            f"a key, got a {type(value).__name__}"
+        )
+
+
+def new_env_keys(rngs: KeySource, batch_size: int) -> Key[Array, " B"]:
+    """``batch_size`` independent typed keys, one per environment, from one key drawn from ``rngs``.
 
     For ``initialize_state`` of modules that draw random numbers in their forward
     pass: the keys then live in the carry, so the randomness of env ``i`` depends
-    only on its own carry row (the forward path is per-sample pure).
+    only on its own carry row (the forward path is per-sample pure). A legacy
+    ``uint32`` key (``jax.random.PRNGKey``) is wrapped, so the carry always holds
+    typed keys.
     """
-    return jax.random.split(rngs(), batch_size)
+    key = rngs()
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    return jax.random.split(key, batch_size)
 
 
 def split_env_keys(
@@ -175,11 +206,14 @@ def _extract(x: BatchedTree, how: FilterSpec, out_key: str) -> Any:
             value = value[key]
         except (KeyError, IndexError, TypeError) as error:
             available = sorted(value) if isinstance(value, Mapping) else type(value).__name__
-            raise ValueError(
+            message = (
                 f"Filter output {out_key!r} reads x{''.join(f'[{k!r}]' for k in path)}, but "
                 f"x{''.join(f'[{k!r}]' for k in path[:depth])} has no entry {key!r} "
                 f"(it holds {available})"
-            ) from error
+            )
+            # The error types 0.3.0 let escape from the lookup, each also a ValueError.
+            kind = EntryTypeError if isinstance(error, TypeError) else MissingEntryError
+            raise kind(message) from error
     return value
 
 
@@ -259,13 +293,13 @@ class Map(_KeyedContainer):
         rollout_extras: dict[str, Extras] | None = None,
     ) -> StatefulModuleOutput:
         if not isinstance(x, Mapping):
-            raise TypeError(
+            raise EntryTypeError(
                 f"Map expects a dict input with keys {sorted(self.components)}, "
                 f"got a {type(x).__name__}"
             )
         missing = sorted(set(self.components) - set(x))
         if missing:
-            raise ValueError(
+            raise MissingEntryError(
                 f"Map input lacks the entries {missing} for its children; it has {sorted(x)}"
             )
         outputs, rest = self._run_children(state, lambda key: x[key], rollout_extras)

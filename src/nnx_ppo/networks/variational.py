@@ -13,13 +13,14 @@ from typing import TypedDict
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 from jaxtyping import Array, Bool, Float, Key
 
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import (
+    KeySource,
     new_env_keys,
+    require_key_source,
     split_env_keys,
 )
 
@@ -29,11 +30,10 @@ __all__ = ["AR1State", "AR1VariationalBottleneck", "VariationalBottleneck"]
 class _GaussianLatent(StatefulModule):
     """What both bottlenecks share: the latent's parameters, its sample and its KL."""
 
-    def __init__(self, latent_size: int, rng: nnx.Rngs, kl_weight: float, min_std: float) -> None:
+    def __init__(self, latent_size: int, rng: KeySource, kl_weight: float, min_std: float) -> None:
         name = type(self).__name__
         require_int(name, "latent_size", latent_size)
-        if not isinstance(rng, nnx.Rngs):
-            raise TypeError(f"{name} rng must be an nnx.Rngs, got {type(rng).__name__}")
+        require_key_source(name, "rng", rng)
         require_number(name, "kl_weight", kl_weight, minimum=0.0)
         require_number(name, "min_std", min_std, minimum=0.0)
         self.latent_size = latent_size
@@ -75,13 +75,15 @@ class VariationalBottleneck(_GaussianLatent):
 
     Args:
       latent_size: the size of ``z``.
-      rng: seeds the per-env keys in ``initialize_state``.
+      rng: seeds the per-env keys in ``initialize_state``: an ``nnx.Rngs``, one of
+        its streams, or a function returning a key (see
+        :data:`~nnx_ppo.networks.utils.KeySource`).
       kl_weight: the weight of the KL penalty, ``>= 0``.
       min_std: a floor added to ``sigma``, ``>= 0``.
     """
 
     def __init__(
-        self, latent_size: int, rng: nnx.Rngs, kl_weight: float = 1.0, min_std: float = 1e-6
+        self, latent_size: int, rng: KeySource, kl_weight: float = 1.0, min_std: float = 1e-6
     ) -> None:
         super().__init__(latent_size, rng, kl_weight, min_std)
 
@@ -130,7 +132,9 @@ class AR1VariationalBottleneck(_GaussianLatent):
 
     Args:
       latent_size: the size of ``z``.
-      rng: seeds the per-env keys in ``initialize_state``.
+      rng: seeds the per-env keys in ``initialize_state``: an ``nnx.Rngs``, one of
+        its streams, or a function returning a key (see
+        :data:`~nnx_ppo.networks.utils.KeySource`).
       kl_weight: the weight of the KL penalty, ``>= 0``.
       min_std: a floor added to ``sigma``, ``>= 0``.
       ar1_weight: the weight of the smoothness penalty, ``>= 0``.
@@ -142,7 +146,7 @@ class AR1VariationalBottleneck(_GaussianLatent):
     def __init__(
         self,
         latent_size: int,
-        rng: nnx.Rngs,
+        rng: KeySource,
         kl_weight: float = 1.0,
         min_std: float = 1e-6,
         ar1_weight: float = 1.0,
