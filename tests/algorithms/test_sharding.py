@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from nnx_ppo.algorithms import sharding
-from nnx_ppo.algorithms.checkpointing import config_from_dict
+from nnx_ppo.algorithms.checkpointing import config_from_dict, step_directory
 from nnx_ppo.algorithms.config import TrainConfig
 
 SCRIPT = Path(__file__).with_name("sharded_runs.py")
@@ -101,7 +101,7 @@ def test_two_processes_train_as_one_and_only_process_0_writes(tmp_path):
         np.testing.assert_array_equal(first[name], second[name])
     written = tmp_path / "run_of_process_0"
     assert (written / "metrics.jsonl").is_file()
-    assert (written / "checkpoints" / "1024").is_dir()
+    assert step_directory(written / "checkpoints", 1024).is_dir()
     assert not (tmp_path / "run_of_process_1").exists()
 
 
@@ -138,7 +138,7 @@ def test_cli_trains_over_four_devices(tmp_path):
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved["train"]["devices"] == 4
-    assert (run_dir / "checkpoints" / "512").is_dir()
+    assert step_directory(run_dir / "checkpoints", 512).is_dir()
 
 
 # ------------------------------------------------------------------ in this process
