@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.extend.core as jex_core
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -150,14 +151,41 @@ def compute_advantages(
 # ------------------------------------------------------------------------------- loss
 
 
+def _carry_follows_parameters(networks: StatefulModule, carry: Carry, obs: Any) -> bool:
+    """Whether the network's next carry depends on a parameter, read from the call's data flow.
+
+    Conservative: an operation with a parameter-dependent input taints all of its
+    outputs, so a carry is only called parameter-free when no path leads to it.
+    """
+    graphdef, parameters, rest = nnx.split(networks, nnx.Param, ...)
+
+    def next_carry(parameters: nnx.State) -> Any:
+        return nnx.merge(graphdef, parameters, rest)(carry, obs).next_state
+
+    jaxpr = jax.make_jaxpr(next_carry)(parameters).jaxpr
+    tainted = set(jaxpr.invars)
+    for equation in jaxpr.eqns:
+        if any(isinstance(v, jex_core.Var) and v in tainted for v in equation.invars):
+            tainted.update(equation.outvars)
+    return any(isinstance(v, jex_core.Var) and v in tainted for v in jaxpr.outvars)
+
+
 def _replay(
     networks: StatefulModule, network_state: ModuleState, rollout_data: Transition
 ) -> tuple[PPONetworkOutput, Float[Array, " T"]]:
-    """Re-run the network over the stored observations from the rollout's first carry.
+    """Re-run the network over the stored observations, as the rollout ran it.
 
-    The carry is reset where an episode ended, as in the rollout, and each step
-    is fed its stored ``rollout_extras`` (so samplers score the stored action).
+    Each step is fed its stored ``rollout_extras`` (so samplers score the stored
+    action). A carry that the parameters cannot change (per-env keys, counters:
+    the rollout kept it in ``carries``) is the stored one, so every step is
+    replayed at once, in one flat batch of ``T * B``. Otherwise the steps are
+    scanned from the rollout's first carry, which is reset where an episode
+    ended, as in the rollout, and gradients flow through the carry.
     """
+    if rollout_data.carries is not None:
+        first_obs = jax.tree.map(lambda x: x[0], rollout_data.obs)
+        if not _carry_follows_parameters(networks, network_state, first_obs):
+            return _replay_flat(networks, rollout_data)
 
     def step(
         networks: StatefulModule, carry: ModuleState, inputs: tuple[Any, Any, Any, Any]
@@ -172,6 +200,34 @@ def _replay(
     inputs = (rollout_data.obs, ended, rollout_data.rollout_extras, rollout_data.rewards)
     _, (output, regularization) = rollout.scan_module(networks, step, network_state, inputs)
     return output, regularization
+
+
+def _replay_flat(
+    networks: StatefulModule, rollout_data: Transition
+) -> tuple[PPONetworkOutput, Float[Array, " T"]]:
+    """Every step of the rollout in one call over ``T * B`` rows, from the stored carries.
+
+    Rows are independent (a forward pass is per-sample pure), so this is the
+    scan's result, computed with a few large matrix products instead of ``T``
+    small ones.
+    """
+    time_steps, n_envs = jax.tree.leaves(rollout_data.rewards)[0].shape
+
+    def flat(x: Array) -> Array:
+        return x.reshape((-1, *x.shape[2:]))
+
+    def unflat(x: Array) -> Array:
+        return x.reshape((time_steps, -1, *x.shape[1:]))
+
+    out = networks(
+        jax.tree.map(flat, rollout_data.carries),
+        jax.tree.map(flat, rollout_data.obs),
+        jax.tree.map(flat, rollout_data.rollout_extras),
+    )
+    checked_ppo_output(out.output, "ppo_loss", jax.tree.map(flat, rollout_data.rewards))
+    output = jax.tree.map(unflat, out.output)
+    regularization = jnp.broadcast_to(out.regularization_loss, (time_steps * n_envs,))
+    return output, jnp.mean(regularization.reshape(time_steps, n_envs), axis=1)
 
 
 def _policy_advantages(advantages: Any, loglikelihoods: Any, combine: bool) -> Any:

@@ -289,6 +289,10 @@ def n_envs_of(env_state: EnvState, where: str = "n_envs_of") -> int:
     return int(jnp.shape(jax.tree.leaves(env_state.done)[0])[0])
 
 
+def _is_inexact(leaf: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
+
+
 def per_reward_leaf(flags: Any, rewards: Any) -> Any:
     """``done``/``truncated`` as a tree like the rewards: one env-wide flag is shared."""
     return jax.tree.map(lambda _: flags, rewards) if isinstance(flags, jax.Array) else flags
@@ -354,13 +358,16 @@ def unroll_env(
       ``(final carry, final env state, transitions)``; the transitions are
       stacked, leaves ``(T, B, ...)``, with ``next_obs`` the pre-reset
       observations and ``next_value_estimates`` their values (0 where an
-      episode terminated: GAE does not bootstrap there).
+      episode terminated: GAE does not bootstrap there); ``carries`` holds each
+      step's carry when it has no floating-point leaf.
     """
     batched = _BatchedEnv(env)
     n_envs = n_envs_of(env_state, "unroll_env")
     fresh_states = sharding.constrain_envs(
         batched.reset(jax.random.split(rng_key_for_env_reset, n_envs)), n_envs
     )
+
+    keep_carries = not any(map(_is_inexact, jax.tree.leaves(network_state)))
 
     def step(
         networks: StatefulModule, carry: tuple[Carry, EnvState, Carry], _: None
@@ -388,6 +395,7 @@ def unroll_env(
             metrics={"env": stepped.metrics, "net": out.metrics},
             rollout_extras=out.rollout_extras,
             next_value_estimates=at_truncation,
+            carries=network_state if keep_carries else None,
         )
         ended = episode_ended(done)
         next_env_state = tree_where(ended, fresh_states, stepped, batched.unmapped)

@@ -91,6 +91,9 @@ class Transition(Replaceable):
       next_value_estimates: the value of ``next_obs`` under the pre-reset carry,
         leaves like ``network_output.value_estimates``; GAE bootstraps truncated
         episodes from it.
+      carries: the carry each step was taken with, leaves ``(*T, B, ...)``; kept
+        only for a carry without floating-point leaves (per-env keys, counters),
+        so that the loss can replay every step in one flat batch. ``None`` otherwise.
     """
 
     obs: PyTree[Shaped[Array, "..."]]  # (*T, B, *feat): jaxtyping allows one variadic axis
@@ -102,6 +105,7 @@ class Transition(Replaceable):
     metrics: dict[str, Any]
     rollout_extras: Any = None
     next_value_estimates: PyTree[Float[Array, "*T B"]] = None
+    carries: Any = None
 
 
 @jax.tree_util.register_dataclass
