@@ -11,7 +11,7 @@ from flax import nnx
 
 import nnx_ppo
 from nnx_ppo import ContractError
-from nnx_ppo.algorithms import ppo
+from nnx_ppo.algorithms import _step, ppo
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.rollout import reset_envs, unroll_env
 from nnx_ppo.envs import make
@@ -125,12 +125,14 @@ def _lowered_training_step(checks_on: bool) -> str:
     )
     training_state = _training_state(network)
     graphdef, state = nnx.split((training_state.networks, training_state.optimizer))
-    running = ppo._no_running_episodes(training_state.env_states)
-    carry = (training_state.network_states, training_state.env_states, running, jax.random.key(0))
+    running = _step._no_running_episodes(training_state.env_states)
+    carry = _step.StepCarry(
+        training_state.network_states, training_state.env_states, running, jax.random.key(0)
+    )
 
     def step(state: nnx.State, carry: Any) -> Any:  # a new function object: a fresh trace
         networks, optimizer = nnx.merge(graphdef, state)
-        return ppo._train_step(env, CONFIG, networks, optimizer, carry)
+        return _step._train_step(env, CONFIG, networks, optimizer, carry)
 
     with nnx_ppo.checks(checks_on):
         return jax.jit(step).lower(state, carry).as_text()

@@ -12,7 +12,7 @@ import optax
 import pytest
 from flax import nnx
 
-from nnx_ppo.algorithms import ppo
+from nnx_ppo.algorithms import _train
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import new_training_state, ppo_step, ppo_steps, train_ppo
 from nnx_ppo.algorithms.rollout import eval_rollout
@@ -175,9 +175,9 @@ def test_boolean_env_metrics_are_averaged_over_the_episode(counting_env, scripte
 
 
 def test_optax_default_decay_and_a_decay_of_one_are_different_optimizers():
-    default, one = (ppo._default_optimizer(1e-3, None, decay) for decay in (True, 1))
+    default, one = (_train._default_optimizer(1e-3, None, decay) for decay in (True, 1))
     assert default is not one
-    assert one is ppo._default_optimizer(1e-3, None, 1)  # one setting, one compiled step
+    assert one is _train._default_optimizer(1e-3, None, 1)  # one setting, one compiled step
     params = {"w": jnp.ones(())}
     grads = {"w": jnp.zeros(())}
     step_default = default.update(grads, default.init(params), params)[0]["w"]
@@ -195,7 +195,7 @@ def test_unused_checkpoint_and_video_cadences_do_not_stop_fusion(
         calls.append(iterations)
         return ppo_steps(env, state, config, iterations)
 
-    monkeypatch.setattr(ppo, "ppo_steps", counted)
+    monkeypatch.setattr(_train, "ppo_steps", counted)
     config = train_config(8 * STEP, iterations_per_call=4)
     config.checkpoint_every_steps = STEP
     config.video.enabled, config.video.every_steps = True, STEP

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nnx_ppo.algorithms import ppo
+from nnx_ppo.algorithms import _loss
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.ppo import compute_advantages, ppo_loss
 from nnx_ppo.algorithms.rollout import reset_envs, unroll_env
@@ -28,7 +28,7 @@ def rollout_of(env, network):
 
 def loss_and_gradient(network, carry, transitions, monkeypatch, scan: bool):
     if scan:
-        monkeypatch.setattr(ppo, "_carry_follows_parameters", lambda *_: True)
+        monkeypatch.setattr(_loss, "_carry_follows_parameters", lambda *_: True)
     advantages, targets = compute_advantages(transitions, 0.95, 0.99)
     config = PPOConfig(n_envs=N_ENVS, n_minibatches=1)
     (loss, diagnostics), grads = nnx.value_and_grad(
@@ -45,7 +45,7 @@ def test_flat_replay_equals_the_scan_for_a_feedforward_policy(env_name, monkeypa
     carry, transitions = rollout_of(env, network)
     assert transitions.carries is not None  # per-env sampler keys only
     first = jax.tree.map(lambda x: x[0], transitions.obs)
-    assert not ppo._carry_follows_parameters(network, carry, first)
+    assert not _loss._carry_follows_parameters(network, carry, first)
     flat = loss_and_gradient(network, carry, transitions, monkeypatch, scan=False)
     scanned = loss_and_gradient(network, carry, transitions, monkeypatch, scan=True)
     np.testing.assert_allclose(flat[0], scanned[0], rtol=1e-5, atol=1e-6)
@@ -89,4 +89,4 @@ def test_the_data_flow_check_sees_a_parameter_reaching_the_carry(depends):
     x = jnp.ones((3, 2))
     if not depends:
         network.w = nnx.Variable(network.w[...])  # no longer a parameter
-    assert ppo._carry_follows_parameters(network, network.initialize_state(3), x) is depends
+    assert _loss._carry_follows_parameters(network, network.initialize_state(3), x) is depends

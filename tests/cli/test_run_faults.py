@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nnx_ppo.algorithms import ppo
+from nnx_ppo.algorithms import _train
 from nnx_ppo.algorithms.checkpointing import CheckpointError, find_checkpoint, step_directory
 from nnx_ppo.cli import run_dir as run_dir_module
 from nnx_ppo.cli.main import main
@@ -156,7 +156,7 @@ def test_a_run_that_failed_before_its_first_checkpoint_is_reused_or_resumed(
         raise ValueError("metrics.jsonl line 1 is not valid JSON")
 
     with monkeypatch.context() as patch:
-        patch.setattr(ppo, "_evaluate", failing_evaluation)
+        patch.setattr(_train, "_evaluate", failing_evaluation)
         patch.setattr(run_dir_module, "plot_learning_curve", unreadable_metrics)
         # The plot's own failure is reported, never raised over the error that stopped training.
         with pytest.raises(RuntimeError, match="the evaluation failed"):
@@ -176,14 +176,14 @@ def test_divergence_is_one_message_naming_the_intact_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = tmp_path / "run"
-    real_steps = ppo.ppo_steps
+    real_steps = _train.ppo_steps
 
     def diverging(env: Any, state: Any, config: Any, iterations: int) -> Any:
         if state.steps_taken >= STEP:
             raise FloatingPointError(f"PPO step ending at env step {2 * STEP}: the loss is NaN.")
         return real_steps(env, state, config, iterations)
 
-    monkeypatch.setattr(ppo, "ppo_steps", diverging)
+    monkeypatch.setattr(_train, "ppo_steps", diverging)
     capsys.readouterr()
     assert train(run_dir, 4 * STEP - 10, "--set", f"checkpoint_every_steps={STEP}") == 1
     shown = capsys.readouterr().out

@@ -9,12 +9,12 @@ dtype or returns a batched reward fails with a message naming the field.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jaxtyping import Array, Bool, Float, Key, PRNGKeyArray, PyTree, Shaped
+from jaxtyping import Array, Bool, Float, Integer, Key, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo.algorithms import sharding
 from nnx_ppo.algorithms.metrics import summarize
@@ -329,6 +329,26 @@ def _next_values(
     )
 
 
+class _RolloutCarry(NamedTuple):
+    """The scan carry of :func:`unroll_env`."""
+
+    network_state: Carry
+    env_state: EnvState
+    pre_reset: Carry
+    """The carry the last step ended with, before any reset: the last next value's."""
+
+
+class _EvalCarry(NamedTuple):
+    """The scan carry of :func:`eval_rollout`: per env, the episode so far."""
+
+    network_state: Carry
+    env_state: EnvState
+    finished: Mask
+    returns: Any
+    lifespan: Integer[Array, " B"]
+    metric_sums: Any
+
+
 @typechecked
 def unroll_env(
     env: RLEnv,
@@ -370,9 +390,9 @@ def unroll_env(
     keep_carries = not any(map(_is_inexact, jax.tree.leaves(network_state)))
 
     def step(
-        networks: StatefulModule, carry: tuple[Carry, EnvState, Carry], _: None
-    ) -> tuple[tuple[Carry, EnvState, Carry], Transition]:
-        network_state, env_state, _ = carry
+        networks: StatefulModule, carry: _RolloutCarry, _: None
+    ) -> tuple[_RolloutCarry, Transition]:
+        network_state, env_state = carry.network_state, carry.env_state
         out = networks(network_state, env_state.obs)
         output = checked_ppo_output(out.output, "unroll_env")
         stepped = batched.step(env_state, output.actions)
@@ -401,20 +421,20 @@ def unroll_env(
         next_env_state = tree_where(ended, fresh_states, stepped, batched.unmapped)
         reset_carry = networks.reset_state(out.next_state)
         next_network_state = tree_where(ended, reset_carry, out.next_state)
-        return (next_network_state, next_env_state, out.next_state), transition
+        return _RolloutCarry(next_network_state, next_env_state, out.next_state), transition
 
-    (final_carry, final_env_state, last_pre_reset), transitions = scan_module(
-        networks, step, (network_state, env_state, network_state), length=unroll_length
-    )
+    start = _RolloutCarry(network_state, env_state, pre_reset=network_state)
+    final, transitions = scan_module(networks, step, start, length=unroll_length)
     last_obs = jax.tree.map(lambda x: x[-1], transitions.next_obs)
     next_values = _next_values(
         transitions.network_output.value_estimates,
-        _values(networks, last_pre_reset, last_obs),
+        _values(networks, final.pre_reset, last_obs),
         transitions.next_value_estimates,
         episode_ended(transitions.done),
         transitions.truncated,
     )
-    return final_carry, final_env_state, transitions.replace(next_value_estimates=next_values)
+    transitions = transitions.replace(next_value_estimates=next_values)
+    return final.network_state, final.env_state, transitions
 
 
 def _per_env(leaf: Shaped[Array, "..."], n_envs: int) -> Batched:
@@ -471,34 +491,37 @@ def eval_rollout(
             logged["net"] = net_metrics
         return jax.tree.map(lambda m: _per_env(m, n_envs), logged)
 
-    def step(networks: StatefulModule, carry: tuple[Any, ...], _: None) -> tuple[Any, None]:
-        network_state, env_state, finished, returns, lifespan, sums = carry
-        out = networks(network_state, env_state.obs)
-        stepped = batched.step(env_state, checked_ppo_output(out.output, "eval_rollout").actions)
-        alive = jnp.logical_not(finished)
-        returns = jax.tree.map(lambda g, r: g + _masked(alive, r), returns, stepped.reward)
+    def step(networks: StatefulModule, carry: _EvalCarry, _: None) -> tuple[_EvalCarry, None]:
+        out = networks(carry.network_state, carry.env_state.obs)
+        actions = checked_ppo_output(out.output, "eval_rollout").actions
+        stepped = batched.step(carry.env_state, actions)
+        alive = jnp.logical_not(carry.finished)
         metrics = step_metrics(stepped.metrics, out.metrics)
-        sums = jax.tree.map(lambda s, m: s + _masked(alive, m), sums, metrics)
-        finished = finished | episode_ended(episode_flags(stepped)[0])
-        carry = (out.next_state, stepped, finished, returns, lifespan + alive, sums)
-        return carry, None
+        return _EvalCarry(
+            network_state=out.next_state,
+            env_state=stepped,
+            finished=carry.finished | episode_ended(episode_flags(stepped)[0]),
+            returns=jax.tree.map(lambda g, r: g + _masked(alive, r), carry.returns, stepped.reward),
+            lifespan=carry.lifespan + alive,
+            metric_sums=jax.tree.map(
+                lambda s, m: s + _masked(alive, m), carry.metric_sums, metrics
+            ),
+        ), None
 
     def first_metrics() -> dict[str, Any]:
         return step_metrics(env_states.metrics, networks(network_state, env_states.obs).metrics)
 
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(first_metrics))
-    init = (
-        network_state,
-        env_states,
-        jnp.zeros(n_envs, bool),
-        jax.tree.map(jnp.zeros_like, env_states.reward),
-        jnp.zeros(n_envs, jnp.int32),
-        zero_sums,
+    start = _EvalCarry(
+        network_state=network_state,
+        env_state=env_states,
+        finished=jnp.zeros(n_envs, bool),
+        returns=jax.tree.map(jnp.zeros_like, env_states.reward),
+        lifespan=jnp.zeros(n_envs, jnp.int32),
+        metric_sums=zero_sums,
     )
-    (_, _, _, returns, lifespan, sums), _ = scan_module(
-        networks, step, init, length=max_episode_length
-    )
-    return _eval_summary(returns, lifespan, sums, logging_percentiles)
+    final, _ = scan_module(networks, step, start, length=max_episode_length)
+    return _eval_summary(final.returns, final.lifespan, final.metric_sums, logging_percentiles)
 
 
 def record_episode(

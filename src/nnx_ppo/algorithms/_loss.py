@@ -1,0 +1,228 @@
+"""The PPO loss of a minibatch of whole environments, and the replay it rests on."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.extend.core as jex_core
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, PyTree
+
+from nnx_ppo.algorithms import rollout
+from nnx_ppo.algorithms.config import (
+    PPOConfig,
+)
+from nnx_ppo.algorithms.types import (
+    Transition,
+)
+from nnx_ppo.contract.axes import Carry, FloatHistory, Scalar
+from nnx_ppo.contract.checks import typechecked
+from nnx_ppo.networks.types import (
+    ModuleState,
+    PPONetworkOutput,
+    StatefulModule,
+    checked_ppo_output,
+)
+
+_EPSILON = 1e-8
+
+
+def _carry_follows_parameters(networks: StatefulModule, carry: Carry, obs: Any) -> bool:
+    """Whether the network's next carry depends on a parameter, read from the call's data flow.
+
+    Conservative: an operation with a parameter-dependent input taints all of its
+    outputs, so a carry is only called parameter-free when no path leads to it.
+    """
+    graphdef, parameters, rest = nnx.split(networks, nnx.Param, ...)
+
+    def next_carry(parameters: nnx.State) -> Any:
+        return nnx.merge(graphdef, parameters, rest)(carry, obs).next_state
+
+    jaxpr = jax.make_jaxpr(next_carry)(parameters).jaxpr
+    tainted = set(jaxpr.invars)
+    for equation in jaxpr.eqns:
+        if any(isinstance(v, jex_core.Var) and v in tainted for v in equation.invars):
+            tainted.update(equation.outvars)
+    return any(isinstance(v, jex_core.Var) and v in tainted for v in jaxpr.outvars)
+
+
+def _replay(
+    networks: StatefulModule, network_state: ModuleState, rollout_data: Transition
+) -> tuple[PPONetworkOutput, Float[Array, " T"]]:
+    """Re-run the network over the stored observations, as the rollout ran it.
+
+    Each step is fed its stored ``rollout_extras`` (so samplers score the stored
+    action). A carry that the parameters cannot change (per-env keys, counters:
+    the rollout kept it in ``carries``) is the stored one, so every step is
+    replayed at once, in one flat batch of ``T * B``. Otherwise the steps are
+    scanned from the rollout's first carry, which is reset where an episode
+    ended, as in the rollout, and gradients flow through the carry.
+    """
+    if rollout_data.carries is not None:
+        first_obs = jax.tree.map(lambda x: x[0], rollout_data.obs)
+        if not _carry_follows_parameters(networks, network_state, first_obs):
+            return _replay_flat(networks, rollout_data)
+
+    def step(
+        networks: StatefulModule, carry: ModuleState, inputs: tuple[Any, Any, Any, Any]
+    ) -> tuple[ModuleState, tuple[Any, Float[Array, ""]]]:
+        obs, ended, extras, rewards = inputs
+        out = networks(carry, obs, extras)
+        checked_ppo_output(out.output, "ppo_loss", rewards)
+        carry = rollout.tree_where(ended, networks.reset_state(out.next_state), out.next_state)
+        return carry, (out.output, jnp.mean(out.regularization_loss))
+
+    ended = rollout.episode_ended(rollout_data.done)
+    inputs = (rollout_data.obs, ended, rollout_data.rollout_extras, rollout_data.rewards)
+    _, (output, regularization) = rollout.scan_module(networks, step, network_state, inputs)
+    return output, regularization
+
+
+def _replay_flat(
+    networks: StatefulModule, rollout_data: Transition
+) -> tuple[PPONetworkOutput, Float[Array, " T"]]:
+    """Every step of the rollout in one call over ``T * B`` rows, from the stored carries.
+
+    Rows are independent (a forward pass is per-sample pure), so this is the
+    scan's result, computed with a few large matrix products instead of ``T``
+    small ones.
+    """
+    time_steps, n_envs = jax.tree.leaves(rollout_data.rewards)[0].shape
+
+    def flat(x: Array) -> Array:
+        return x.reshape((-1, *x.shape[2:]))
+
+    def unflat(x: Array) -> Array:
+        return x.reshape((time_steps, -1, *x.shape[1:]))
+
+    out = networks(
+        jax.tree.map(flat, rollout_data.carries),
+        jax.tree.map(flat, rollout_data.obs),
+        jax.tree.map(flat, rollout_data.rollout_extras),
+    )
+    checked_ppo_output(out.output, "ppo_loss", jax.tree.map(flat, rollout_data.rewards))
+    output = jax.tree.map(unflat, out.output)
+    regularization = jnp.broadcast_to(out.regularization_loss, (time_steps * n_envs,))
+    return output, jnp.mean(regularization.reshape(time_steps, n_envs), axis=1)
+
+
+def _policy_advantages(advantages: Any, loglikelihoods: Any, combine: bool) -> Any:
+    """One advantage per action leaf.
+
+    ``combine`` trains every action leaf on the sum over reward leaves (a team
+    advantage); a single reward leaf is shared by every action leaf; otherwise
+    the reward and action trees must match leaf for leaf (one agent each).
+    """
+    if combine or isinstance(advantages, jax.Array):
+        shared = jax.tree.reduce(jnp.add, advantages)
+        return jax.tree.map(lambda _: shared, loglikelihoods)
+    if jax.tree.structure(advantages) == jax.tree.structure(loglikelihoods):
+        return advantages
+    raise ValueError(
+        "ppo_loss: the reward tree "
+        f"{jax.tree.structure(advantages)} and the action tree "
+        f"{jax.tree.structure(loglikelihoods)} differ, so no action leaf has its own "
+        "advantage. Give one reward leaf per action leaf, or set "
+        "PPOConfig.combine_advantages=True to train every action leaf on the summed advantage."
+    )
+
+
+def _standardize(advantages: Any, mode: str) -> Any:
+    if mode == "per_leaf":
+        return jax.tree.map(lambda a: (a - a.mean()) / (a.std() + _EPSILON), advantages)
+    pooled = jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(advantages)])
+    return jax.tree.map(lambda a: (a - pooled.mean()) / (pooled.std() + _EPSILON), advantages)
+
+
+@typechecked
+def _clipped_surrogate(
+    log_ratio: FloatHistory, advantage: FloatHistory, clip_range: float
+) -> Scalar:
+    ratio = jnp.exp(log_ratio)
+    clipped = jnp.clip(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    return -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
+
+
+@typechecked
+def _value_loss(
+    value: FloatHistory,
+    old_value: FloatHistory,
+    target: FloatHistory,
+    clip_range: float | None,
+) -> Scalar:
+    error = (value - target) ** 2
+    if clip_range is not None:
+        clipped = old_value + jnp.clip(value - old_value, -clip_range, clip_range)
+        error = jnp.maximum(error, (clipped - target) ** 2)
+    return 0.5 * jnp.mean(error)
+
+
+@typechecked
+def ppo_loss(
+    networks: StatefulModule,
+    network_state: Carry,
+    rollout_data: Transition,
+    advantages: PyTree[FloatHistory],
+    value_targets: PyTree[FloatHistory],
+    config: PPOConfig,
+) -> tuple[Scalar, dict[str, Any]]:
+    """The PPO loss of a minibatch of whole environments.
+
+    ``clipped surrogate (per action leaf) + critic_loss_weight * value loss (per
+    reward leaf) + the network's regularization`` (an entropy bonus is a
+    sampler's regularization).
+
+    Args:
+      networks: the network being trained.
+      network_state: the carry the rollout started from, leaves ``(B, ...)``.
+      rollout_data: the minibatch's transitions, leaves ``(T, B, ...)``.
+      advantages, value_targets: from :func:`compute_advantages`, ``(T, B)`` leaves.
+      config: clip ranges, advantage options and the critic weight.
+
+    Returns:
+      The scalar loss, and per-term diagnostics (``losses/...`` names).
+    """
+    rollout_data = jax.lax.stop_gradient(rollout_data)
+    output, regularization = _replay(networks, network_state, rollout_data)
+    old = rollout_data.network_output
+    log_ratios = jax.tree.map(jnp.subtract, output.loglikelihoods, old.loglikelihoods)
+    policy_advantages = _policy_advantages(
+        advantages, output.loglikelihoods, config.combine_advantages
+    )
+    if config.normalize_advantages:
+        policy_advantages = _standardize(policy_advantages, config.advantage_normalization)
+    actor = jax.tree.map(
+        functools.partial(_clipped_surrogate, clip_range=config.clip_range),
+        log_ratios,
+        policy_advantages,
+    )
+    critic = jax.tree.map(
+        functools.partial(_value_loss, clip_range=config.value_clip_range),
+        output.value_estimates,
+        old.value_estimates,
+        value_targets,
+    )
+    total = (
+        jax.tree.reduce(jnp.add, actor)
+        + config.critic_loss_weight * jax.tree.reduce(jnp.add, critic)
+        + jnp.mean(regularization)
+    )
+    diagnostics = {
+        "losses/actor": actor,
+        "losses/critic": critic,
+        "losses/regularization": jnp.mean(regularization),
+        "losses/total": total,
+        "losses/clipping_fraction": jax.tree.map(
+            lambda r: jnp.mean(jnp.abs(jnp.expm1(r)) > config.clip_range), log_ratios
+        ),
+        "losses/approx_kl": jax.tree.map(lambda r: jnp.mean(jnp.expm1(r) - r), log_ratios),
+        "losses/critic_R^2": jax.tree.map(
+            lambda v, t: 1.0 - jnp.mean((v - t) ** 2) / (jnp.var(t) + _EPSILON),
+            output.value_estimates,
+            value_targets,
+        ),
+    }
+    return total, diagnostics

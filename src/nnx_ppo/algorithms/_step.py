@@ -1,0 +1,351 @@
+"""The compiled PPO step and its host-side callers, ``ppo_step`` and ``ppo_steps``.
+
+The step reads top to bottom: **collect** a rollout (``unroll_env``), **score**
+it (``compute_advantages``), **learn** from it (``_learn``), **fold** the rollout
+into the network's running statistics, and **advance** the carry, env states and
+key. It is compiled once per (env, network structure, optimizer,
+:class:`PPOConfig`) and reused for every call.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+from nnx_ppo.algorithms import rollout, sharding
+from nnx_ppo.algorithms._advantages import compute_advantages
+from nnx_ppo.algorithms._learn import _learn
+from nnx_ppo.algorithms._loss import _EPSILON
+from nnx_ppo.algorithms.config import (
+    PPOConfig,
+)
+from nnx_ppo.algorithms.metrics import (
+    compute_metrics,
+    episode_metrics,
+    log_weight_stats,
+    to_host,
+    track_episodes,
+)
+from nnx_ppo.algorithms.types import (
+    LoggingLevel,
+    RLEnv,
+    RunningEpisodes,
+    TrainingState,
+    Transition,
+)
+from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.networks.types import (
+    ModuleState,
+    StatefulModule,
+)
+
+
+def _finite_leaves(tree: Any) -> dict[str, Bool[Array, ""]]:
+    """Whether each leaf is finite, by its path: the step's own record of what diverged."""
+    return {
+        jax.tree_util.keystr(path): jnp.all(jnp.isfinite(leaf))
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
+
+
+class StepCarry(NamedTuple):
+    """What one PPO step hands the next: the per-env parts (leaves ``(B, ...)``) and the key."""
+
+    network_states: ModuleState
+    env_states: Any
+    running: RunningEpisodes
+    key: PRNGKeyArray
+
+
+class StepReport(NamedTuple):
+    """What one PPO step reports to the host."""
+
+    metrics: dict[str, Any]
+    episodes: dict[str, Any]
+    health: dict[str, Any]
+
+
+def _train_step(
+    env: RLEnv,
+    config: PPOConfig,
+    networks: StatefulModule,
+    optimizer: nnx.Optimizer,
+    carry: StepCarry,
+) -> tuple[StepCarry, StepReport]:
+    """Collect, score, learn, fold statistics, advance. Traced once per configuration."""
+    rollout_key, learn_key, next_key = jax.random.split(carry.key, 3)
+    network_states, env_states, transitions = rollout.unroll_env(
+        env, carry.env_states, networks, carry.network_states, config.rollout_length, rollout_key
+    )
+    advantages, targets = compute_advantages(
+        transitions, config.gae_lambda, config.discounting_factor
+    )
+    data = (carry.network_states, transitions, advantages, targets)
+    diagnostics, ran = _learn(networks, optimizer, data, learn_key, config)
+    networks.update_statistics(transitions.rollout_extras)
+    ended = rollout.episode_ended(transitions.done)
+    running, episodes = track_episodes(carry.running, transitions.rewards, ended)
+    metrics = _step_metrics(networks, transitions, advantages, targets, diagnostics, ran, config)
+    health = {
+        "loss_finite": jnp.isfinite(diagnostics["losses/total"]) | ~ran[:, None],
+        "parameters_finite": _finite_leaves(nnx.state(networks, nnx.Param)),
+    }
+    advanced = StepCarry(network_states, env_states, running, next_key)
+    return advanced, StepReport(metrics, episodes, health)
+
+
+def _step_metrics(
+    networks: StatefulModule,
+    transitions: Transition,
+    advantages: Any,
+    targets: Any,
+    diagnostics: dict[str, Any],
+    ran: Bool[Array, " E"],
+    config: PPOConfig,
+) -> dict[str, Float[Array, ""]]:
+    values = transitions.network_output.value_estimates
+    loss_metrics = diagnostics | {
+        "losses/epochs_completed": jnp.sum(ran),
+        "losses/advantages": advantages,
+        "losses/explained_variance": jax.tree.map(
+            lambda v, t: 1.0 - jnp.var(t - v) / (jnp.var(t) + _EPSILON), values, targets
+        ),
+    }
+    metrics = compute_metrics(
+        loss_metrics, transitions, config.logging_level, config.logging_percentiles
+    )
+    if LoggingLevel.WEIGHTS in config.logging_level:
+        log_weight_stats(metrics, networks, config.logging_percentiles)
+    return metrics
+
+
+class _EnvArgument:
+    """A jit static argument that is an env, equal only to itself (envs need not hash)."""
+
+    def __init__(self, env: RLEnv) -> None:
+        self.env = env
+
+    def __hash__(self) -> int:
+        return id(self.env)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _EnvArgument) and other.env is self.env
+
+
+_OPTIMIZER_FIELDS = frozenset(
+    {"total_steps", "learning_rate", "gradient_clipping", "weight_decay", "iterations_per_call"}
+)
+"""PPOConfig fields the compiled step never reads (they shape the run or the optimizer)."""
+
+
+class _ConfigArgument:
+    """A jit static argument holding a snapshot of a (mutable) config.
+
+    Equal to another when every field the step reads is equal, so a run with a
+    different ``total_steps`` or learning rate reuses the compiled step.
+    """
+
+    def __init__(self, config: PPOConfig) -> None:
+        self.config = copy.deepcopy(config)
+        self.key = tuple(
+            getattr(self.config, f.name)
+            for f in dataclasses.fields(self.config)
+            if f.name not in _OPTIMIZER_FIELDS
+        )
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ConfigArgument) and other.key == self.key
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 5))
+def _compiled_steps(
+    env: _EnvArgument,
+    config: _ConfigArgument,
+    graphdef: nnx.GraphDef[Any],
+    state: nnx.State,
+    carry: StepCarry,
+    iterations: int,
+) -> tuple[nnx.State, StepCarry, StepReport]:
+    """``iterations`` PPO steps in one program; the reports stacked on a leading axis."""
+    n_envs = config.config.n_envs
+
+    def one_step(
+        scanned: tuple[nnx.State, StepCarry], _: None
+    ) -> tuple[tuple[nnx.State, StepCarry], StepReport]:
+        state, carry = scanned
+        networks, optimizer = nnx.merge(graphdef, state)
+        carry, report = _train_step(env.env, config.config, networks, optimizer, carry)
+        network_states, env_states, running = sharding.constrain_envs(
+            (carry.network_states, carry.env_states, carry.running), n_envs
+        )
+        carry = StepCarry(network_states, env_states, running, carry.key)
+        state = sharding.constrain_replicated(nnx.state((networks, optimizer)))
+        return (state, carry), sharding.constrain_replicated(report)
+
+    (state, carry), reports = jax.lax.scan(one_step, (state, carry), None, length=iterations)
+    return state, carry, reports
+
+
+def _on_device(tree: Any) -> Any:
+    """Committed, strongly typed arrays: what the compiled step returns, so it never retraces."""
+
+    def canonical(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not getattr(x, "weak_type", False):
+            return x
+        return jnp.asarray(x, dtype=jnp.asarray(x).dtype)
+
+    return jax.tree.map(canonical, tree)
+
+
+def _no_running_episodes(env_states: Any) -> RunningEpisodes:
+    n_envs = rollout.n_envs_of(env_states)
+    return RunningEpisodes(
+        returns=jax.tree.map(lambda r: jnp.zeros(n_envs, jnp.float32), env_states.reward),
+        lengths=jnp.zeros(n_envs, jnp.int32),
+    )
+
+
+def _raise_if_diverged(health: dict[str, Any], steps: int) -> None:
+    """Raise ``FloatingPointError`` naming the step and the first non-finite quantity."""
+    bad_updates = np.argwhere(~np.asarray(health["loss_finite"]))
+    if bad_updates.size:
+        epoch, minibatch = bad_updates[0]
+        raise FloatingPointError(
+            f"PPO step ending at env step {steps}: the loss is NaN or infinite "
+            f"(epoch {epoch}, minibatch {minibatch}); the network and optimizer are left as "
+            "they were before the call."
+        )
+    names = [name for name, finite in health["parameters_finite"].items() if not finite]
+    if names:
+        raise FloatingPointError(
+            f"PPO step ending at env step {steps}: parameters became NaN or infinite: "
+            + ", ".join(names[:5])
+            + "; the network and optimizer are left as they were before the call."
+        )
+
+
+def _require_training_state(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, TrainingState):
+        raise TypeError(
+            f"{owner}: {name} must be a TrainingState (from new_training_state or a "
+            f"checkpoint), got a {type(value).__name__}"
+        )
+
+
+def ppo_step(
+    env: RLEnv, training_state: TrainingState, config: PPOConfig
+) -> tuple[TrainingState, dict[str, float]]:
+    """One PPO step: collect ``n_envs * rollout_length`` steps and learn from them.
+
+    Compiled once per (env, network structure, config) and reused. Updates the
+    network and optimizer in place (NNX semantics) and returns the advanced state.
+
+    Returns:
+      The new training state, and the step's metrics as a flat ``str -> float``
+      dict (with ``total_steps``).
+
+    Raises:
+      TypeError: ``training_state`` is not a :class:`TrainingState` or ``config``
+        not a :class:`PPOConfig`.
+      ValueError: the state holds a different number of envs than ``config.n_envs``.
+      ContractError: the state's env states are not batched.
+      FloatingPointError: the loss or a parameter became NaN or infinite; the
+        network and optimizer are then left as they were before the call.
+    """
+    training_state, (metrics,) = _run_steps("ppo_step", env, training_state, config, 1)
+    return training_state, metrics
+
+
+def ppo_steps(
+    env: RLEnv, training_state: TrainingState, config: PPOConfig, iterations: int
+) -> tuple[TrainingState, list[dict[str, float]]]:
+    """``iterations`` PPO steps in one compiled call: one round-trip to the host.
+
+    The same steps, in the same order and with the same random keys, as calling
+    :func:`ppo_step` ``iterations`` times; nothing reaches the host in between,
+    so it saves the per-step synchronisation when no evaluation, checkpoint or
+    log is needed until the last. Compiled once per ``iterations`` value.
+
+    Returns:
+      The new training state, and one metrics dict per step, in order.
+
+    Raises:
+      The errors of :func:`ppo_step`; a NaN or infinite loss names the step it
+      happened in.
+    """
+    return _run_steps("ppo_steps", env, training_state, config, iterations)
+
+
+def _run_steps(
+    owner: str, env: RLEnv, training_state: TrainingState, config: PPOConfig, iterations: int
+) -> tuple[TrainingState, list[dict[str, float]]]:
+    _require_training_state(owner, "training_state", training_state)
+    if not isinstance(config, PPOConfig):
+        raise TypeError(f"{owner}: config must be a PPOConfig, got a {type(config).__name__}")
+    require_int(owner, "iterations", iterations)
+    n_envs = rollout.n_envs_of(training_state.env_states, owner)
+    if n_envs != config.n_envs:
+        raise ValueError(
+            f"{owner}: the training state holds {n_envs} envs, but config.n_envs is {config.n_envs}"
+        )
+    running = training_state.running_episodes
+    if running is None:
+        running = _no_running_episodes(training_state.env_states)
+    network_states, env_states, running = _on_device(
+        (training_state.network_states, training_state.env_states, running)
+    )
+    training_state = training_state.replace(
+        network_states=network_states, env_states=env_states, running_episodes=running
+    )
+    mesh = sharding.mesh_of(training_state)
+    if mesh is not None:
+        sharding.require_divisible(owner, mesh, n_envs, config.n_minibatches, None)
+        training_state = sharding.shard_training_state(training_state, mesh)
+        if training_state.running_episodes is not None:  # placed on the mesh with the rest
+            running = training_state.running_episodes
+    networks, optimizer = training_state.networks, training_state.optimizer
+    graphdef, state = nnx.split((networks, optimizer))
+    carry = StepCarry(
+        training_state.network_states,
+        training_state.env_states,
+        running,
+        training_state.rng_key,
+    )
+    with sharding.training_mesh(mesh):
+        new_state, carry, reports = _compiled_steps(
+            _EnvArgument(env), _ConfigArgument(config), graphdef, state, carry, iterations
+        )
+    metrics, episodes, health = jax.device_get(reports)
+    for i in range(iterations):  # before the caller's network is touched
+        steps = training_state.steps_taken + (i + 1) * config.steps_per_iteration
+        _raise_if_diverged(_index(health, i), steps)
+    nnx.update((networks, optimizer), new_state)
+    per_step = []
+    for i in range(iterations):
+        steps = training_state.steps_taken + (i + 1) * config.steps_per_iteration
+        host_metrics = to_host(_index(metrics, i)) | {"total_steps": float(steps)}
+        if LoggingLevel.ROLLOUT_STATS in config.logging_level:
+            host_metrics |= episode_metrics(_index(episodes, i))
+        per_step.append(host_metrics)
+    return training_state.replace(
+        network_states=carry.network_states,
+        env_states=carry.env_states,
+        rng_key=carry.key,
+        steps_taken=training_state.steps_taken + iterations * config.steps_per_iteration,
+        running_episodes=carry.running,
+    ), per_step
+
+
+def _index(tree: Any, i: int) -> Any:
+    return jax.tree.map(lambda leaf: leaf[i], tree)

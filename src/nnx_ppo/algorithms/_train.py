@@ -1,0 +1,486 @@
+"""A training run: a fresh training state, and the host loop that evaluates, logs and
+checkpoints around the compiled PPO steps."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jaxtyping import Array, Float, Integer, PRNGKeyArray
+
+from nnx_ppo.algorithms import rollout, sharding
+from nnx_ppo.algorithms._step import (
+    _EnvArgument,
+    _no_running_episodes,
+    _on_device,
+    _require_training_state,
+    ppo_steps,
+)
+from nnx_ppo.algorithms.config import (
+    EvalConfig,
+    TrainConfig,
+    TrainResult,
+    VideoData,
+)
+from nnx_ppo.algorithms.metrics import (
+    to_host,
+)
+from nnx_ppo.algorithms.types import (
+    LoggingLevel,
+    RLEnv,
+    TrainingState,
+)
+from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.networks.types import (
+    ModuleState,
+    StatefulModule,
+)
+
+
+def _default_optimizer(
+    learning_rate: float | optax.Schedule,
+    gradient_clipping: float | None,
+    weight_decay: float | bool | None,
+) -> optax.GradientTransformation:
+    """Adam(W) after optional clipping; one object per setting, so runs share a compiled step.
+
+    Settings are told apart by type as well as value: ``weight_decay=True``
+    (optax's default decay) is not ``weight_decay=1`` (a decay of 1), though
+    ``True == 1`` in Python.
+    """
+    return _cached_optimizer(
+        (type(learning_rate), learning_rate),
+        (type(gradient_clipping), gradient_clipping),
+        (type(weight_decay), weight_decay),
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_optimizer(
+    learning_rate: tuple[type, float | optax.Schedule],
+    gradient_clipping: tuple[type, float | None],
+    weight_decay: tuple[type, float | bool | None],
+) -> optax.GradientTransformation:
+    rate, clipping, decay = learning_rate[1], gradient_clipping[1], weight_decay[1]
+    links = [] if clipping is None else [optax.clip_by_global_norm(clipping)]
+    if decay is None or decay is False:
+        links.append(optax.adam(rate))
+    elif decay is True:
+        links.append(optax.adamw(rate))
+    else:
+        links.append(optax.adamw(rate, weight_decay=decay))
+    return optax.chain(*links)
+
+
+def _require_seed(seed: Any) -> None:
+    """A seed is an ``int`` (Python or NumPy) or an integer scalar array."""
+    if isinstance(seed, jax.Array | np.ndarray):
+        if seed.shape != () or not jnp.issubdtype(seed.dtype, jnp.integer):
+            raise TypeError(
+                "new_training_state: seed must be an int or an integer scalar array, got an "
+                f"array of shape {seed.shape} and dtype {seed.dtype}"
+            )
+        return
+    # Any int seeds a key (TrainConfig.seed may be negative).
+    require_int("new_training_state", "seed", seed, minimum=None)
+
+
+def _rekeyed(carry: ModuleState, key: PRNGKeyArray) -> ModuleState:
+    """``carry`` with every typed PRNG-key leaf drawn afresh from ``key``.
+
+    Leaf ``i`` (in tree order) gets keys seeded by ``bits(fold_in(key, i))``, one
+    per entry and in the leaf's own key implementation; every other leaf is kept.
+    """
+    leaves, structure = jax.tree.flatten(carry)
+
+    def fresh(index: int, leaf: Any) -> Any:
+        if not jnp.issubdtype(getattr(leaf, "dtype", jnp.float32), jax.dtypes.prng_key):
+            return leaf
+        impl = jax.random.key_impl(leaf)
+        seeds = jax.random.bits(jax.random.fold_in(key, index), (leaf.size,), jnp.uint32)
+        keys = jax.vmap(lambda s: jax.random.key(s, impl=impl))(seeds)
+        return keys.reshape(leaf.shape)
+
+    return jax.tree.unflatten(structure, [fresh(i, leaf) for i, leaf in enumerate(leaves)])
+
+
+def new_training_state(
+    env: RLEnv,
+    networks: StatefulModule,
+    n_envs: int,
+    seed: int | Integer[Array, ""],
+    learning_rate: float | optax.Schedule = 1e-4,
+    gradient_clipping: float | None = None,
+    weight_decay: float | bool | None = None,
+    *,
+    optimizer: optax.GradientTransformation | None = None,
+) -> TrainingState:
+    """A fresh training state: ``n_envs`` reset envs, fresh carries, an optimizer.
+
+    The seed is the run's only source of randomness after construction: it seeds
+    the env resets, the training key and **every per-env key in the network's
+    carry** (samplers' and bottlenecks' noise). The keys that
+    ``networks.initialize_state`` drew from the module's own ``nnx.Rngs`` are
+    replaced, so two seeds give different action noise from one network, and
+    one seed gives the same run each time. The ``nnx.Rngs`` still decides the
+    initial parameters.
+
+    Args:
+      env: one unbatched environment.
+      networks: the PPO network.
+      n_envs: environments stepped in parallel.
+      seed: seeds the env resets, the per-env keys of the carry and every later key.
+      learning_rate, gradient_clipping, weight_decay: build the default optimizer,
+        Adam (AdamW with ``weight_decay``; ``True`` for optax's default decay),
+        after global-norm clipping when ``gradient_clipping`` is set. A learning
+        rate may be an ``optax`` schedule.
+      optimizer: any ``optax.GradientTransformation``, used instead of the default.
+
+    Raises:
+      TypeError: ``networks`` is not a ``StatefulModule``, or ``seed`` is not an
+        integer (a Python ``int`` or an integer scalar array).
+      ValueError: ``n_envs`` is not a positive int.
+    """
+    if isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs <= 0:
+        raise ValueError(f"new_training_state: n_envs must be a positive int, got {n_envs!r}")
+    if not isinstance(networks, StatefulModule):
+        raise TypeError(
+            "new_training_state: networks must be a StatefulModule (the PPO network), "
+            f"got a {type(networks).__name__}"
+        )
+    _require_seed(seed)
+    env_key, training_key, carry_key = jax.random.split(jax.random.key(seed), 3)
+    env_states = jax.jit(functools.partial(rollout.reset_envs, env))(
+        jax.random.split(env_key, n_envs)
+    )
+    network_states = jax.jit(_rekeyed)(networks.initialize_state(n_envs), carry_key)
+    if optimizer is None:
+        optimizer = _default_optimizer(learning_rate, gradient_clipping, weight_decay)
+    return TrainingState(
+        networks=networks,
+        network_states=_on_device(network_states),
+        env_states=_on_device(env_states),
+        optimizer=nnx.Optimizer(networks, optimizer, wrt=nnx.Param),
+        rng_key=training_key,
+        steps_taken=0,
+        running_episodes=_on_device(_no_running_episodes(env_states)),
+    )
+
+
+def default_config() -> TrainConfig:
+    """The default :class:`TrainConfig`."""
+    return TrainConfig()
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 3, 4, 6, 7))
+def _compiled_eval(
+    env: _EnvArgument,
+    graphdef: nnx.GraphDef[Any],
+    state: nnx.State,
+    n_envs: int,
+    max_episode_length: int,
+    key: PRNGKeyArray,
+    percentiles: tuple[int, ...] | None,
+    logging_level: LoggingLevel,
+) -> dict[str, Float[Array, ""]]:
+    networks = nnx.merge(graphdef, state)
+    return rollout.eval_rollout(
+        env.env, networks, n_envs, max_episode_length, key, percentiles, logging_level
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 3))
+def _compiled_recording(
+    env: _EnvArgument,
+    graphdef: nnx.GraphDef[Any],
+    state: nnx.State,
+    episode_length: int,
+    key: PRNGKeyArray,
+) -> tuple[Any, Float[Array, ""]]:
+    return rollout.record_episode(env.env, nnx.merge(graphdef, state), episode_length, key)
+
+
+def _key_at(seed: int, steps: int) -> PRNGKeyArray:
+    """A key of its own for the evaluation at ``steps`` (exact past 2**32 steps)."""
+    key = jax.random.fold_in(jax.random.key(seed), steps >> 32)
+    return jax.random.fold_in(key, steps & 0xFFFFFFFF)
+
+
+_MODE_ATTRIBUTES = ("deterministic", "use_running_average")
+"""The attributes NNX's ``Module.eval()`` and ``.train()`` set on every module that has them."""
+
+
+@contextlib.contextmanager
+def _eval_mode(networks: StatefulModule) -> Iterator[None]:
+    """``networks.eval()`` for the block; then every module's mode as it was before.
+
+    Restoring (rather than calling ``.train()``) keeps a network the caller had
+    put in eval mode, or only partly, as it was.
+    """
+    saved = [
+        (module, name, getattr(module, name))
+        for _, module in nnx.iter_graph(networks)
+        if isinstance(module, nnx.Module)
+        for name in _MODE_ATTRIBUTES
+        if hasattr(module, name)
+    ]
+    networks.eval()
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+def _evaluate(
+    env: RLEnv,
+    networks: StatefulModule,
+    config: EvalConfig,
+    key: PRNGKeyArray,
+    timed: bool,
+    mesh: sharding.Mesh | None,
+) -> dict[str, float]:
+    """One evaluation with the deterministic policy (``networks.eval()``), over ``mesh``."""
+    with _eval_mode(networks), sharding.training_mesh(mesh):
+        start = time.perf_counter()
+        graphdef, state = nnx.split(networks)
+        metrics = to_host(
+            _compiled_eval(
+                _EnvArgument(env),
+                graphdef,
+                state,
+                config.n_envs,
+                config.max_episode_length,
+                key,
+                config.logging_percentiles,
+                config.logging_level,
+            )
+        )
+    if timed:
+        elapsed = time.perf_counter() - start
+        metrics["throughput/eval_sps"] = config.n_envs * config.max_episode_length / elapsed
+    return metrics
+
+
+def _record(
+    env: RLEnv,
+    networks: StatefulModule,
+    config: TrainConfig,
+    steps: int,
+    video_fn: Callable[[VideoData], None],
+) -> None:
+    """Record a deterministic episode with ``env.render`` and hand it to ``video_fn``."""
+    render = getattr(env, "render", None)
+    if render is None:
+        raise TypeError(f"train_ppo: video needs an eval env with render(); {type(env).__name__}")
+    with _eval_mode(networks):
+        graphdef, state = nnx.split(networks)
+        length = config.video.episode_length
+        states, episode_reward = jax.device_get(
+            _compiled_recording(
+                _EnvArgument(env), graphdef, state, length, _key_at(config.seed, steps)
+            )
+        )
+    trajectory = [jax.tree.map(lambda x, t=t: x[t], states) for t in range(length + 1)]
+    frames = np.stack(render(trajectory, **config.video.render_kwargs))
+    video_fn(VideoData(frames, steps, float(episode_reward), length))
+
+
+def _steps_until_host_needed(
+    steps: int, config: TrainConfig, checkpointing: bool, recording: bool
+) -> int:
+    """How many PPO steps may run in one call: ``iterations_per_call``, or 1 if an
+    evaluation, video or checkpoint falls due (or training ends) before the last.
+
+    Only what will happen counts: a checkpoint cadence without a ``checkpoint_fn``,
+    or a video cadence without a ``video_fn``, does not stop the fusion.
+    """
+    per_step = config.ppo.steps_per_iteration
+    fused = config.ppo.iterations_per_call
+    last_inner = steps + (fused - 1) * per_step
+    if fused == 1 or last_inner >= config.ppo.total_steps:
+        return 1
+    every = [config.checkpoint_every_steps] if checkpointing else []
+    every += [config.eval.every_steps] if config.eval.enabled else []
+    every += [config.video.every_steps] if config.video.enabled and recording else []
+    return 1 if any(_crossed(steps, last_inner, e) for e in every) else fused
+
+
+def _crossed(previous: int | None, steps: int, every: int) -> bool:
+    """Whether ``steps`` passed a multiple of ``every`` since ``previous`` (always at the start)."""
+    return previous is None or steps // every > previous // every
+
+
+def _with_overrides(
+    config: TrainConfig | None, total_steps: int | None, seed: int | None, devices: int | None
+) -> TrainConfig:
+    if config is not None and not isinstance(config, TrainConfig):
+        raise TypeError(
+            f"train_ppo: config must be a TrainConfig, got a {type(config).__name__}; "
+            "wrap a PPOConfig as TrainConfig(ppo=...)"
+        )
+    config = copy.deepcopy(config) if config is not None else default_config()
+    if total_steps is not None:
+        config.ppo.total_steps = total_steps
+    if seed is not None:
+        config.seed = seed
+    if devices is not None:
+        config.devices = devices
+    config.validate()
+    return config
+
+
+def train_ppo(
+    env: RLEnv,
+    networks: StatefulModule,
+    config: TrainConfig | None = None,
+    *,
+    total_steps: int | None = None,
+    seed: int | None = None,
+    devices: int | None = None,
+    log_fn: Callable[[dict[str, float], int], None] | None = None,
+    video_fn: Callable[[VideoData], None] | None = None,
+    checkpoint_fn: Callable[[TrainingState, int], None] | None = None,
+    eval_env: RLEnv | None = None,
+    initial_state: TrainingState | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> TrainResult:
+    """Train ``networks`` with PPO on ``env`` until ``config.ppo.total_steps`` env steps.
+
+    Evaluates (if enabled), records video (if enabled and ``video_fn`` is given)
+    and checkpoints (if ``checkpoint_fn`` is given) at the start and whenever the
+    step count passes a multiple of their ``every_steps``. A run resumed from an
+    ``initial_state`` past step 0 continues that cadence: nothing is evaluated,
+    recorded, logged or checkpointed again at the step it resumes from. After a
+    PPO step, ``log_fn`` is called before ``checkpoint_fn``, so every step a
+    checkpoint holds has been logged.
+
+    Args:
+      env: one unbatched training environment (wrap it in an ``EpisodeWrapper``
+        for a time limit).
+      networks: the PPO network; trained in place.
+      config: the run's configuration; :func:`default_config` when ``None``.
+      total_steps, seed, devices: override ``config.ppo.total_steps``, ``config.seed``
+        and ``config.devices`` (see :mod:`~nnx_ppo.algorithms.sharding`: envs are
+        split over the devices, parameters replicated).
+      log_fn: called as ``log_fn(metrics, step)`` after every PPO step (and after
+        the initial evaluation), ``metrics`` a flat ``str -> float`` dict.
+      video_fn: receives a :class:`VideoData` per recording.
+      checkpoint_fn: called as ``checkpoint_fn(training_state, step)``.
+      eval_env: the evaluation environment; ``env`` when ``None``.
+      initial_state: resume from this state (its optimizer included: the config's
+        learning rate, clipping and decay then go unused) instead of a fresh one.
+        It trains its own ``initial_state.networks``, so ``networks`` must be
+        that same object.
+      should_stop: polled after every PPO step; when it returns ``True`` (e.g. a
+        signal handler saw Ctrl-C), training stops early and ``checkpoint_fn``, if
+        given, writes a final checkpoint of the state reached.
+
+    Returns:
+      A :class:`TrainResult`; ``eval_history`` holds ``{"step": s, **eval_metrics}``
+      per evaluation, with ``episode_reward_mean`` naming ``eval/episode_reward/mean``.
+
+    Raises:
+      TypeError: ``config`` is not a :class:`TrainConfig`, ``initial_state`` not a
+        :class:`TrainingState`, or video is asked of an eval env without ``render``.
+      ValueError: ``networks`` is not ``initial_state.networks``, or ``n_envs``
+        (training or evaluation) does not split evenly over the devices; raised
+        before anything compiles.
+      FloatingPointError: the loss or a parameter became NaN or infinite.
+    """
+    config = _with_overrides(config, total_steps, seed, devices)
+    mesh = sharding.resolve_mesh(config.devices)
+    eval_envs = config.eval.n_envs if config.eval.enabled else None
+    sharding.require_divisible(
+        "train_ppo", mesh, config.ppo.n_envs, config.ppo.n_minibatches, eval_envs
+    )
+    if initial_state is not None:
+        _require_training_state("train_ppo", "initial_state", initial_state)
+        if initial_state.networks is not networks:
+            raise ValueError(
+                "train_ppo: networks is not initial_state.networks; a resumed state trains "
+                "the network it holds, so pass train_ppo(env, initial_state.networks, ..., "
+                "initial_state=initial_state)"
+            )
+    eval_env = env if eval_env is None else eval_env
+    if initial_state is None:
+        state = new_training_state(
+            env,
+            networks,
+            config.ppo.n_envs,
+            config.seed,
+            config.ppo.learning_rate,
+            config.ppo.gradient_clipping,
+            config.ppo.weight_decay,
+        )
+    else:
+        state = initial_state
+    if mesh is not None:
+        state = sharding.shard_training_state(state, mesh)
+    timed = LoggingLevel.THROUGHPUT in config.ppo.logging_level
+    history: list[dict[str, float]] = []
+    resumed_at = state.steps_taken if state.steps_taken > 0 else None
+    last: dict[str, int | None] = {
+        "eval": resumed_at,
+        "video": resumed_at,
+        "checkpoint": resumed_at,
+    }
+
+    def evaluate_and_record(state: TrainingState) -> dict[str, float]:
+        steps, metrics = state.steps_taken, {}
+        if config.eval.enabled and _crossed(last["eval"], steps, config.eval.every_steps):
+            key = _key_at(config.seed, steps)
+            metrics = _evaluate(eval_env, state.networks, config.eval, key, timed, mesh)
+            headline = metrics["eval/episode_reward/mean"]
+            history.append({"step": steps, **metrics, "episode_reward_mean": headline})
+            last["eval"] = steps
+        video_due = _crossed(last["video"], steps, config.video.every_steps)
+        if config.video.enabled and video_fn is not None and video_due:
+            _record(eval_env, state.networks, config, steps, video_fn)
+            last["video"] = steps
+        return metrics
+
+    def checkpoint(state: TrainingState, due: bool) -> None:
+        if checkpoint_fn is not None and last["checkpoint"] != state.steps_taken and due:
+            checkpoint_fn(state, state.steps_taken)
+            last["checkpoint"] = state.steps_taken
+
+    def checkpoint_due(steps: int) -> bool:
+        return _crossed(last["checkpoint"], steps, config.checkpoint_every_steps)
+
+    metrics = evaluate_and_record(state)
+    if log_fn is not None and metrics:
+        log_fn(metrics, state.steps_taken)
+    checkpoint(state, checkpoint_due(state.steps_taken))
+    iterations = 0
+    while state.steps_taken < config.ppo.total_steps:
+        start = time.perf_counter()
+        fused = _steps_until_host_needed(
+            state.steps_taken, config, checkpoint_fn is not None, video_fn is not None
+        )
+        state, per_step = ppo_steps(env, state, config.ppo, fused)
+        iterations += fused
+        if timed:
+            elapsed = time.perf_counter() - start
+            for metrics in per_step:
+                metrics["throughput/train_sps"] = fused * config.ppo.steps_per_iteration / elapsed
+        *earlier, metrics = per_step
+        metrics |= evaluate_and_record(state)
+        if log_fn is not None:
+            for logged in earlier:
+                log_fn(logged, int(logged["total_steps"]))
+            log_fn(metrics, state.steps_taken)
+        stopping = should_stop is not None and should_stop()
+        checkpoint(state, stopping or checkpoint_due(state.steps_taken))
+        if stopping:
+            break
+    return TrainResult(state, metrics, history, state.steps_taken, iterations)
