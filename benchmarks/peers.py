@@ -25,9 +25,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("NNX_PPO_BENCH_CACHE", Path.home() / ".cache" / "nnx-ppo-bench"))
 
-# warp-lang 1.13 breaks the Playground releases below (nnx-ppo 0.3.0's own extras
-# pin it under 1.13); the CPU runs here use impl="jax" and never call warp.
-_WARP = "warp-lang<1.13"
+# Left free, pip picks mujoco 4.0.0 beside mujoco-mjx 3.17.0, and with warp-lang
+# under 1.13 (nnx-ppo 0.3.0's own extras pin) mujoco-mjx 3.17's import of its warp
+# backend fails; one consistent MuJoCo stack (mujoco-mjx 3.17's "warp" extra pins
+# warp-lang 1.18.0) for every Playground venv. The runs use impl="jax" (no warp).
+_MUJOCO = ("mujoco==3.17.0", "mujoco-mjx==3.17.0", "warp-lang==1.18.0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,26 +58,27 @@ PEERS: dict[str, Peer] = {
     for peer in (
         Peer(
             "ours",
-            (f"-e {REPO}[playground]", _WARP),
+            (f"-e {REPO}[playground]", *_MUJOCO),
             "bench_nnx_ppo.py",
             "nnx-ppo (this repo)",
             editable=True,
         ),
         Peer(
             "nnx-ppo-0.3.0",
-            ("nnx-ppo==0.3.0", "playground==0.2.0", _WARP),
+            ("nnx-ppo==0.3.0", "playground==0.2.0", *_MUJOCO),
             "bench_nnx_ppo.py",
             "nnx-ppo 0.3.0",
         ),
         Peer(
             "brax",
-            ("brax==0.14.2", "jax<0.10", "playground==0.2.0", _WARP),
+            ("brax==0.14.2", "jax<0.10", "playground==0.2.0", *_MUJOCO),
             "bench_brax.py",
             "Brax PPO 0.14.2",
         ),
         Peer(
             "rejax",
-            ("rejax==0.1.3", "gymnax"),
+            # gymnax 1.0's step returns one more value than rejax 0.1.3 unpacks.
+            ("rejax==0.1.3", "gymnax==0.0.9"),
             "bench_rejax.py",
             "rejax 0.1.3",
         ),
