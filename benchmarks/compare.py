@@ -288,6 +288,14 @@ def versions_line(name: str, record: InstallRecord | None) -> str:
     if record is None or not record.ok:
         return f"{name}: not installed" + (f" ({record.reason.splitlines()[-1]})" if record else "")
     pins = ", ".join(f"{p}=={record.version_of(p)}" for p in VERSION_PACKAGES[name])
+    if name == "ours":
+        commit = subprocess.run(
+            ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        pins += f" at commit {commit or '?'}"
     return f"{name}: {pins}"
 
 

@@ -96,17 +96,17 @@ class InstallRecord:
     freeze: list[str] = dataclasses.field(default_factory=list)
 
     def version_of(self, package: str) -> str:
-        """The pinned version of ``package`` in the venv, or ``"?"``."""
+        """The pinned version of ``package`` in the venv, or ``"?"``.
+
+        An editable install shows in ``pip freeze`` as a comment, ``# Editable ...
+        (name==version)``, followed by ``-e <path>``; its version is marked editable.
+        """
         key = package.lower().replace("_", "-")
         for line in self.freeze:
-            name, _, version = line.partition("==")
-            if name.lower().replace("_", "-") == key:
-                return version
-            if name.lower().replace("_", "-") == key.split("[")[0] and " @ " in line:
-                return "editable"
-        for line in self.freeze:
-            if line.lower().startswith("-e ") and key in line.lower():
-                return "editable"
+            text = line.strip("# ").split("(")[-1].rstrip(")") if "Editable" in line else line
+            name, _, version = text.partition("==")
+            if name.strip().lower().replace("_", "-") == key:
+                return f"{version} (editable)" if "Editable" in line else version
         return "?"
 
 
