@@ -74,12 +74,15 @@ def env_only_steps_per_second(workload: Workload, calls: int) -> float:
         registry.load(workload.env, config_overrides={"impl": "jax"}), workload.episode_length
     )
     state = {"s": reset_envs(env, jax.random.split(jax.random.key(1), workload.n_envs))}
-    keys = iter(jax.random.split(jax.random.key(2), calls + 1))
+    keys = iter(jax.random.split(jax.random.key(2), calls + 2))
 
     def step() -> Any:
         state["s"] = random_rollout(env, state["s"], workload.rollout_length, next(keys))
         return state["s"]
 
+    # The first call's output state can differ in dtype or weak type from the reset
+    # state it was given, so the second call may compile again: warm up on both.
+    jax.block_until_ready(step())
     return steps_per_second(step, calls, workload.steps_per_iteration)
 
 
