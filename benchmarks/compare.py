@@ -310,7 +310,10 @@ def main() -> None:
     args = parser.parse_args()
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     for workload in workloads:
-        variants_for(workload)  # fail fast on a typo
+        try:
+            variants_for(workload)  # fail fast on a typo
+        except ValueError as error:
+            parser.error(str(error))
     repeats = args.repeats or (1 if args.quick else 3)
     total_steps = args.total_steps or (QUICK_STEPS if args.quick else None)
 
