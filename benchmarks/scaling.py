@@ -102,8 +102,10 @@ def main() -> None:
         f"env {args.env}, {args.n_envs} envs x {args.rollout_length} steps, "
         f"{args.n_epochs} epochs x {args.n_minibatches} minibatches, platform {args.platform}"
     )
-    print(f"{'devices':>7}  {'steps/s (median)':>16}  {'min':>9}  {'max':>9}  "
-          f"{'compile s':>9}  {'vs 1st':>6}")
+    print(
+        f"{'devices':>7}  {'steps/s (median)':>16}  {'min':>9}  {'max':>9}  "
+        f"{'compile s':>9}  {'vs 1st':>6}"
+    )
     for row in rows:
         print(
             f"{row['devices']:>7}  {row['median']:>16,.0f}  {row['min']:>9,.0f}  "

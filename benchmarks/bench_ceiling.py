@@ -1,0 +1,122 @@
+"""The machine's ceiling for a workload: matmul throughput, network FLOPs, env-only rate.
+
+- fp32 matmul GFLOP/s of ``jnp.dot`` at the network's own layer shapes (batch =
+  the rollout's ``n_envs`` and the update's minibatch) and at one large square.
+- The network's FLOPs per PPO iteration, from the layer sizes: a forward pass
+  of actor and critic for every rollout step, then for each epoch a forward and
+  a backward pass (counted as twice the forward) over every step.
+- The env-only rate: the vmapped Playground env stepped with random actions at
+  the workload's ``n_envs``, resets included (``train_throughput.random_rollout``).
+
+``compare.py`` divides the trainer's measured rate by these.
+
+    python benchmarks/bench_ceiling.py --workload A
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from bench_common import WORKLOADS, Workload, emit
+
+
+def layer_shapes(workload: Workload, obs_size: int, action_size: int) -> list[tuple[int, int]]:
+    """``(in, out)`` of every dense layer of the actor (mean and std out) and the critic."""
+    shapes = []
+    for sizes, out in ((workload.actor_sizes, 2 * action_size), (workload.critic_sizes, 1)):
+        widths = [obs_size, *sizes, out]
+        shapes += list(itertools.pairwise(widths))
+    return shapes
+
+
+def flops_per_iteration(workload: Workload, shapes: list[tuple[int, int]]) -> float:
+    """Multiply-add FLOPs of the network in one PPO iteration (matmuls only)."""
+    forward_per_sample = sum(2 * a * b for a, b in shapes)
+    samples = workload.steps_per_iteration
+    return forward_per_sample * samples * (1 + 3 * workload.n_epochs)
+
+
+def _best_seconds(run: Callable[[], Any], repeats: int) -> float:
+    jax.block_until_ready(run())
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(run())
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matmul_gflops(m: int, k: int, n: int, inner: int = 50, repeats: int = 5) -> float:
+    """fp32 GFLOP/s of ``inner`` dependent-free ``(m, k) @ (k, n)`` products in one jit."""
+    keys = jax.random.split(jax.random.key(0), 2)
+    a = jax.random.normal(keys[0], (inner, m, k), jnp.float32)
+    b = jax.random.normal(keys[1], (k, n), jnp.float32)
+    dot = jax.jit(lambda a, b: jax.lax.map(lambda x: jnp.dot(x, b), a))
+    seconds = _best_seconds(lambda: dot(a, b), repeats)
+    return 2 * m * k * n * inner / seconds / 1e9
+
+
+def env_only_steps_per_second(workload: Workload, calls: int) -> float:
+    """Random-action env steps/s of the workload's env at its ``n_envs``."""
+    from mujoco_playground import registry
+    from train_throughput import random_rollout, steps_per_second
+
+    from nnx_ppo.algorithms.rollout import reset_envs
+    from nnx_ppo.wrappers.episode_wrapper import EpisodeWrapper
+
+    env = EpisodeWrapper(
+        registry.load(workload.env, config_overrides={"impl": "jax"}), workload.episode_length
+    )
+    state = {"s": reset_envs(env, jax.random.split(jax.random.key(1), workload.n_envs))}
+    keys = iter(jax.random.split(jax.random.key(2), calls + 2))
+
+    def step() -> Any:
+        state["s"] = random_rollout(env, state["s"], workload.rollout_length, next(keys))
+        return state["s"]
+
+    # The first call's output state can differ in dtype or weak type from the reset
+    # state it was given, so the second call may compile again: warm up on both.
+    jax.block_until_ready(step())
+    return steps_per_second(step, calls, workload.steps_per_iteration)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="matmul, network-FLOP and env-only ceilings")
+    parser.add_argument("--workload", choices=["A", "B"], default="A")
+    parser.add_argument("--calls", type=int, default=20)
+    args = parser.parse_args()
+    workload = WORKLOADS[args.workload]
+    from mujoco_playground import registry
+
+    env = registry.load(workload.env, config_overrides={"impl": "jax"})
+    obs = env.observation_size
+    obs_size = int(obs if isinstance(obs, int) else obs["state"][0])
+    shapes = layer_shapes(workload, obs_size, env.action_size)
+    minibatch = workload.steps_per_iteration // workload.n_minibatches
+    network_gflops = {
+        f"{batch}x{a}x{b}": matmul_gflops(batch, a, b)
+        for batch in (workload.n_envs, minibatch)
+        for a, b in sorted(set(shapes))
+    }
+    emit(
+        {
+            "library": "ceiling",
+            "workload": args.workload,
+            "layer_shapes": shapes,
+            "flops_per_iteration": flops_per_iteration(workload, shapes),
+            "matmul_gflops_network_shapes": network_gflops,
+            "matmul_gflops_large": matmul_gflops(2048, 2048, 2048, inner=2, repeats=3),
+            "env_only_steps_per_s": env_only_steps_per_second(workload, args.calls),
+            "steps_per_iteration": workload.steps_per_iteration,
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Time one nnx-ppo training run; the same script runs against this repo and nnx-ppo 0.3.0.
+
+It uses only 0.3.0's public API (``train_ppo``, the config dataclasses,
+``make_mlp_actor_critic``, the episode and reward-scaling wrappers), which this
+repo keeps, so both venvs run it unchanged. Workloads 0.3.0 cannot run (the
+built-in envs and the discrete and LSTM networks are new) are refused there
+with a reason rather than approximated.
+
+Per-iteration times come from the ``log_fn`` callback, called once after every
+PPO iteration (``iterations_per_call`` stays at its default of 1). Evaluation is
+off, as it is in the Brax and rejax runs, so every library does the same work.
+
+    python benchmarks/bench_nnx_ppo.py --workload A --total-steps 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from bench_common import WORKLOADS, IterationClock, Workload, emit
+
+
+def _make_env(workload: Workload) -> Any:
+    """The training env: Playground's (MJX backend) with a time limit, or a built-in."""
+    if workload.env in ("cartpole", "memory"):
+        from nnx_ppo.envs import make  # new in 0.4: 0.3.0 has no built-in envs
+
+        return make(workload.env)
+    from mujoco_playground import registry
+
+    from nnx_ppo.wrappers.episode_wrapper import EpisodeWrapper
+
+    env: Any = registry.load(workload.env, config_overrides={"impl": "jax"})
+    env = EpisodeWrapper(env, workload.episode_length)
+    if workload.reward_scaling != 1.0:
+        from nnx_ppo.wrappers.reward_scaling_wrapper import RewardScalingWrapper
+
+        env = RewardScalingWrapper(env, workload.reward_scaling)
+    return env
+
+
+def _make_network(workload: Workload, env: Any, network: str) -> Any:
+    from flax import nnx
+
+    from nnx_ppo.networks import factories
+
+    rngs = nnx.Rngs(0)
+    sizes = (list(workload.actor_sizes), list(workload.critic_sizes))
+    if network == "lstm":
+        return factories.make_lstm_actor_critic(
+            env.observation_size,
+            env.action_size,
+            workload.actor_sizes[0],
+            rngs,
+            discrete=True,
+            activation=workload.activation,
+            normalize_obs=workload.normalize_obs,
+        )
+    if getattr(env, "discrete_actions", False):
+        return factories.make_discrete_mlp_actor_critic(
+            env.observation_size,
+            env.action_size,
+            *sizes,
+            rngs,
+            activation=workload.activation,
+            normalize_obs=workload.normalize_obs,
+            entropy_weight=workload.entropy_cost,
+        )
+    return factories.make_mlp_actor_critic(
+        env.observation_size,
+        env.action_size,
+        *sizes,
+        rngs,
+        activation=workload.activation,
+        normalize_obs=workload.normalize_obs,
+        entropy_weight=workload.entropy_cost,
+    )
+
+
+def _config(workload: Workload) -> Any:
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+
+    small = workload.env == "cartpole"
+    ppo = PPOConfig(
+        n_envs=workload.n_envs,
+        rollout_length=workload.rollout_length,
+        total_steps=workload.total_steps,
+        gae_lambda=workload.gae_lambda,
+        discounting_factor=workload.discount,
+        clip_range=workload.clip,
+        learning_rate=workload.learning_rate,
+        n_epochs=workload.n_epochs,
+        n_minibatches=workload.n_minibatches,
+        # CleanRL's value-loss weight and gradient clipping for its CartPole config.
+        critic_loss_weight=0.5 if small else 1.0,
+        gradient_clipping=0.5 if small else None,
+    )
+    return TrainConfig(ppo=ppo, eval=EvalConfig(enabled=False), seed=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="time one nnx-ppo training run")
+    parser.add_argument("--workload", choices=list(WORKLOADS), required=True)
+    parser.add_argument("--network", choices=["mlp", "lstm"], default="mlp")
+    parser.add_argument("--total-steps", type=int)
+    args = parser.parse_args()
+    clock = IterationClock()
+
+    import nnx_ppo
+    from nnx_ppo.algorithms.ppo import train_ppo
+
+    workload = WORKLOADS[args.workload]
+    if args.total_steps:
+        workload = dataclasses.replace(workload, total_steps=args.total_steps)
+    result: dict[str, Any] = {"library": "nnx-ppo", "version": nnx_ppo.__version__}
+    result |= {"workload": args.workload, "network": args.network}
+    new_api = not nnx_ppo.__version__.startswith("0.3.")
+    if workload.env in ("cartpole", "memory") and not new_api:
+        # 0.3.0 has neither nnx_ppo.envs nor the discrete and LSTM factories.
+        emit({**result, "unavailable": "nnx-ppo 0.3.0 has no built-in envs or discrete networks"})
+        return
+    env = _make_env(workload)
+    network = _make_network(workload, env, args.network)
+    train_ppo(env, network, _config(workload), log_fn=lambda _metrics, step: clock.tick(step))
+    emit({**result, **clock.summary(), "steps_per_iteration": workload.steps_per_iteration})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,380 @@
+"""nnx-ppo against the JAX PPO trainers users would pick instead, run side by side.
+
+One command installs every peer into its own cached venv (see ``peers.py``),
+runs each workload's variants alternately (ours, peer, ours, peer, ...), each
+run in a fresh process that prints one result line, and prints one table per
+workload:
+
+    python benchmarks/compare.py                      # every workload, full budgets
+    python benchmarks/compare.py --quick              # every workload at 20k steps (smoke)
+    python benchmarks/compare.py --workloads A,checks --repeats 3
+
+Workloads: ``A`` and ``B`` (Playground CartpoleBalance, MJX's JAX backend:
+this repo, nnx-ppo 0.3.0, Brax), ``small`` (CleanRL's CartPole config: this
+repo's built-in cart-pole against rejax on gymnax), ``lstm`` (this repo's memory
+task, LSTM against MLP), ``checks`` (config A with the contract checks on and
+off) and ``ceiling`` (matmul GFLOP/s, network FLOPs and env-only rate against
+this repo's config A rate). Raw results go to
+``~/.cache/nnx-ppo-bench/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import RESULT_PREFIX, T0_ENV_VAR, WORKLOADS
+from peers import CACHE, PEERS, InstallRecord, Peer, ensure
+
+HERE = Path(__file__).resolve().parent
+ALL_WORKLOADS = ("A", "B", "small", "lstm", "checks", "ceiling")
+QUICK_STEPS = 20_000
+RUN_TIMEOUT_S = 3600
+VERSION_PACKAGES = {
+    "ours": ("nnx-ppo", "jax", "flax", "playground", "mujoco-mjx"),
+    "nnx-ppo-0.3.0": ("nnx-ppo", "jax", "flax", "playground", "mujoco-mjx"),
+    "brax": ("brax", "jax", "flax", "playground", "mujoco-mjx"),
+    "rejax": ("rejax", "gymnax", "jax", "flax"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One row of a table: a peer, the timing script's arguments, extra env vars."""
+
+    label: str
+    peer: str
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    script: str | None = None
+
+
+@dataclasses.dataclass
+class Run:
+    """One finished process: its parsed result line (or why there is none)."""
+
+    variant: Variant
+    result: dict[str, Any] | None
+    wall_s: float
+    max_rss_mb: float
+    error: str = ""
+
+
+def variants_for(workload: str) -> list[Variant]:
+    """The rows of ``workload``'s table; the first is the one ratios are taken to."""
+    if workload in ("A", "B"):
+        args = ("--workload", workload)
+        return [
+            Variant("nnx-ppo (this repo)", "ours", args),
+            Variant("nnx-ppo 0.3.0", "nnx-ppo-0.3.0", args),
+            Variant("Brax PPO", "brax", args),
+        ]
+    if workload == "small":
+        return [
+            Variant("nnx-ppo (this repo)", "ours", ("--workload", "small")),
+            Variant("rejax (gymnax)", "rejax", ("--workload", "small")),
+        ]
+    if workload == "lstm":
+        memory = ("--workload", "memory")
+        return [
+            Variant("MLP 2x64", "ours", (*memory, "--network", "mlp")),
+            Variant("LSTM 64", "ours", (*memory, "--network", "lstm")),
+        ]
+    if workload == "checks":
+        return [
+            Variant("checks on", "ours", ("--workload", "A"), (("NNX_PPO_CHECKS", "1"),)),
+            Variant("checks off", "ours", ("--workload", "A"), (("NNX_PPO_CHECKS", "0"),)),
+        ]
+    if workload == "ceiling":
+        return [Variant("ceiling", "ours", ("--workload", "A"), script="bench_ceiling.py")]
+    raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(ALL_WORKLOADS)}")
+
+
+def run_once(variant: Variant, peer: Peer, total_steps: int | None) -> Run:
+    """Run ``variant`` in a fresh process of its peer's venv and collect its result line."""
+    script = HERE / (variant.script or peer.script)
+    command = [str(peer.python), str(script), *variant.args]
+    if total_steps is not None and variant.script is None:
+        command += ["--total-steps", str(total_steps)]
+    env = {**os.environ, **dict(variant.env)}
+    env.pop("PYTHONPATH", None)
+    env[T0_ENV_VAR] = repr(time.time())
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+    wall = time.perf_counter() - start
+    # The child's own peak RSS (this harness starts one child at a time and waits
+    # for it, so RUSAGE_CHILDREN's maximum so far is this child's unless an earlier
+    # child peaked higher: the child reports its own figure too, used first).
+    children_rss = _children_max_rss_mb()
+    result = None
+    for line in stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            result = json.loads(line[len(RESULT_PREFIX) :])
+    rss = result.get("self_max_rss_mb", children_rss) if result else children_rss
+    error = ""
+    if result is None:
+        tail = [line for line in stderr.strip().splitlines() if line.strip()][-6:]
+        error = f"exit {process.returncode}: " + " | ".join(tail)
+    elif "unavailable" in result:
+        error = result["unavailable"]
+    return Run(variant, result, wall, rss, error)
+
+
+def _children_max_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+@dataclasses.dataclass
+class Row:
+    """A variant's figures over its runs, as the table shows them."""
+
+    label: str
+    steady: tuple[float, float, float] | None = None  # median, min, max steps/s
+    wall_sps: float | None = None
+    first_s: float | None = None
+    wall_s: float | None = None
+    rss_mb: float | None = None
+    runs: int = 0
+    note: str = ""
+
+
+def summarise(label: str, runs: list[Run]) -> Row:
+    """Pool the per-iteration rates of every run; take medians of the per-run figures."""
+    good = [run for run in runs if run.result is not None and not run.error]
+    if not good:
+        reason = runs[0].error if runs else "not run"
+        return Row(label, note=f"unavailable: {reason}")
+    rates: list[float] = []
+    wall_rates, firsts = [], []
+    for run in good:
+        r = run.result or {}
+        if r.get("iteration_s"):
+            rates += [s / t for s, t in zip(r["iteration_steps"], r["iteration_s"], strict=True)]
+            wall_rates.append(sum(r["iteration_steps"]) / sum(r["iteration_s"]))
+        elif "run_s" in r:  # one compiled call for the whole run (rejax)
+            rates.append(r["total_steps"] / r["run_s"])
+            wall_rates.append(r["total_steps"] / r["run_s"])
+        if r.get("first_iteration_s") is not None:
+            firsts.append(r["first_iteration_s"])
+    row = Row(label, runs=len(good))
+    if rates:
+        row.steady = (statistics.median(rates), min(rates), max(rates))
+        row.wall_sps = statistics.median(wall_rates)
+    row.first_s = statistics.median(firsts) if firsts else None
+    row.wall_s = statistics.median(run.wall_s for run in good)
+    row.rss_mb = statistics.median(run.max_rss_mb for run in good)
+    r0 = good[0].result or {}
+    if "compile_s" in r0:
+        compile_s = statistics.median((run.result or {})["compile_s"] for run in good)
+        row.note = f"whole loop in one jit: compile {compile_s:.1f} s; rates are its run"
+    return row
+
+
+def _ratio(value: float | None, reference: float | None) -> str:
+    if value is None or not reference:
+        return "-"
+    return f"{value / reference:.2f}"
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def format_table(title: str, rows: list[Row]) -> str:
+    """One plain-text table; every ``x ref`` column is this row's value / the first row's."""
+    ref = rows[0]
+    header = [
+        "variant",
+        "steady sps med [min-max]",
+        "x ref",
+        "wall sps >1st",
+        "x ref",
+        "1st iter s",
+        "x ref",
+        "run s",
+        "x ref",
+        "peak RSS MB",
+        "x ref",
+        "runs",
+    ]
+    lines = []
+    for row in rows:
+        if row.steady is None and row.wall_s is None:
+            lines.append([row.label, row.note])
+            continue
+        steady = (
+            "-"
+            if row.steady is None
+            else f"{row.steady[0]:,.0f} [{row.steady[1]:,.0f}-{row.steady[2]:,.0f}]"
+        )
+        lines.append(
+            [
+                row.label,
+                steady,
+                _ratio(row.steady and row.steady[0], ref.steady and ref.steady[0]),
+                _num(row.wall_sps),
+                _ratio(row.wall_sps, ref.wall_sps),
+                _num(row.first_s, 1),
+                _ratio(row.first_s, ref.first_s),
+                _num(row.wall_s, 1),
+                _ratio(row.wall_s, ref.wall_s),
+                _num(row.rss_mb),
+                _ratio(row.rss_mb, ref.rss_mb),
+                str(row.runs),
+            ]
+        )
+    full = [line for line in lines if line[2:]]
+    widths = [max([len(h)] + [len(line[i]) for line in full]) for i, h in enumerate(header)]
+    out = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    for line in lines:
+        if line[2:]:
+            out.append("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)))
+        else:  # unavailable: the label and the reason only
+            out.append(f"{line[0].ljust(widths[0])}  {line[1]}")
+    notes = [f"  {row.label}: {row.note}" for row in rows if row.note and row.steady]
+    return "\n".join(out + notes)
+
+
+def format_ceiling(ceiling: dict[str, Any] | None, ours: Row | None) -> str:
+    """The ceiling figures, and this repo's config-A rate as a fraction of them."""
+    if ceiling is None:
+        return "ceiling: unavailable"
+    flops = ceiling["flops_per_iteration"]
+    shapes = ceiling["matmul_gflops_network_shapes"]
+    lines = [
+        "Ceiling (config A, this machine)",
+        "  fp32 matmul GFLOP/s at the network's shapes (batch x in x out): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in shapes.items()),
+        f"  fp32 matmul GFLOP/s, 2048^3: {ceiling['matmul_gflops_large']:.1f}",
+        f"  network FLOPs per PPO iteration: {flops / 1e9:.3f} GFLOP "
+        "(rollout forward + epochs x forward/backward, matmuls only)",
+        f"  env-only steps/s (vmapped env.step, random actions, same n_envs): "
+        f"{ceiling['env_only_steps_per_s']:,.0f}",
+    ]
+    if ours is not None and ours.steady is not None:
+        sps = ours.steady[0]
+        achieved = flops * sps / ceiling["steps_per_iteration"] / 1e9
+        best_shape = max(shapes.values())
+        lines += [
+            f"  this repo, config A: {sps:,.0f} steady steps/s = {achieved:.2f} network GFLOP/s",
+            f"    = {achieved / best_shape:.1%} of the best network-shape matmul rate, "
+            f"{achieved / ceiling['matmul_gflops_large']:.1%} of the large-matmul rate",
+            f"    steps/s / env-only steps/s = {sps / ceiling['env_only_steps_per_s']:.1%}",
+        ]
+    return "\n".join(lines)
+
+
+def versions_line(name: str, record: InstallRecord | None) -> str:
+    """``name: pkg==version, ...`` from the venv's ``pip freeze``."""
+    if record is None or not record.ok:
+        return f"{name}: not installed" + (f" ({record.reason.splitlines()[-1]})" if record else "")
+    pins = ", ".join(f"{p}=={record.version_of(p)}" for p in VERSION_PACKAGES[name])
+    if name == "ours":
+        commit = subprocess.run(
+            ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        pins += f" at commit {commit or '?'}"
+    return f"{name}: {pins}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps, 1 repeat")
+    parser.add_argument("--workloads", default=",".join(ALL_WORKLOADS))
+    parser.add_argument("--repeats", type=int, help="runs per variant (default 3; 1 with --quick)")
+    parser.add_argument("--total-steps", type=int, help="override every workload's budget")
+    parser.add_argument("--peers", default=",".join(PEERS), help="peers to run (ours always)")
+    parser.add_argument("--reinstall", action="store_true", help="rebuild the peer venvs")
+    args = parser.parse_args()
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    for workload in workloads:
+        try:
+            variants_for(workload)  # fail fast on a typo
+        except ValueError as error:
+            parser.error(str(error))
+    repeats = args.repeats or (1 if args.quick else 3)
+    total_steps = args.total_steps or (QUICK_STEPS if args.quick else None)
+
+    selected = {"ours", *(p.strip() for p in args.peers.split(","))}
+    needed = {v.peer for w in workloads for v in variants_for(w) if v.peer in selected}
+    records = {name: ensure(PEERS[name], args.reinstall) for name in PEERS if name in needed}
+    print("\nPinned versions:")
+    for name, record in records.items():
+        print("  " + versions_line(name, record))
+
+    all_runs: dict[str, list[Run]] = {}
+    tables: list[str] = []
+    ours_a: Row | None = None
+    for workload in workloads:
+        variants = [v for v in variants_for(workload) if v.peer in selected]
+        runs: dict[Variant, list[Run]] = {v: [] for v in variants}
+        if workload == "ceiling" and ours_a is None:
+            # The trainer's rate the ceiling is compared with: one config-A run.
+            variants = [Variant("nnx-ppo (this repo)", "ours", ("--workload", "A")), *variants]
+            runs = {v: [] for v in variants}
+        for repeat in range(1 if workload == "ceiling" else repeats):
+            for variant in variants:  # alternating: ours, peer, ours, peer, ...
+                record = records[variant.peer]
+                if not record.ok:
+                    reason = record.reason.strip().splitlines()[-1:] or ["install failed"]
+                    runs[variant].append(Run(variant, None, 0, 0, f"install failed: {reason[0]}"))
+                    continue
+                print(f"[run] {workload} {variant.label} ({repeat + 1}/{repeats})", flush=True)
+                run = run_once(variant, PEERS[variant.peer], total_steps)
+                if run.error:
+                    print(f"[run]   failed: {run.error[:300]}", flush=True)
+                runs[variant].append(run)
+        all_runs[workload] = [run for rs in runs.values() for run in rs]
+        budget = total_steps or (WORKLOADS["small"].total_steps if workload == "small" else None)
+        budget = budget or (WORKLOADS["memory"].total_steps)
+        title = f"\n== {workload}: {budget:,} env steps per run" + (
+            " (QUICK SMOKE BUDGET: not results)" if args.quick else ""
+        )
+        if workload == "ceiling":
+            ceiling_runs = runs[variants[-1]]
+            ceiling = ceiling_runs[0].result if ceiling_runs and not ceiling_runs[0].error else None
+            if ours_a is None and len(variants) > 1:
+                ours_a = summarise("ours", runs[variants[0]])
+            tables.append(title + "\n" + format_ceiling(ceiling, ours_a))
+            continue
+        rows = [summarise(v.label, runs[v]) for v in variants]
+        if workload == "A":
+            ours_a = rows[0]
+        tables.append(format_table(title, rows))
+
+    print("\n".join(tables))
+    out_dir = CACHE / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = out_dir / f"{stamp}{'-quick' if args.quick else ''}.json"
+    raw = {
+        workload: [dataclasses.asdict(run) for run in runs] for workload, runs in all_runs.items()
+    }
+    path.write_text(json.dumps({"args": vars(args), "runs": raw}, indent=1, default=str))
+    print(f"\nraw results: {path}")
+
+
+if __name__ == "__main__":
+    main()
