@@ -106,10 +106,26 @@ def _make_env(run_config: dict[str, Any]) -> Any:
     from nnx_ppo import envs
     from nnx_ppo.wrappers import EpisodeWrapper
 
-    env = envs.make(run_config["env"])
+    env = envs.make(run_config["env"], **run_config.get("env_kwargs", {}))
     if run_config.get("episode_length"):
         env = EpisodeWrapper(env, int(run_config["episode_length"]))
     return env
+
+
+def _simulator_backend(run_config: dict[str, Any]) -> str | None:
+    """The line saying which simulator backend a Playground env runs on, and why."""
+    from nnx_ppo import envs
+
+    default = envs.playground_backend(run_config["env"])
+    if default is None:
+        return None
+    chosen = run_config.get("env_kwargs", {}).get("impl")
+    if chosen is not None:
+        return f"simulator backend impl={chosen} (set by env_kwargs.impl)"
+    return (
+        f"simulator backend impl={default} (the fastest on {jax.default_backend()}; "
+        "choose another with --set env_kwargs.impl=...)"
+    )
 
 
 def _make_network(env: Any, run_config: dict[str, Any]) -> Any:
@@ -325,6 +341,9 @@ def _train_locked(
         f"{jax.default_backend()}, run directory {run_dir}",
         soft_wrap=True,
     )
+    backend = _simulator_backend(run_config)
+    if backend is not None:
+        console.print(backend, soft_wrap=True, highlight=False)
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     logger = RunLogger(run_dir, purge_from=logged_until + 1) if primary else None

@@ -5,6 +5,7 @@ A run configuration is a JSON-ready dict::
     {
       "env": "cartpole",
       "episode_length": null,          # wrap the env in an EpisodeWrapper of this length
+      "env_kwargs": {},                # options of nnx_ppo.envs.make, e.g. {"impl": "warp"}
       "network": {"kind": "auto", "hidden_sizes": [64, 64], "activation": "tanh"},
       "train": {...}                   # a TrainConfig, as checkpointing.config_to_dict writes it
     }
@@ -128,16 +129,25 @@ def preset(env_name: str) -> dict[str, Any]:
     return {
         "env": env_name,
         "episode_length": chosen.get("episode_length"),
+        "env_kwargs": {},
         "network": copy.deepcopy(chosen["network"]),
         "train": config_to_dict(train),
     }
 
 
+_FREE_FORM = frozenset({"env_kwargs"})
+"""Tables whose keys are the env's own options, checked by the env rather than here."""
+
+
 def merge(base: dict[str, Any], update: dict[str, Any], where: str = "") -> dict[str, Any]:
-    """``base`` with ``update`` merged in, recursively; unknown keys are an error."""
+    """``base`` with ``update`` merged in, recursively; unknown keys are an error
+    (except inside ``env_kwargs``, whose keys ``nnx_ppo.envs.make`` checks)."""
     merged = copy.deepcopy(base)
     for key, value in update.items():
         name = f"{where}{key}"
+        if where.rstrip(".") in _FREE_FORM:
+            merged[key] = copy.deepcopy(value)
+            continue
         if key not in merged:
             raise ValueError(f"unknown config key {name!r}; known here: {sorted(merged)}")
         if isinstance(merged[key], dict) and isinstance(value, dict):

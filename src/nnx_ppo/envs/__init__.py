@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 from collections.abc import Callable
 from typing import Any
+
+import jax
 
 from nnx_ppo.envs.cartpole import CartPole
 from nnx_ppo.envs.memory import MemoryTask
@@ -35,8 +38,11 @@ __all__ = [
     "TwoAgentReach",
     "make",
     "names",
+    "playground_backend",
     "time_limit",
 ]
+
+_log = logging.getLogger(__name__)
 
 _BUILT_IN: dict[str, Callable[..., RLEnv]] = {
     "cartpole": CartPole,
@@ -68,17 +74,40 @@ def make(name: str, **kwargs: Any) -> RLEnv:
       name: a built-in name (``cartpole``, ``pendulum``, ``memory``,
         ``two_agent``) or, with the ``playground`` extra installed, a MuJoCo
         Playground name (e.g. ``"CartpoleBalance"``).
-      **kwargs: the built-in env's constructor arguments, or for Playground,
-        ``mujoco_playground.registry.load``'s (``config``, ``config_overrides``).
+      **kwargs: the built-in env's constructor arguments. For Playground,
+        ``config`` (a whole ``ConfigDict``) and ``config_overrides`` (a dict),
+        as ``mujoco_playground.registry.load`` takes them, and any other keyword
+        is one more entry of ``config_overrides`` (e.g. ``impl="warp"``,
+        ``episode_length=500``).
+
+    A Playground env whose config has an ``impl`` (its simulator backend) gets
+    the fastest one for the platform JAX runs on unless ``impl`` is given:
+    ``"jax"`` (MJX) on CPU, where MuJoCo Warp is several times slower per step,
+    Playground's own default elsewhere. The choice is logged to the
+    ``nnx_ppo.envs`` logger, and :func:`playground_backend` reports it.
 
     Raises:
-      ValueError: ``name`` is none of the above; the message lists the names.
+      ValueError: ``name`` is none of the above (the message lists the names),
+        or a Playground override names a field its config lacks.
     """
     if name in _BUILT_IN:
         return _BUILT_IN[name](**kwargs)
     registry = _playground_registry()
     if registry is not None and name in registry.ALL_ENVS:
-        return registry.load(name, **kwargs)
+        config = kwargs.pop("config", None)
+        overrides = dict(kwargs.pop("config_overrides", None) or {}) | kwargs
+        defaults = registry.get_default_config(name) if config is None else config
+        unknown = sorted(key for key in overrides if key not in defaults)
+        if unknown:
+            raise ValueError(
+                f"make({name!r}): {', '.join(unknown)} is not a field of its Playground config; "
+                f"its fields: {', '.join(sorted(defaults))}"
+            )
+        if "impl" in defaults and "impl" not in overrides:
+            overrides["impl"] = playground_backend(name, defaults)
+        if "impl" in overrides:
+            _log.info("%s: simulator backend impl=%s", name, overrides["impl"])
+        return registry.load(name, config=config, config_overrides=overrides or None)
     built_in = ", ".join(_BUILT_IN)
     if registry is None:
         hint = (
@@ -87,3 +116,19 @@ def make(name: str, **kwargs: Any) -> RLEnv:
     else:
         hint = f"or one of the {len(registry.ALL_ENVS)} MuJoCo Playground envs in names()"
     raise ValueError(f"Unknown environment {name!r}. Built-in: {built_in}; {hint}.")
+
+
+def playground_backend(name: str, config: Any = None) -> str | None:
+    """The simulator backend :func:`make` gives the Playground env ``name`` by default.
+
+    ``"jax"`` (MJX) when JAX runs on CPU, else the env's own default; ``None``
+    for a name that is not a Playground env or whose config has no ``impl``.
+    """
+    if config is None:
+        registry = _playground_registry()
+        if registry is None or name not in registry.ALL_ENVS:
+            return None
+        config = registry.get_default_config(name)
+    if "impl" not in config:
+        return None
+    return "jax" if jax.default_backend() == "cpu" else str(config["impl"])
