@@ -85,10 +85,12 @@ def _train_step(
     network_states, env_states, transitions = rollout.unroll_env(
         env, carry.env_states, networks, carry.network_states, config.rollout_length, rollout_key
     )
-    advantages, targets = compute_advantages(
-        transitions, config.gae_lambda, config.discounting_factor
-    )
-    data = (carry.network_states, transitions, advantages, targets)
+    scored = transitions  # the critic learns returns of rewards * reward_scaling
+    if config.reward_scaling != 1.0:
+        scale = config.reward_scaling
+        scored = transitions.replace(rewards=jax.tree.map(lambda r: r * scale, transitions.rewards))
+    advantages, targets = compute_advantages(scored, config.gae_lambda, config.discounting_factor)
+    data = (carry.network_states, scored, advantages, targets)
     diagnostics, ran = _learn(networks, optimizer, data, learn_key, config)
     networks.update_statistics(transitions.rollout_extras)
     ended = rollout.episode_ended(transitions.done)
@@ -141,7 +143,14 @@ class _EnvArgument:
 
 
 _OPTIMIZER_FIELDS = frozenset(
-    {"total_steps", "learning_rate", "gradient_clipping", "weight_decay", "iterations_per_call"}
+    {
+        "total_steps",
+        "learning_rate",
+        "learning_rate_schedule",
+        "gradient_clipping",
+        "weight_decay",
+        "iterations_per_call",
+    }
 )
 """PPOConfig fields the compiled step never reads (they shape the run or the optimizer)."""
 

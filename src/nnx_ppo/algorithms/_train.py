@@ -418,7 +418,7 @@ def train_ppo(
             networks,
             config.ppo.n_envs,
             config.seed,
-            config.ppo.learning_rate,
+            config.ppo.optimizer_learning_rate(),
             config.ppo.gradient_clipping,
             config.ppo.weight_decay,
         )

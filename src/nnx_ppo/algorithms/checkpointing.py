@@ -177,6 +177,7 @@ _FIELD_FORMS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     ),
     "dict[str, Any]": ('an object, e.g. {"height": 480}', lambda v: isinstance(v, dict)),
     "AdvantageNormalization": ('"per_leaf" or "global"', lambda v: v in ("per_leaf", "global")),
+    "LearningRateSchedule": ('"constant" or "linear"', lambda v: v in ("constant", "linear")),
     "LoggingLevel": (
         'flag names: "ALL", "LOSSES|GRAD_NORM" or ["LOSSES", "GRAD_NORM"]',
         lambda v: _logging_level(v) is not None,

@@ -9,11 +9,13 @@ field changed after construction is checked too).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+import optax
 
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
 from nnx_ppo.contract.arguments import require_int, require_number
@@ -28,6 +30,13 @@ __all__ = [
 ]
 
 AdvantageNormalization = Literal["per_leaf", "global"]
+LearningRateSchedule = Literal["constant", "linear"]
+
+
+@functools.lru_cache(maxsize=32)
+def _linear_decay(start: float, updates: int) -> Callable[[Any], Any]:
+    """One schedule object per setting, so runs with equal settings share a compiled step."""
+    return optax.linear_schedule(start, 0.0, transition_steps=updates)
 
 
 def __getattr__(name: str) -> Any:
@@ -93,6 +102,12 @@ class PPOConfig:
         compiled call (one round-trip to the host) whenever no evaluation, video or
         checkpoint falls due before the last of them; the result is the same as
         running them one by one, and ``log_fn`` still gets every step's metrics.
+      reward_scaling: multiply the rewards by this before computing advantages and
+        value targets (the critic learns scaled returns); logged returns and
+        evaluations stay in the env's units. 1 leaves them as they are.
+      learning_rate_schedule: ``"constant"``, or ``"linear"`` to decay a number
+        ``learning_rate`` to 0 over the run's gradient updates
+        (``ceil(total_steps / steps_per_iteration) * n_epochs * n_minibatches``).
     """
 
     n_envs: int = 256
@@ -115,6 +130,8 @@ class PPOConfig:
     advantage_normalization: AdvantageNormalization = "per_leaf"
     target_kl: float | None = None
     iterations_per_call: int = 1
+    reward_scaling: float = 1.0
+    learning_rate_schedule: LearningRateSchedule = "constant"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -155,6 +172,25 @@ class PPOConfig:
                 "PPOConfig.advantage_normalization must be 'per_leaf' or 'global', "
                 f"got {self.advantage_normalization!r}"
             )
+        require_number(owner, "reward_scaling", self.reward_scaling, minimum=0.0, strict=True)
+        if self.learning_rate_schedule not in ("constant", "linear"):
+            raise ValueError(
+                "PPOConfig.learning_rate_schedule must be 'constant' or 'linear', "
+                f"got {self.learning_rate_schedule!r}"
+            )
+        if self.learning_rate_schedule == "linear" and callable(self.learning_rate):
+            raise ValueError(
+                "PPOConfig.learning_rate_schedule='linear' decays a number; learning_rate is "
+                "already a schedule (leave learning_rate_schedule='constant')"
+            )
+
+    def optimizer_learning_rate(self) -> float | Callable[[Any], Any]:
+        """What the optimizer gets: ``learning_rate``, or its linear decay to 0 over the run."""
+        if self.learning_rate_schedule == "constant" or callable(self.learning_rate):
+            return self.learning_rate
+        iterations = -(-self.total_steps // self.steps_per_iteration)
+        updates = iterations * self.n_epochs * self.n_minibatches
+        return _linear_decay(float(self.learning_rate), updates)
 
     @property
     def steps_per_iteration(self) -> int:

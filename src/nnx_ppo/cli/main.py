@@ -300,7 +300,7 @@ def _train_locked(
             network,
             ppo_config.n_envs,
             train_config.seed,
-            ppo_config.learning_rate,
+            ppo_config.optimizer_learning_rate(),
             ppo_config.gradient_clipping,
             ppo_config.weight_decay,
         )

@@ -52,6 +52,7 @@ FIXED_ON_RESUME = (
     "network.activation",
     "train.ppo.n_envs",
     "train.ppo.gradient_clipping",
+    "train.ppo.learning_rate_schedule",
 )
 """Settings that shape the saved state: a resumed run keeps them (clipping: on or off)."""
 

@@ -1,0 +1,98 @@
+"""Reward scaling and learning-rate schedules, as configured."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from nnx_ppo.algorithms import _step
+from nnx_ppo.algorithms.checkpointing import config_from_dict
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
+
+
+def test_reward_scaling_scales_what_the_critic_learns_and_not_what_is_logged(
+    counting_env, scripted_network, monkeypatch
+):
+    config = PPOConfig(n_envs=4, rollout_length=6, n_minibatches=1, n_epochs=1, reward_scaling=2.5)
+    seen: dict[str, list] = {"scored": [], "logged": []}
+    score, track = _step.compute_advantages, _step.track_episodes
+
+    def scoring(rollout_data, *args):
+        seen["scored"].append(np.asarray(rollout_data.rewards))
+        return score(rollout_data, *args)
+
+    def tracking(running, rewards, ended):
+        seen["logged"].append(np.asarray(rewards))
+        return track(running, rewards, ended)
+
+    monkeypatch.setattr(_step, "compute_advantages", scoring)
+    monkeypatch.setattr(_step, "track_episodes", tracking)
+    network = scripted_network()
+    state = new_training_state(counting_env, network, config.n_envs, seed=0)
+    carry = _step.StepCarry(
+        state.network_states,
+        state.env_states,
+        _step._no_running_episodes(state.env_states),
+        state.rng_key,
+    )
+    _step._train_step(counting_env, config, network, state.optimizer, carry)  # eagerly
+    (scored,), (logged,) = seen["scored"], seen["logged"]
+    assert logged.max() > 0
+    np.testing.assert_allclose(scored, 2.5 * logged)
+
+
+def test_reward_scaling_must_be_positive():
+    with pytest.raises(ValueError, match="reward_scaling"):
+        PPOConfig(reward_scaling=0.0)
+
+
+def test_a_linear_schedule_decays_to_zero_over_the_runs_updates():
+    config = PPOConfig(
+        n_envs=4,
+        rollout_length=8,
+        n_epochs=2,
+        n_minibatches=2,
+        total_steps=3 * 32,
+        learning_rate=1e-3,
+        learning_rate_schedule="linear",
+    )
+    rate = config.optimizer_learning_rate()
+    assert callable(rate)
+    updates = 3 * 2 * 2
+    np.testing.assert_allclose([rate(0), rate(updates // 2), rate(updates)], [1e-3, 5e-4, 0.0])
+    assert config.optimizer_learning_rate() is rate  # one schedule: one compiled step
+    assert PPOConfig(learning_rate=1e-3).optimizer_learning_rate() == 1e-3
+
+
+def test_schedule_settings_are_checked_and_read_from_a_config_file():
+    with pytest.raises(ValueError, match="'constant' or 'linear'"):
+        PPOConfig(learning_rate_schedule="cosine")
+    with pytest.raises(ValueError, match="already a schedule"):
+        PPOConfig(learning_rate=optax.constant_schedule(1e-3), learning_rate_schedule="linear")
+    parsed = config_from_dict({"ppo": {"learning_rate_schedule": "linear", "reward_scaling": 10}})
+    assert (parsed.ppo.learning_rate_schedule, parsed.ppo.reward_scaling) == ("linear", 10)
+
+
+def test_train_ppo_gives_the_optimizer_the_schedule(counting_env, scripted_network):
+    def counters(schedule: str) -> list[int]:
+        ppo = PPOConfig(
+            n_envs=4,
+            rollout_length=8,
+            n_epochs=1,
+            n_minibatches=1,
+            total_steps=2 * 32,
+            learning_rate=1e-2,
+            learning_rate_schedule=schedule,
+        )
+        config = TrainConfig(ppo=ppo, eval=EvalConfig(enabled=False))
+        result = train_ppo(counting_env, scripted_network(), config)
+        leaves = jax.tree.leaves(nnx.state(result.training_state.optimizer))
+        return [int(leaf) for leaf in leaves if np.asarray(leaf).dtype == np.int32]
+
+    # Adam counts its updates; a scheduled rate adds the schedule's own count of them.
+    assert counters("constant") == [2]  # Adam's count
+    assert counters("linear") == [2, 2]
