@@ -50,16 +50,15 @@ def test_reward_scaling_must_be_positive():
         PPOConfig(reward_scaling=0.0)
 
 
-def test_a_linear_schedule_decays_to_zero_over_the_runs_updates():
-    config = PPOConfig(
-        n_envs=4,
-        rollout_length=8,
-        n_epochs=2,
-        n_minibatches=2,
-        total_steps=3 * 32,
-        learning_rate=1e-3,
-        learning_rate_schedule="linear",
+def small_config(schedule: str, **sizes: int) -> PPOConfig:
+    """4 envs x 8 steps per PPO step, a learning rate of 1e-3 on ``schedule``."""
+    return PPOConfig(
+        n_envs=4, rollout_length=8, learning_rate=1e-3, learning_rate_schedule=schedule, **sizes
     )
+
+
+def test_a_linear_schedule_decays_to_zero_over_the_runs_updates():
+    config = small_config("linear", n_epochs=2, n_minibatches=2, total_steps=3 * 32)
     rate = config.optimizer_learning_rate()
     assert callable(rate)
     updates = 3 * 2 * 2
@@ -79,15 +78,7 @@ def test_schedule_settings_are_checked_and_read_from_a_config_file():
 
 def test_train_ppo_gives_the_optimizer_the_schedule(counting_env, scripted_network):
     def counters(schedule: str) -> list[int]:
-        ppo = PPOConfig(
-            n_envs=4,
-            rollout_length=8,
-            n_epochs=1,
-            n_minibatches=1,
-            total_steps=2 * 32,
-            learning_rate=1e-2,
-            learning_rate_schedule=schedule,
-        )
+        ppo = small_config(schedule, n_epochs=1, n_minibatches=1, total_steps=2 * 32)
         config = TrainConfig(ppo=ppo, eval=EvalConfig(enabled=False))
         result = train_ppo(counting_env, scripted_network(), config)
         leaves = jax.tree.leaves(nnx.state(result.training_state.optimizer))

@@ -114,13 +114,25 @@ def test_registry_loads_playground_names_through_its_registry(
     registry = types.SimpleNamespace(
         ALL_ENVS=("CartpoleBalance",),
         load=lambda name, **kwargs: loaded.append((name, kwargs)) or "playground env",
+        get_default_config=lambda name: {"episode_length": 1000, "impl": "warp"},
     )
     fake = types.ModuleType("mujoco_playground")
     fake.__spec__ = importlib.machinery.ModuleSpec("mujoco_playground", None)
     fake.registry = registry  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "mujoco_playground", fake)
     assert envs.make("CartpoleBalance", config_overrides={"episode_length": 9}) == "playground env"
-    assert loaded == [("CartpoleBalance", {"config_overrides": {"episode_length": 9}})]
+    # On CPU the backend defaults to MJX's ("jax"); keywords join the overrides.
+    assert envs.make("CartpoleBalance", impl="warp") == "playground env"
+    assert loaded == [
+        (
+            "CartpoleBalance",
+            {"config": None, "config_overrides": {"episode_length": 9, "impl": "jax"}},
+        ),
+        ("CartpoleBalance", {"config": None, "config_overrides": {"impl": "warp"}}),
+    ]
+    assert envs.playground_backend("CartpoleBalance") == "jax"
+    with pytest.raises(ValueError, match="flavour is not a field of its Playground config"):
+        envs.make("CartpoleBalance", flavour=1)
     assert envs.names() == (*BUILT_IN, "CartpoleBalance")
     with pytest.raises(ValueError, match=r"1 MuJoCo Playground envs"):
         envs.make("Nope")
