@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,7 @@ def equivalence(directory: Path) -> dict[str, Any]:
             "eval_return": result.eval_history[-1]["episode_reward_mean"],
         }
     found["parameter_difference"] = largest_difference(runs[1], runs[4])
+    found["moving_collectives"] = moving_collectives(env, state, config(4, STEP).ppo)
 
     # Both continue for one more step: straight on, and from the other's checkpoint.
     resumed = {}
@@ -109,6 +111,28 @@ def equivalence(directory: Path) -> dict[str, Any]:
         }
     found["resumed_difference"] = largest_difference(resumed[4], resumed[1])
     return found
+
+
+def moving_collectives(env: Any, state: Any, ppo_config: PPOConfig) -> list[str]:
+    """The collectives in the compiled 4-device PPO step that move data between devices.
+
+    All-reduces (the gradient, statistics, metrics) sum in place; an all-gather,
+    all-to-all, collective-permute or reduce-scatter would move rollout data.
+    """
+    from nnx_ppo.algorithms import _step, sharding
+
+    mesh = sharding.mesh_of(state)
+    graphdef, arrays = nnx.split((state.networks, state.optimizer))
+    carry = _step.StepCarry(
+        state.network_states, state.env_states, state.running_episodes, state.rng_key
+    )
+    with sharding.training_mesh(mesh):
+        lowered = _step._compiled_steps.lower(
+            _step._EnvArgument(env), _step._ConfigArgument(ppo_config), graphdef, arrays, carry, 1
+        )
+    text = lowered.compile().as_text()
+    pattern = r"\b(all-gather|all-to-all|collective-permute|reduce-scatter)[-a-z]*\("
+    return sorted(set(re.findall(pattern, text)))
 
 
 def errors() -> dict[str, str]:

@@ -47,6 +47,8 @@ def test_four_devices_train_like_one_and_resume_on_another_count(tmp_path):
     assert "P('data',)" in four["env_state_specs"]
     assert four["carry_specs"] == ["P('data',)"]
     assert four["parameter_specs"] == ["P()"]
+    # No rollout moves between devices: the step's only collectives are all-reduces.
+    assert found["moving_collectives"] == []
     # Same seed and global batch: the same parameters, up to float reassociation.
     assert found["parameter_difference"] < 1e-5
     assert one["eval_return"] == pytest.approx(four["eval_return"])

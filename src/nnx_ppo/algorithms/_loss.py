@@ -84,19 +84,20 @@ def _replay(
 def _replay_flat(
     networks: StatefulModule, rollout_data: Transition
 ) -> tuple[PPONetworkOutput, Float[Array, " T"]]:
-    """Every step of the rollout in one call over ``T * B`` rows, from the stored carries.
+    """Every step of the rollout in one call over ``B * T`` rows, from the stored carries.
 
     Rows are independent (a forward pass is per-sample pure), so this is the
     scan's result, computed with a few large matrix products instead of ``T``
-    small ones.
+    small ones. The rows go env by env (``B`` major): an env axis split over
+    devices then stays split, each device replaying its own envs.
     """
     time_steps, n_envs = jax.tree.leaves(rollout_data.rewards)[0].shape
 
     def flat(x: Array) -> Array:
-        return x.reshape((-1, *x.shape[2:]))
+        return jnp.swapaxes(x, 0, 1).reshape((-1, *x.shape[2:]))
 
     def unflat(x: Array) -> Array:
-        return x.reshape((time_steps, -1, *x.shape[1:]))
+        return jnp.swapaxes(x.reshape((n_envs, time_steps, *x.shape[1:])), 0, 1)
 
     out = networks(
         jax.tree.map(flat, rollout_data.carries),
@@ -105,8 +106,8 @@ def _replay_flat(
     )
     checked_ppo_output(out.output, "ppo_loss", jax.tree.map(flat, rollout_data.rewards))
     output = jax.tree.map(unflat, out.output)
-    regularization = jnp.broadcast_to(out.regularization_loss, (time_steps * n_envs,))
-    return output, jnp.mean(regularization.reshape(time_steps, n_envs), axis=1)
+    regularization = jnp.broadcast_to(out.regularization_loss, (n_envs * time_steps,))
+    return output, jnp.mean(regularization.reshape(n_envs, time_steps), axis=0)
 
 
 def _policy_advantages(advantages: Any, loglikelihoods: Any, combine: bool) -> Any:
