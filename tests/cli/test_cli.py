@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
+from cli_runs import TINY, parameters, train
 from flax import nnx
 
 from nnx_ppo.algorithms.checkpointing import (
@@ -25,31 +25,6 @@ from nnx_ppo.cli.main import main
 from nnx_ppo.cli.run_dir import read_metrics
 from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_default_network
-
-# 8 envs x 16 steps per iteration: 128 env steps per PPO step.
-TINY = [
-    "--set", "ppo.n_envs=8",
-    "--set", "ppo.rollout_length=16",
-    "--set", "ppo.n_minibatches=2",
-    "--set", "ppo.n_epochs=2",
-    "--set", "eval.n_envs=4",
-    "--set", "eval.every_steps=512",
-    "--set", "eval.max_episode_length=50",
-    "--set", "checkpoint_every_steps=512",
-    "--set", "network.hidden_sizes=[16]",
-]  # fmt: skip
-
-
-def train(run_dir: Path, steps: int, *extra: str) -> int:
-    return main(["train", "--steps", str(steps), "--run-dir", str(run_dir), *TINY, *extra])
-
-
-def parameters(run_dir: Path) -> list[np.ndarray]:
-    """The network parameters of a run's latest checkpoint."""
-    env = make("cartpole")
-    network = make_default_network(env, nnx.Rngs(0), hidden_sizes=[16])
-    load_checkpoint(run_dir, network)
-    return [np.asarray(leaf) for leaf in jax.tree.leaves(nnx.state(network, nnx.Param))]
 
 
 def test_train_writes_a_complete_run_directory(tmp_path: Path) -> None:

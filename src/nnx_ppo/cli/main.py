@@ -1,6 +1,7 @@
-"""The ``nnx-ppo`` command: ``train``, ``eval``, ``envs`` and ``check``.
+"""The ``nnx-ppo`` command: ``train``, ``eval``, ``envs``, ``preset`` and ``check``.
 
-``nnx-ppo train`` trains the built-in cart-pole with its preset and writes a run
+``nnx-ppo train`` trains the built-in cart-pole with its preset (``nnx-ppo preset
+NAME`` prints an env's preset file) and writes a run
 directory (see :mod:`nnx_ppo.cli.run_dir`); ``--env``, ``--config`` and ``--set``
 choose another env or change the preset, ``--resume RUN_DIR`` continues a run
 from its latest checkpoint. Ctrl-C or SIGTERM finishes the current PPO step,
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 import time
@@ -95,6 +97,10 @@ def _build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0)
 
     commands.add_parser("envs", help="list environments with their observation/action specs")
+    show_preset = commands.add_parser(
+        "preset", help="print an env's preset file (TOML), to copy, edit and pass to --config"
+    )
+    show_preset.add_argument("name", help="an env name, or 'playground' for the generic one")
     check.add_parser(commands)
     return parser
 
@@ -139,6 +145,7 @@ def _make_network(env: Any, run_config: dict[str, Any]) -> Any:
         kind=network["kind"],
         hidden_sizes=network["hidden_sizes"],
         activation=network["activation"],
+        entropy_weight=network.get("entropy_weight"),
     )
 
 
@@ -277,6 +284,7 @@ def _train_locked(
         make_checkpoint_fn,
     )
     from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
+    from nnx_ppo.cli.native_output import SimulatorWarnings
     from nnx_ppo.cli.progress import TrainingProgress
     from nnx_ppo.cli.run_dir import RunLogger, read_metrics, trim_metrics, write_atomically
     from nnx_ppo.networks.network_summary import print_summary
@@ -347,8 +355,12 @@ def _train_locked(
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     logger = RunLogger(run_dir, purge_from=logged_until + 1) if primary else None
+    simulator_log = _log_simulator_warnings(run_dir) if primary else None
     try:
-        with TrainingProgress(planned, console, start_step) as progress:
+        with (
+            SimulatorWarnings() as simulator,
+            TrainingProgress(planned, console, start_step) as progress,
+        ):
             if primary:
                 progress.remember(read_metrics(run_dir / "metrics.jsonl"))
 
@@ -373,14 +385,39 @@ def _train_locked(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if simulator_log is not None:
+            _SIMULATOR_LOGGER.removeHandler(simulator_log)
+            simulator_log.close()
         if logger is not None:
             logger.close()
             _plot(run_dir, run_config["env"], console)
     extra = {"run directory": str(run_dir), "checkpoint": f"step {result.total_steps:,}"}
+    if backend is not None or simulator.count:
+        where = f" (logged in {run_dir / SIMULATOR_LOG})" if simulator.count else ""
+        extra["simulator warnings"] = f"{simulator.count:,}{where}"
     if stop.is_set():
         extra["stopped by"] = f"{stop.signal_name}; resume with nnx-ppo train --resume {run_dir}"
     console.print(progress.summary(extra))
     return 0
+
+
+SIMULATOR_LOG = "simulator.log"
+"""The run directory's log of the simulator warnings a run's native code printed."""
+
+_SIMULATOR_LOGGER = logging.getLogger("nnx_ppo.simulator")
+
+
+def _log_simulator_warnings(run_dir: Path) -> logging.Handler:
+    """Send the ``nnx_ppo.simulator`` logger to the run's ``simulator.log``, not the terminal.
+
+    The file is created at the first warning; the caller removes the handler.
+    """
+    handler = logging.FileHandler(run_dir / SIMULATOR_LOG, delay=True, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    _SIMULATOR_LOGGER.setLevel(logging.DEBUG)
+    _SIMULATOR_LOGGER.propagate = False
+    _SIMULATOR_LOGGER.addHandler(handler)
+    return handler
 
 
 class _Diverged(Exception):
@@ -450,6 +487,20 @@ def _list_envs(console: Console) -> int:
     return 0
 
 
+def _print_preset(name: str) -> int:
+    """Print the preset file that ``nnx-ppo train --env name`` starts from."""
+    from nnx_ppo import envs
+    from nnx_ppo.cli.presets import preset_names, preset_path
+
+    if name not in preset_names() and name not in envs.names():
+        raise ValueError(
+            f"no preset for {name!r}: it is neither an env (see nnx-ppo envs) nor one of the "
+            f"preset files {', '.join(preset_names())}"
+        )
+    sys.stdout.write(preset_path(name).read_text())
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``nnx-ppo`` command; returns the exit status."""
     from nnx_ppo.cli.run_dir import RunLockedError
@@ -463,6 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _evaluate(args, console)
         if args.command == "check":
             return check.run(args, console)
+        if args.command == "preset":
+            return _print_preset(args.name)
         return _list_envs(console)
     except _Diverged as error:
         _print_error(

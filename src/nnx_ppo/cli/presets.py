@@ -6,12 +6,15 @@ A run configuration is a JSON-ready dict::
       "env": "cartpole",
       "episode_length": null,          # wrap the env in an EpisodeWrapper of this length
       "env_kwargs": {},                # options of nnx_ppo.envs.make, e.g. {"impl": "warp"}
-      "network": {"kind": "auto", "hidden_sizes": [64, 64], "activation": "tanh"},
+      "network": {"kind": "auto", "hidden_sizes": [64, 64], "activation": "tanh",
+                  "entropy_weight": null},  # null: the network's default bonus
       "train": {...}                   # a TrainConfig, as checkpointing.config_to_dict writes it
     }
 
-Each built-in env has a preset tuned to converge within a few minutes on two CPU
-cores; ``--config FILE`` and ``--set key=value`` override any part of it. Unless
+Each built-in env, and each Playground env with a file in ``preset_files/``, has a
+preset tuned to converge within minutes on two CPU cores (other Playground envs
+share ``playground.toml``); ``--config FILE`` and ``--set key=value`` override
+any part of it. Unless
 set, the evaluation and checkpoint cadences follow the run's length: about ten
 evaluations and five checkpoints per run, on whole PPO steps.
 """
@@ -24,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo.algorithms.checkpointing import config_from_dict, config_to_dict
-from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.types import LoggingLevel
 from nnx_ppo.networks.factories import ACTIVATIONS
 
@@ -38,6 +41,8 @@ __all__ = [
     "merge",
     "parse_run_config",
     "preset",
+    "preset_names",
+    "preset_path",
     "read_config_file",
 ]
 
@@ -68,72 +73,56 @@ def fixed_on_resume() -> str:
     )
 
 
-_COMMON_PPO = {
-    "learning_rate": 1e-3,
-    "critic_loss_weight": 0.5,
-    "gradient_clipping": 0.5,
-    "logging_level": LoggingLevel.LOSSES
+PRESET_DIR = Path(__file__).with_name("preset_files")
+"""The preset files, one TOML run configuration per env kind (``nnx-ppo preset NAME``)."""
+
+GENERIC_PRESET = "playground"
+"""The preset of a Playground env without a file of its own."""
+
+_CLI_LOGGING = (
+    LoggingLevel.LOSSES
     | LoggingLevel.ACTOR_EXTRA
     | LoggingLevel.CRITIC_EXTRA
     | LoggingLevel.ROLLOUT_STATS
     | LoggingLevel.GRAD_NORM
-    | LoggingLevel.THROUGHPUT,
-}
+    | LoggingLevel.THROUGHPUT
+)
+"""What ``nnx-ppo train`` logs unless a config says otherwise."""
 
-_PRESETS: dict[str, dict[str, Any]] = {
-    "cartpole": {
-        "network": {"kind": "mlp", "hidden_sizes": [64, 64], "activation": "tanh"},
-        "ppo": {"n_envs": 32, "rollout_length": 64, "total_steps": 500_000},
-        "eval": {"every_steps": 50_000, "n_envs": 32, "max_episode_length": 500},
-    },
-    "pendulum": {
-        "network": {"kind": "mlp", "hidden_sizes": [64, 64], "activation": "tanh"},
-        # A short horizon and more epochs per rollout: the swing-up's value is mostly near-term.
-        "ppo": {
-            "n_envs": 32,
-            "rollout_length": 100,
-            "total_steps": 500_000,
-            "discounting_factor": 0.9,
-            "n_epochs": 10,
-        },
-        "eval": {"every_steps": 50_000, "n_envs": 32, "max_episode_length": 200},
-    },
-    "memory": {
-        "network": {"kind": "lstm", "hidden_sizes": [32], "activation": "tanh"},
-        "ppo": {"n_envs": 32, "rollout_length": 24, "total_steps": 100_000, "learning_rate": 3e-3},
-        "eval": {"every_steps": 25_000, "n_envs": 256, "max_episode_length": 10},
-    },
-    "two_agent": {
-        "network": {"kind": "mlp", "hidden_sizes": [32], "activation": "tanh"},
-        "ppo": {"n_envs": 32, "rollout_length": 25, "total_steps": 200_000, "learning_rate": 3e-3},
-        "eval": {"every_steps": 50_000, "n_envs": 64, "max_episode_length": 50},
-    },
-}
 
-_PLAYGROUND = {
-    "network": {"kind": "mlp", "hidden_sizes": [64, 64], "activation": "tanh"},
-    "ppo": {"n_envs": 256, "rollout_length": 30, "total_steps": 5_000_000},
-    "eval": {"every_steps": 500_000, "n_envs": 64, "max_episode_length": 1000},
-    "episode_length": 1000,
-}
+def preset_path(env_name: str) -> Path:
+    """The preset file for ``env_name``: its own, else the generic Playground one."""
+    own = PRESET_DIR / f"{env_name}.toml"
+    return own if own.is_file() else PRESET_DIR / f"{GENERIC_PRESET}.toml"
+
+
+def preset_names() -> list[str]:
+    """The names of the preset files: env names, and the generic ``playground``."""
+    return sorted(path.stem for path in PRESET_DIR.glob("*.toml"))
 
 
 def preset(env_name: str) -> dict[str, Any]:
-    """The run configuration preset for ``env_name`` (Playground envs share one)."""
-    chosen = _PRESETS.get(env_name, _PLAYGROUND)
-    train = TrainConfig(
-        ppo=PPOConfig(**(_COMMON_PPO | chosen["ppo"])),
-        eval=EvalConfig(**chosen["eval"]),
-        seed=0,
-        checkpoint_every_steps=max(chosen["ppo"]["total_steps"] // CHECKPOINTS_PER_RUN, 1),
-    )
-    return {
+    """The run configuration preset for ``env_name``.
+
+    The library's defaults (with the CLI's logging), overridden by the env's
+    preset file (:func:`preset_path`); the evaluation and checkpoint cadences
+    the file does not set follow the run's length.
+    """
+    settings = read_config_file(preset_path(env_name))
+    settings.pop("env", None)
+    base = {
         "env": env_name,
-        "episode_length": chosen.get("episode_length"),
+        "episode_length": None,
         "env_kwargs": {},
-        "network": copy.deepcopy(chosen["network"]),
-        "train": config_to_dict(train),
+        "network": {
+            "kind": "auto",
+            "hidden_sizes": [64, 64],
+            "activation": "tanh",
+            "entropy_weight": None,
+        },
+        "train": config_to_dict(TrainConfig(ppo=PPOConfig(logging_level=_CLI_LOGGING), seed=0)),
     }
+    return follow_run_length(merge(base, settings), set(leaf_keys(settings)))
 
 
 _FREE_FORM = frozenset({"env_kwargs"})
@@ -255,6 +244,14 @@ def parse_run_config(config: dict[str, Any]) -> tuple[dict[str, Any], TrainConfi
             f"[64, 64]; got {json.dumps(network.get('hidden_sizes'))}"
         )
     network["hidden_sizes"] = sizes
+    entropy = network.setdefault("entropy_weight", None)
+    if entropy is not None and (
+        isinstance(entropy, bool) or not isinstance(entropy, int | float) or entropy < 0
+    ):
+        raise ValueError(
+            "config field network.entropy_weight must be a number >= 0, or null for the "
+            f"network's default; got {json.dumps(entropy)}"
+        )
     if network.get("activation") not in ACTIVATIONS:
         raise ValueError(
             f"config field network.activation must be one of {', '.join(sorted(ACTIVATIONS))}; "

@@ -3,7 +3,8 @@
 Layout of a run directory::
 
     config.json          the resolved configuration (env, seed, network preset, TrainConfig)
-    metrics.jsonl        one JSON object per logged iteration: {"step": s, "<name>": value, ...}
+    metrics.jsonl        one JSON object per logged iteration:
+                         {"step": s, "time": unix seconds, "<name>": value, ...}
     events.out.tfevents.*  the same scalars for TensorBoard (one file per session)
     learning_curve.png   evaluation (and training) return against environment steps
     checkpoints/         Orbax checkpoints, step_0000000512/ etc. (nnx_ppo.algorithms.checkpointing)
@@ -20,6 +21,7 @@ import fcntl
 import json
 import math
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,7 +110,8 @@ class RunLogger:
         self._writer = SummaryWriter(logdir=str(run_dir), purge_step=purge_from)
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
-        record = {"step": int(step), **{k: _json_number(v) for k, v in metrics.items()}}
+        record = {"step": int(step), "time": time.time()}
+        record |= {k: _json_number(v) for k, v in metrics.items()}
         with self.metrics_path.open("a") as stream:
             stream.write(json.dumps(record) + "\n")
         for name, value in metrics.items():

@@ -336,6 +336,7 @@ def make_default_network(
     kind: str = "auto",
     hidden_sizes: Sequence[int] = (64, 64),
     activation: Activation | str = nnx.tanh,
+    entropy_weight: float | None = None,
 ) -> StatefulModule:
     """The preset network for an environment, chosen from its observation and action spec.
 
@@ -348,7 +349,9 @@ def make_default_network(
     - otherwise (Playground envs included): :func:`make_mlp_actor_critic`.
 
     The MLPs use ``hidden_sizes`` for actor and critic alike, and every preset
-    normalises observations.
+    normalises observations. ``entropy_weight`` sets the action sampler's entropy
+    bonus; ``None`` keeps each factory's default (``1e-2``; ``1e-3`` for the
+    continuous per-agent actors).
     """
     owner = "make_default_network"
     if kind not in ("auto", "mlp", "lstm"):
@@ -358,6 +361,7 @@ def make_default_network(
         raise ValueError(f"{owner}: hidden_sizes is empty")
     obs_size, action_size = env.observation_size, env.action_size
     discrete = bool(getattr(env, "discrete_actions", False))
+    bonus = {} if entropy_weight is None else {"entropy_weight": entropy_weight}
     if kind == "lstm" or (kind == "auto" and getattr(env, "requires_memory", False)):
         return make_lstm_actor_critic(
             _width(owner, obs_size),
@@ -366,10 +370,11 @@ def make_default_network(
             rngs,
             discrete=discrete,
             activation=activation,
+            **bonus,
         )
     if isinstance(action_size, Mapping):
         return _per_agent_actor_critic(
-            owner, obs_size, action_size, hidden, rngs, discrete, activation
+            owner, obs_size, action_size, hidden, rngs, discrete, activation, entropy_weight
         )
     if isinstance(obs_size, Mapping):
         obs_size = {key: _width(owner, size) for key, size in obs_size.items()}
@@ -377,9 +382,11 @@ def make_default_network(
         obs_size = _width(owner, obs_size)
     if discrete:
         return make_discrete_mlp_actor_critic(
-            obs_size, action_size, hidden, hidden, rngs, activation=activation
+            obs_size, action_size, hidden, hidden, rngs, activation=activation, **bonus
         )
-    return make_mlp_actor_critic(obs_size, action_size, hidden, hidden, rngs, activation=activation)
+    return make_mlp_actor_critic(
+        obs_size, action_size, hidden, hidden, rngs, activation=activation, **bonus
+    )
 
 
 def _per_agent_actor_critic(
@@ -390,6 +397,7 @@ def _per_agent_actor_critic(
     rngs: nnx.Rngs,
     discrete: bool,
     activation: Activation | str,
+    entropy_weight: float | None,
 ) -> StatefulModule:
     if not isinstance(obs_size, Mapping) or set(obs_size) != set(action_size):
         raise ValueError(
@@ -403,9 +411,11 @@ def _per_agent_actor_critic(
     for key, size in action_size.items():
         sampler: ActionSampler
         if discrete:
-            sampler, n_out = CategoricalSampler(rngs, entropy_weight=1e-2), size
+            weight = 1e-2 if entropy_weight is None else entropy_weight
+            sampler, n_out = CategoricalSampler(rngs, entropy_weight=weight), size
         else:
-            sampler, n_out = NormalTanhSampler(rngs, entropy_weight=1e-3), 2 * size
+            weight = 1e-3 if entropy_weight is None else entropy_weight
+            sampler, n_out = NormalTanhSampler(rngs, entropy_weight=weight), 2 * size
         layers = make_mlp_layers([widths[key], *hidden, n_out], rngs, activation, False)
         actors[key] = Sequential([*layers, sampler])
         critics[key] = make_mlp([widths[key], *hidden, 1], rngs, activation, False)

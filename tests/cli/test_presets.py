@@ -1,0 +1,79 @@
+"""The preset files: each loads into a valid run config, prints, and works as a --config file."""
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from flax import nnx
+
+from nnx_ppo.cli.main import _build_parser, _make_network, _resolve_config, main
+from nnx_ppo.cli.presets import (
+    GENERIC_PRESET,
+    PRESET_DIR,
+    apply_override,
+    parse_run_config,
+    preset,
+    preset_names,
+    preset_path,
+)
+from nnx_ppo.envs import make
+from nnx_ppo.networks.sampling_layers import ActionSampler
+
+BUILT_IN = ("cartpole", "pendulum", "memory", "two_agent")
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_file_is_a_valid_run_config(name: str) -> None:
+    config, train_config = parse_run_config(preset(name))
+    settings = tomllib.loads(preset_path(name).read_text())
+    assert settings.get("env", name) == name
+    for key, value in settings.get("train", {}).get("ppo", {}).items():
+        assert getattr(train_config.ppo, key) == value, key
+    assert config["network"]["kind"] == settings["network"]["kind"]
+
+
+def test_each_built_in_env_has_its_own_preset_and_playground_names_share_one() -> None:
+    for name in BUILT_IN:
+        assert preset_path(name) == PRESET_DIR / f"{name}.toml"
+    assert preset_path("HopperHop") == PRESET_DIR / f"{GENERIC_PRESET}.toml"
+    assert preset("HopperHop")["env"] == "HopperHop"
+    assert preset("HopperHop")["episode_length"] == 1000
+
+
+def test_presets_scale_their_cadences_to_the_run_length() -> None:
+    ppo = preset("cartpole")["train"]
+    per_step = ppo["ppo"]["n_envs"] * ppo["ppo"]["rollout_length"]
+    assert ppo["eval"]["every_steps"] % per_step == 0
+    assert ppo["checkpoint_every_steps"] % per_step == 0
+    assert ppo["ppo"]["total_steps"] // ppo["eval"]["every_steps"] in range(9, 11)
+
+
+def test_the_preset_command_prints_the_file_and_refuses_unknown_names(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["preset", "pendulum"]) == 0
+    assert capsys.readouterr().out == (PRESET_DIR / "pendulum.toml").read_text()
+    assert main(["preset", "no_such_env"]) == 2
+    error = capsys.readouterr().out
+    assert "no preset for 'no_such_env'" in error and "pendulum" in error
+
+
+def test_a_copied_preset_file_resolves_to_the_same_config(tmp_path: Path) -> None:
+    copied = tmp_path / "my.toml"
+    copied.write_text((PRESET_DIR / "pendulum.toml").read_text())
+    parser = _build_parser()
+    from_file = _resolve_config(parser.parse_args(["train", "--config", str(copied)]))
+    from_env = _resolve_config(parser.parse_args(["train", "--env", "pendulum"]))
+    assert from_file == from_env
+
+
+def test_entropy_weight_reaches_the_sampler_and_bad_values_are_named() -> None:
+    config = apply_override(preset("cartpole"), "network.entropy_weight=0.05")
+    config, _ = parse_run_config(config)
+    network = _make_network(make("cartpole"), config)
+    samplers = [m for _, m in nnx.iter_modules(network) if isinstance(m, ActionSampler)]
+    assert [sampler.entropy_weight for sampler in samplers] == [0.05]
+    for bad in (-1, "high", True):
+        config["network"]["entropy_weight"] = bad
+        with pytest.raises(ValueError, match=r"network.entropy_weight must be a number >= 0"):
+            parse_run_config(config)
