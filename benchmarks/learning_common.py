@@ -44,16 +44,14 @@ class Curve:
 
 
 def run_nnx_ppo_train(
-    run_dir: Path, env: str, steps: int, seed: int, overrides: Sequence[str], config: Path | None
+    run_dir: Path, env: str, steps: int, seed: int, overrides: Sequence[str]
 ) -> Curve:
-    """Train with this repo's ``nnx-ppo train`` (in the ``ours`` venv) unless ``run_dir`` is done."""
+    """Train with this repo's ``nnx-ppo train`` (``ours`` venv) unless ``run_dir`` is done."""
     if not (run_dir / DONE_FILE).is_file():
         ensure(PEERS["ours"], quiet=True)
         python = PEERS["ours"].python
         command = [str(python), "-m", "nnx_ppo", "train", "--env", env, "--quiet"]
         command += ["--steps", str(steps), "--seed", str(seed), "--run-dir", str(run_dir)]
-        if config is not None:
-            command += ["--config", str(config)]
         for assignment in overrides:
             command += ["--set", assignment]
         if run_dir.exists():

@@ -59,7 +59,7 @@ def main() -> None:
         curves = []
         for seed in seeds:
             run_dir = args.out / args.env / f"{name}-{args.steps}" / f"seed{seed}"
-            curves.append(run_nnx_ppo_train(run_dir, args.env, args.steps, seed, overrides, None))
+            curves.append(run_nnx_ppo_train(run_dir, args.env, args.steps, seed, overrides))
             print(f"{name} seed {seed}: {[round(r) for r in curves[-1].returns]}", flush=True)
         cells = [fmt(median([c.at(mark) for c in curves])) for mark in marks]
         cells.append(fmt(median([c.min_from(hold_from) for c in curves])))

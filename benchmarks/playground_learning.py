@@ -1,0 +1,128 @@
+"""Learning benchmark: each Playground preset over several seeds, beside nnx-ppo 0.3.0.
+
+For each env, this repo's ``nnx-ppo train --env ENV`` (its preset, unchanged
+but for the evaluation cadence) and nnx-ppo 0.3.0 with the same settings
+(``learn_nnx_ppo_030.py``) train for ``--steps`` env steps per seed, in their
+cached venvs (``peers.py``); runs alternate between the libraries. Finished
+runs under ``--out`` are reused, so an interrupted benchmark resumes. It writes
+``ENV.md`` (a table: median over seeds of the evaluation return at fixed env
+steps, its lowest value from ``--hold-from`` on, the wall time) and ``ENV.png``
+(return against env steps and against wall time; the median line and the
+seeds' range) per env.
+
+    python benchmarks/playground_learning.py --envs CartpoleBalance --steps 5000000
+    python benchmarks/playground_learning.py --envs CartpoleSwingup --steps 3000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+
+from learning_common import (
+    DONE_FILE,
+    Curve,
+    fmt,
+    median,
+    read_curve,
+    run_and_record,
+    run_nnx_ppo_train,
+)
+from peers import PEERS, ensure
+
+HERE = Path(__file__).resolve().parent
+OURS = "nnx-ppo (this repo)"
+OLD = "nnx-ppo 0.3.0"
+
+
+def resolved_config(env: str, steps: int, seed: int, eval_every: int) -> dict:
+    """The run configuration ``nnx-ppo train`` resolves for these options (ours venv)."""
+    code = (
+        "import json, sys; from nnx_ppo.cli.main import _build_parser, _resolve_config; "
+        "args = _build_parser().parse_args(sys.argv[1:]); "
+        "print(json.dumps(_resolve_config(args)))"
+    )
+    command = [str(PEERS["ours"].python), "-c", code, "train", "--env", env]
+    command += ["--steps", str(steps), "--seed", str(seed)]
+    command += ["--set", f"eval.every_steps={eval_every}"]
+    return json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+
+
+def run_old(run_dir: Path, config: dict) -> Curve:
+    """nnx-ppo 0.3.0 with the same run configuration, unless ``run_dir`` is done."""
+    if not (run_dir / DONE_FILE).is_file():
+        if run_dir.exists():
+            raise RuntimeError(f"{run_dir} holds an unfinished run; delete it to run it again")
+        ensure(PEERS["nnx-ppo-0.3.0"], quiet=True)
+        run_dir.mkdir(parents=True)
+        config_path = run_dir / "run_config.json"
+        config_path.write_text(json.dumps(config, indent=1))
+        command = [str(PEERS["nnx-ppo-0.3.0"].python), str(HERE / "learn_nnx_ppo_030.py")]
+        command += ["--config-json", str(config_path), "--run-dir", str(run_dir)]
+        run_and_record(command, run_dir)
+    return read_curve(run_dir)
+
+
+def table(env: str, steps: int, curves: dict[str, list[Curve]], hold_from: int) -> str:
+    """The markdown table of one env's runs."""
+    marks = sorted({*range(500_000, steps + 1, 500_000), steps})
+    header = [*(f"{mark / 1e6:g}M" for mark in marks), f"min from {hold_from / 1e6:g}M"]
+    header.append("wall s")
+    lines = [
+        "| library | " + " | ".join(header) + " |",
+        "| --- | " + " | ".join("---:" for _ in header) + " |",
+    ]
+    for library, runs in curves.items():
+        cells = [fmt(median([run.at(mark) for run in runs])) for mark in marks]
+        cells.append(fmt(median([run.min_from(hold_from) for run in runs])))
+        cells.append(fmt(median([run.wall_s for run in runs])))
+        lines.append(f"| {library} | " + " | ".join(cells) + " |")
+    seeds = len(next(iter(curves.values())))
+    title = f"{env}: evaluation return, median over {seeds} seeds, at env steps"
+    return title + "\n\n" + "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="learning curves of the Playground presets")
+    parser.add_argument("--envs", default="CartpoleBalance,CartpoleSwingup")
+    parser.add_argument("--steps", type=int, default=5_000_000)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--eval-every", type=int, default=100_000)
+    parser.add_argument("--hold-from", type=int, default=1_500_000)
+    parser.add_argument("--no-peer", action="store_true", help="skip nnx-ppo 0.3.0")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "learning")
+    args = parser.parse_args()
+    ensure(PEERS["ours"], quiet=True)
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    for env in args.envs.split(","):
+        curves: dict[str, list[Curve]] = {OURS: []} | ({} if args.no_peer else {OLD: []})
+        for seed in seeds:
+            where = args.out / env / f"{args.steps}"
+            eval_set = [f"eval.every_steps={args.eval_every}"]
+            curves[OURS].append(
+                run_nnx_ppo_train(where / f"ours-seed{seed}", env, args.steps, seed, eval_set)
+            )
+            print(f"{env} {OURS} seed {seed}: {[round(r) for r in curves[OURS][-1].returns]}")
+            if not args.no_peer:
+                config = resolved_config(env, args.steps, seed, args.eval_every)
+                curves[OLD].append(run_old(where / f"0.3.0-seed{seed}", config))
+                print(f"{env} {OLD} seed {seed}: {[round(r) for r in curves[OLD][-1].returns]}")
+        report = table(env, args.steps, curves, args.hold_from)
+        print(report)
+        (args.out / f"{env}-{args.steps}.md").write_text(report)
+        plot_data = {
+            library: [
+                {"steps": run.steps, "returns": run.returns, "seconds": run.seconds} for run in runs
+            ]
+            for library, runs in curves.items()
+        }
+        data_path = args.out / f"{env}-{args.steps}.json"
+        data_path.write_text(json.dumps({"env": env, "curves": plot_data}))
+        plot = [str(PEERS["ours"].python), str(HERE / "plot_learning.py"), str(data_path)]
+        subprocess.run(plot, check=True)
+
+
+if __name__ == "__main__":
+    main()
