@@ -7,7 +7,9 @@ built-in envs and the discrete and LSTM networks are new) are refused there
 with a reason rather than approximated.
 
 Per-iteration times come from the ``log_fn`` callback, called once after every
-PPO iteration (``iterations_per_call`` stays at its default of 1). Evaluation is
+PPO iteration (with ``--iterations-per-call N``, the calls of one compiled call
+arrive together, so only whole-run figures mean anything). ``--runs N`` trains
+N seeds in one program (``train_ppo_runs``) and counts the steps of all of them. Evaluation is
 off, as it is in the Brax and rejax runs, so every library does the same work.
 
     python benchmarks/bench_nnx_ppo.py --workload A --total-steps 20000
@@ -41,12 +43,12 @@ def _make_env(workload: Workload) -> Any:
     return env
 
 
-def _make_network(workload: Workload, env: Any, network: str) -> Any:
+def _make_network(workload: Workload, env: Any, network: str, seed: int = 0) -> Any:
     from flax import nnx
 
     from nnx_ppo.networks import factories
 
-    rngs = nnx.Rngs(0)
+    rngs = nnx.Rngs(seed)
     sizes = (list(workload.actor_sizes), list(workload.critic_sizes))
     if network == "lstm":
         return factories.make_lstm_actor_critic(
@@ -79,11 +81,13 @@ def _make_network(workload: Workload, env: Any, network: str) -> Any:
     )
 
 
-def _config(workload: Workload) -> Any:
+def _config(workload: Workload, iterations_per_call: int) -> Any:
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 
     small = workload.env == "cartpole"
+    fused = {} if iterations_per_call == 1 else {"iterations_per_call": iterations_per_call}
     ppo = PPOConfig(
+        **fused,
         n_envs=workload.n_envs,
         rollout_length=workload.rollout_length,
         total_steps=workload.total_steps,
@@ -105,6 +109,10 @@ def main() -> None:
     parser.add_argument("--workload", choices=list(WORKLOADS), required=True)
     parser.add_argument("--network", choices=["mlp", "lstm"], default="mlp")
     parser.add_argument("--total-steps", type=int)
+    parser.add_argument(
+        "--iterations-per-call", type=int, default=1, help="PPO steps per compiled call"
+    )
+    parser.add_argument("--runs", type=int, default=1, help="seeds trained in one program")
     args = parser.parse_args()
     clock = IterationClock()
 
@@ -116,15 +124,36 @@ def main() -> None:
         workload = dataclasses.replace(workload, total_steps=args.total_steps)
     result: dict[str, Any] = {"library": "nnx-ppo", "version": nnx_ppo.__version__}
     result |= {"workload": args.workload, "network": args.network}
+    result |= {"iterations_per_call": args.iterations_per_call, "runs": args.runs}
     new_api = not nnx_ppo.__version__.startswith("0.3.")
     if workload.env in ("cartpole", "memory") and not new_api:
         # 0.3.0 has neither nnx_ppo.envs nor the discrete and LSTM factories.
         emit({**result, "unavailable": "nnx-ppo 0.3.0 has no built-in envs or discrete networks"})
         return
+    if not new_api and (args.runs > 1 or args.iterations_per_call > 1):
+        emit({**result, "unavailable": "nnx-ppo 0.3.0 trains one run, one step per call"})
+        return
     env = _make_env(workload)
-    network = _make_network(workload, env, args.network)
-    train_ppo(env, network, _config(workload), log_fn=lambda _metrics, step: clock.tick(step))
-    emit({**result, **clock.summary(), "steps_per_iteration": workload.steps_per_iteration})
+    config = _config(workload, args.iterations_per_call)
+    if args.runs == 1:
+        network = _make_network(workload, env, args.network)
+        train_ppo(env, network, config, log_fn=lambda _metrics, step: clock.tick(step))
+    else:
+        from nnx_ppo.algorithms.ppo import train_ppo_runs
+
+        def log_fn(run: int, _metrics: Any, step: int) -> None:
+            if run == 0:  # every run logs each step; the clock counts all runs' steps
+                clock.tick(step * args.runs)
+
+        train_ppo_runs(
+            env,
+            lambda seed: _make_network(workload, env, args.network, seed),
+            config,
+            seeds=list(range(args.runs)),
+            log_fn=log_fn,
+        )
+    per_iteration = workload.steps_per_iteration * args.runs
+    emit({**result, **clock.summary(), "steps_per_iteration": per_iteration})
 
 
 if __name__ == "__main__":

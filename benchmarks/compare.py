@@ -11,7 +11,9 @@ workload:
 
 Workloads: ``A`` and ``B`` (Playground CartpoleBalance, MJX's JAX backend:
 this repo, nnx-ppo 0.3.0, Brax), ``small`` (CleanRL's CartPole config: this
-repo's built-in cart-pole against rejax on gymnax), ``lstm`` (this repo's memory
+repo's built-in cart-pole, the whole run in one call and one step per call,
+against rejax on gymnax), ``seeds`` (the small config, 8 seeds in one program
+against one seed: steps/s are summed over the runs), ``lstm`` (this repo's memory
 task, LSTM against MLP), ``checks`` (config A with the contract checks on and
 off) and ``ceiling`` (matmul GFLOP/s, network FLOPs and env-only rate against
 this repo's config A rate). Raw results go to
@@ -37,7 +39,7 @@ from bench_common import RESULT_PREFIX, T0_ENV_VAR, WORKLOADS
 from peers import CACHE, PEERS, InstallRecord, Peer, ensure
 
 HERE = Path(__file__).resolve().parent
-ALL_WORKLOADS = ("A", "B", "small", "lstm", "checks", "ceiling")
+ALL_WORKLOADS = ("A", "B", "small", "seeds", "lstm", "checks", "ceiling")
 QUICK_STEPS = 20_000
 RUN_TIMEOUT_S = 3600
 VERSION_PACKAGES = {
@@ -80,9 +82,19 @@ def variants_for(workload: str) -> list[Variant]:
             Variant("Brax PPO", "brax", args),
         ]
     if workload == "small":
+        # rejax compiles the whole run as one function; so does this repo with
+        # iterations_per_call past the run's length (no evaluation is due).
+        whole_run = ("--workload", "small", "--iterations-per-call", "100000")
         return [
-            Variant("nnx-ppo (this repo)", "ours", ("--workload", "small")),
+            Variant("nnx-ppo, whole run per call", "ours", whole_run),
+            Variant("nnx-ppo, one step per call", "ours", ("--workload", "small")),
             Variant("rejax (gymnax)", "rejax", ("--workload", "small")),
+        ]
+    if workload == "seeds":
+        small = ("--workload", "small", "--iterations-per-call", "100000")
+        return [
+            Variant("8 seeds in one program", "ours", (*small, "--runs", "8")),
+            Variant("1 seed", "ours", small),
         ]
     if workload == "lstm":
         memory = ("--workload", "memory")
@@ -167,7 +179,10 @@ def summarise(label: str, runs: list[Run]) -> Row:
     wall_rates, firsts = [], []
     for run in good:
         r = run.result or {}
-        if r.get("iteration_s"):
+        if r.get("iterations_per_call", 1) > 1:  # ticks arrive together: whole-run rate only
+            rates.append(r["total_steps"] / r["wall_s"])
+            wall_rates.append(r["total_steps"] / r["wall_s"])
+        elif r.get("iteration_s"):
             rates += [s / t for s, t in zip(r["iteration_steps"], r["iteration_s"], strict=True)]
             wall_rates.append(sum(r["iteration_steps"]) / sum(r["iteration_s"]))
         elif "run_s" in r:  # one compiled call for the whole run (rejax)
@@ -183,6 +198,9 @@ def summarise(label: str, runs: list[Run]) -> Row:
     row.wall_s = statistics.median(run.wall_s for run in good)
     row.rss_mb = statistics.median(run.max_rss_mb for run in good)
     r0 = good[0].result or {}
+    if r0.get("iterations_per_call", 1) > 1:
+        row.first_s = None
+        row.note = "many steps per call: rates are the whole run's, start-up and compile included"
     if "compile_s" in r0:
         compile_s = statistics.median((run.result or {})["compile_s"] for run in good)
         row.note = f"whole loop in one jit: compile {compile_s:.1f} s; rates are its run"
@@ -347,7 +365,8 @@ def main() -> None:
                     print(f"[run]   failed: {run.error[:300]}", flush=True)
                 runs[variant].append(run)
         all_runs[workload] = [run for rs in runs.values() for run in rs]
-        budget = total_steps or (WORKLOADS["small"].total_steps if workload == "small" else None)
+        small = workload in ("small", "seeds")
+        budget = total_steps or (WORKLOADS["small"].total_steps if small else None)
         budget = budget or (WORKLOADS["memory"].total_steps)
         title = f"\n== {workload}: {budget:,} env steps per run" + (
             " (QUICK SMOKE BUDGET: not results)" if args.quick else ""

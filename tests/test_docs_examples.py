@@ -51,6 +51,11 @@ EXPECTED_OUTPUT = {
         "mean: [2. 4.] samples: 6.0",
         "trainable leaves: 0",
     ],
+    "training_many_runs.py": [
+        "run 2 (seed 0, lr 0.003): 2048 env steps, evaluations at [0, 1024, 2048]",
+        "one network per run: True",
+        "run 3's checkpoints: ['step_0000000000', 'step_0000002048']",
+    ],
     "scale_out.py": [
         "trained 512 steps; envs on 1 device(s)",
         "the state stays on the mesh: True",

@@ -177,8 +177,7 @@ class _ConfigArgument:
         return isinstance(other, _ConfigArgument) and other.key == self.key
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 5))
-def _compiled_steps(
+def _scan_steps(
     env: _EnvArgument,
     config: _ConfigArgument,
     graphdef: nnx.GraphDef[Any],
@@ -186,7 +185,7 @@ def _compiled_steps(
     carry: StepCarry,
     iterations: int,
 ) -> tuple[nnx.State, StepCarry, StepReport]:
-    """``iterations`` PPO steps in one program; the reports stacked on a leading axis."""
+    """``iterations`` PPO steps; the reports stacked on a leading axis."""
     n_envs = config.config.n_envs
 
     def one_step(
@@ -204,6 +203,27 @@ def _compiled_steps(
 
     (state, carry), reports = jax.lax.scan(one_step, (state, carry), None, length=iterations)
     return state, carry, reports
+
+
+_compiled_steps = jax.jit(_scan_steps, static_argnums=(0, 1, 2, 5))
+"""One run's ``iterations`` PPO steps in one program."""
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 5))
+def _compiled_run_steps(
+    env: _EnvArgument,
+    config: _ConfigArgument,
+    graphdef: nnx.GraphDef[Any],
+    states: nnx.State,
+    carries: StepCarry,
+    iterations: int,
+) -> tuple[nnx.State, StepCarry, StepReport]:
+    """Several runs' ``iterations`` PPO steps in one program: ``vmap`` over a leading run axis."""
+
+    def one_run(state: nnx.State, carry: StepCarry) -> tuple[nnx.State, StepCarry, StepReport]:
+        return _scan_steps(env, config, graphdef, state, carry, iterations)
+
+    return jax.vmap(one_run)(states, carries)
 
 
 def _on_device(tree: Any) -> Any:
@@ -296,13 +316,11 @@ def ppo_steps(
     return _run_steps("ppo_steps", env, training_state, config, iterations)
 
 
-def _run_steps(
-    owner: str, env: RLEnv, training_state: TrainingState, config: PPOConfig, iterations: int
-) -> tuple[TrainingState, list[dict[str, float]]]:
+def _prepared(owner: str, training_state: TrainingState, config: PPOConfig) -> TrainingState:
+    """The state checked against ``config``, its episodes tracked, its arrays on device."""
     _require_training_state(owner, "training_state", training_state)
     if not isinstance(config, PPOConfig):
         raise TypeError(f"{owner}: config must be a PPOConfig, got a {type(config).__name__}")
-    require_int(owner, "iterations", iterations)
     n_envs = rollout.n_envs_of(training_state.env_states, owner)
     if n_envs != config.n_envs:
         raise ValueError(
@@ -314,46 +332,74 @@ def _run_steps(
     network_states, env_states, running = _on_device(
         (training_state.network_states, training_state.env_states, running)
     )
-    training_state = training_state.replace(
+    return training_state.replace(
         network_states=network_states, env_states=env_states, running_episodes=running
     )
-    mesh = sharding.mesh_of(training_state)
-    if mesh is not None:
-        sharding.require_divisible(owner, mesh, n_envs, config.n_minibatches, None)
-        training_state = sharding.shard_training_state(training_state, mesh)
-        if training_state.running_episodes is not None:  # placed on the mesh with the rest
-            running = training_state.running_episodes
-    networks, optimizer = training_state.networks, training_state.optimizer
-    graphdef, state = nnx.split((networks, optimizer))
-    carry = StepCarry(
-        training_state.network_states,
-        training_state.env_states,
-        running,
-        training_state.rng_key,
+
+
+def _carry_of(training_state: TrainingState) -> StepCarry:
+    """The compiled step's carry from a state that went through :func:`_prepared`."""
+    running = training_state.running_episodes
+    assert running is not None, "_prepared fills running_episodes"
+    return StepCarry(
+        training_state.network_states, training_state.env_states, running, training_state.rng_key
     )
-    with sharding.training_mesh(mesh):
-        new_state, carry, reports = _compiled_steps(
-            _EnvArgument(env), _ConfigArgument(config), graphdef, state, carry, iterations
-        )
-    metrics, episodes, health = jax.device_get(reports)
-    for i in range(iterations):  # before the caller's network is touched
-        steps = training_state.steps_taken + (i + 1) * config.steps_per_iteration
-        _raise_if_diverged(_index(health, i), steps)
-    nnx.update((networks, optimizer), new_state)
-    per_step = []
-    for i in range(iterations):
-        steps = training_state.steps_taken + (i + 1) * config.steps_per_iteration
-        host_metrics = to_host(_index(metrics, i)) | {"total_steps": float(steps)}
-        if LoggingLevel.ROLLOUT_STATS in config.logging_level:
-            host_metrics |= episode_metrics(_index(episodes, i))
-        per_step.append(host_metrics)
+
+
+def _advanced(training_state: TrainingState, carry: StepCarry, steps_taken: int) -> TrainingState:
+    """``training_state`` after the steps that ended with ``carry`` at ``steps_taken``."""
     return training_state.replace(
         network_states=carry.network_states,
         env_states=carry.env_states,
         rng_key=carry.key,
-        steps_taken=training_state.steps_taken + iterations * config.steps_per_iteration,
+        steps_taken=steps_taken,
         running_episodes=carry.running,
-    ), per_step
+    )
+
+
+def _host_metrics(
+    reports: StepReport, steps_taken: int, config: PPOConfig, iterations: int
+) -> list[dict[str, float]]:
+    """Each step's flat metrics, from reports fetched to the host; raises if one diverged."""
+    steps = [steps_taken + (i + 1) * config.steps_per_iteration for i in range(iterations)]
+    for i, step in enumerate(steps):
+        _raise_if_diverged(_index(reports.health, i), step)
+    per_step = []
+    for i, step in enumerate(steps):
+        host_metrics = to_host(_index(reports.metrics, i)) | {"total_steps": float(step)}
+        if LoggingLevel.ROLLOUT_STATS in config.logging_level:
+            host_metrics |= episode_metrics(_index(reports.episodes, i))
+        per_step.append(host_metrics)
+    return per_step
+
+
+def _run_steps(
+    owner: str, env: RLEnv, training_state: TrainingState, config: PPOConfig, iterations: int
+) -> tuple[TrainingState, list[dict[str, float]]]:
+    require_int(owner, "iterations", iterations)
+    training_state = _prepared(owner, training_state, config)
+    mesh = sharding.mesh_of(training_state)
+    if mesh is not None:
+        sharding.require_divisible(owner, mesh, config.n_envs, config.n_minibatches, None)
+        training_state = sharding.shard_training_state(training_state, mesh)
+    networks, optimizer = training_state.networks, training_state.optimizer
+    graphdef, state = nnx.split((networks, optimizer))
+    with sharding.training_mesh(mesh):
+        new_state, carry, reports = _compiled_steps(
+            _EnvArgument(env),
+            _ConfigArgument(config),
+            graphdef,
+            state,
+            _carry_of(training_state),
+            iterations,
+        )
+    # Fetched and checked before the caller's network is touched.
+    per_step = _host_metrics(
+        StepReport(*jax.device_get(reports)), training_state.steps_taken, config, iterations
+    )
+    nnx.update((networks, optimizer), new_state)
+    steps_taken = training_state.steps_taken + iterations * config.steps_per_iteration
+    return _advanced(training_state, carry, steps_taken), per_step
 
 
 def _index(tree: Any, i: int) -> Any:

@@ -298,21 +298,22 @@ def _record(
 def _steps_until_host_needed(
     steps: int, config: TrainConfig, checkpointing: bool, recording: bool
 ) -> int:
-    """How many PPO steps may run in one call: ``iterations_per_call``, or 1 if an
-    evaluation, video or checkpoint falls due (or training ends) before the last.
+    """How many PPO steps may run in one call from ``steps``: up to ``iterations_per_call``,
+    ending at the first step where an evaluation, video or checkpoint falls due, or
+    training ends.
 
     Only what will happen counts: a checkpoint cadence without a ``checkpoint_fn``,
-    or a video cadence without a ``video_fn``, does not stop the fusion.
+    or a video cadence without a ``video_fn``, does not end a call.
     """
     per_step = config.ppo.steps_per_iteration
-    fused = config.ppo.iterations_per_call
-    last_inner = steps + (fused - 1) * per_step
-    if fused == 1 or last_inner >= config.ppo.total_steps:
-        return 1
+    limit = min(config.ppo.iterations_per_call, -(-(config.ppo.total_steps - steps) // per_step))
     every = [config.checkpoint_every_steps] if checkpointing else []
     every += [config.eval.every_steps] if config.eval.enabled else []
     every += [config.video.every_steps] if config.video.enabled and recording else []
-    return 1 if any(_crossed(steps, last_inner, e) for e in every) else fused
+    for cadence in every:
+        next_due = (steps // cadence + 1) * cadence
+        limit = min(limit, -(-(next_due - steps) // per_step))
+    return max(limit, 1)
 
 
 def _crossed(previous: int | None, steps: int, every: int) -> bool:

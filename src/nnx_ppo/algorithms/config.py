@@ -99,9 +99,11 @@ class PPOConfig:
       target_kl: stop a PPO step's remaining epochs once an epoch's mean approximate
         KL divergence from the rollout policy exceeds this; ``None`` runs every epoch.
       iterations_per_call: ``train_ppo`` runs up to this many PPO steps in one
-        compiled call (one round-trip to the host) whenever no evaluation, video or
-        checkpoint falls due before the last of them; the result is the same as
-        running them one by one, and ``log_fn`` still gets every step's metrics.
+        compiled call (one round-trip to the host), ending a call early at the step
+        where an evaluation, video or checkpoint falls due; a large value runs
+        everything between two evaluations (or the whole run) in one call. The
+        result is the same as running the steps one by one, and ``log_fn`` still
+        gets every step's metrics; ``should_stop`` is polled between calls.
       reward_scaling: multiply the rewards by this before computing advantages and
         value targets (the critic learns scaled returns); logged returns and
         evaluations stay in the env's units. 1 leaves them as they are.

@@ -8,7 +8,8 @@ along its seams, one kind of code per file:
 - ``_learn``: epochs of minibatches of whole environments over the loss;
 - ``_step``: the compiled PPO step (collect, score, learn, fold statistics,
   advance), and :func:`ppo_step` / :func:`ppo_steps` that call it;
-- ``_train``: :func:`new_training_state` and the host loop of :func:`train_ppo`.
+- ``_train``: :func:`new_training_state` and the host loop of :func:`train_ppo`;
+- ``_runs``: :func:`train_ppo_runs`, many runs (seeds, learning rates) in one program.
 
 Truncation: an episode cut short by a time limit (``truncated``) bootstraps
 from the value of its true final observation, ``V(next_obs)`` under the carry
@@ -22,6 +23,7 @@ compiled function and reuses it for every call.
 
 from nnx_ppo.algorithms._advantages import compute_advantages, gae
 from nnx_ppo.algorithms._loss import ppo_loss
+from nnx_ppo.algorithms._runs import train_ppo_runs
 from nnx_ppo.algorithms._step import ppo_step, ppo_steps
 from nnx_ppo.algorithms._train import default_config, new_training_state, train_ppo
 
@@ -34,4 +36,5 @@ __all__ = [
     "ppo_step",
     "ppo_steps",
     "train_ppo",
+    "train_ppo_runs",
 ]

@@ -361,7 +361,7 @@ def make_default_network(
         raise ValueError(f"{owner}: hidden_sizes is empty")
     obs_size, action_size = env.observation_size, env.action_size
     discrete = bool(getattr(env, "discrete_actions", False))
-    bonus = {} if entropy_weight is None else {"entropy_weight": entropy_weight}
+    entropy = 1e-2 if entropy_weight is None else entropy_weight
     if kind == "lstm" or (kind == "auto" and getattr(env, "requires_memory", False)):
         return make_lstm_actor_critic(
             _width(owner, obs_size),
@@ -370,7 +370,7 @@ def make_default_network(
             rngs,
             discrete=discrete,
             activation=activation,
-            **bonus,
+            entropy_weight=entropy,
         )
     if isinstance(action_size, Mapping):
         return _per_agent_actor_critic(
@@ -382,10 +382,16 @@ def make_default_network(
         obs_size = _width(owner, obs_size)
     if discrete:
         return make_discrete_mlp_actor_critic(
-            obs_size, action_size, hidden, hidden, rngs, activation=activation, **bonus
+            obs_size,
+            action_size,
+            hidden,
+            hidden,
+            rngs,
+            activation=activation,
+            entropy_weight=entropy,
         )
     return make_mlp_actor_critic(
-        obs_size, action_size, hidden, hidden, rngs, activation=activation, **bonus
+        obs_size, action_size, hidden, hidden, rngs, activation=activation, entropy_weight=entropy
     )
 
 

@@ -1,0 +1,281 @@
+"""Many training runs in one compiled program: seeds, and a learning rate per run.
+
+A seed sweep of a small configuration spends most of its time in per-step
+overhead, not arithmetic; :func:`train_ppo_runs` trains ``N`` runs of one
+configuration as one program, ``jax.vmap`` over a leading run axis of the
+networks, optimizers, env states and carries, so every PPO step of every run
+happens in one call. Each run keeps its own seed (parameters, env resets,
+action noise), may have its own learning rate, and gets its own metrics,
+evaluations and checkpoints; the results equal those of training the runs one
+after another with :func:`~nnx_ppo.algorithms.ppo.train_ppo`, up to float
+rounding.
+
+Example::
+
+    results = train_ppo_runs(
+        make("cartpole"),
+        lambda seed: make_default_network(make("cartpole"), nnx.Rngs(seed)),
+        config,
+        seeds=[0, 1, 2, 3],
+        learning_rates=[1e-3, 1e-3, 3e-4, 3e-4],
+        log_fn=lambda run, metrics, step: print(run, step, metrics.get("eval/episode_reward/mean")),
+    )
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from nnx_ppo.algorithms import _step
+from nnx_ppo.algorithms._train import (
+    _crossed,
+    _evaluate,
+    _key_at,
+    _steps_until_host_needed,
+    _with_overrides,
+    new_training_state,
+)
+from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, TrainResult, _linear_decay
+from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState
+from nnx_ppo.networks.types import StatefulModule
+
+__all__ = ["train_ppo_runs"]
+
+
+def _run_optimizer(config: PPOConfig, learning_rate: float) -> optax.GradientTransformation:
+    """The default optimizer with the learning rate in its state, where each run may differ.
+
+    ``adam(lr)`` is ``scale_by_adam`` then a scale by ``-lr``; here that scale is
+    an injected hyperparameter (one array per run), and a linear schedule
+    multiplies it by the same decay in every run.
+    """
+    links = (
+        []
+        if config.gradient_clipping is None
+        else [optax.clip_by_global_norm(config.gradient_clipping)]
+    )
+    links.append(optax.scale_by_adam())
+    if config.weight_decay is True:
+        links.append(optax.add_decayed_weights(1e-4))  # optax.adamw's default
+    elif config.weight_decay not in (None, False):
+        links.append(optax.add_decayed_weights(float(config.weight_decay)))
+    if config.learning_rate_schedule == "linear":
+        links.append(optax.scale_by_schedule(_linear_decay(1.0, _updates_per_run(config))))
+    links.append(optax.inject_hyperparams(optax.scale)(step_size=-learning_rate))
+    return optax.chain(*links)
+
+
+def _updates_per_run(config: PPOConfig) -> int:
+    iterations = -(-config.total_steps // config.steps_per_iteration)
+    return iterations * config.n_epochs * config.n_minibatches
+
+
+def _require_runs(
+    seeds: Sequence[int] | None, learning_rates: Sequence[float] | None, config: TrainConfig
+) -> tuple[list[int], list[float] | None]:
+    if seeds is None and learning_rates is None:
+        raise ValueError("train_ppo_runs: give seeds, learning_rates or both (one entry per run)")
+    if learning_rates is not None:
+        learning_rates = [float(rate) for rate in learning_rates]
+        if not learning_rates or any(not rate > 0 for rate in learning_rates):
+            raise ValueError(
+                f"train_ppo_runs: learning_rates must be positive numbers, got {learning_rates}"
+            )
+        if callable(config.ppo.learning_rate):
+            raise ValueError(
+                "train_ppo_runs: learning_rates replace config.ppo.learning_rate, which is an "
+                "optax schedule; give a number there and learning_rate_schedule='linear' for "
+                "a decay"
+            )
+    if seeds is None:
+        assert learning_rates is not None
+        seeds = [config.seed] * len(learning_rates)
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("train_ppo_runs: seeds is empty; give one seed per run")
+    if learning_rates is not None and len(learning_rates) != len(seeds):
+        raise ValueError(
+            f"train_ppo_runs: {len(seeds)} seeds but {len(learning_rates)} learning_rates; "
+            "give one of each per run"
+        )
+    return seeds, learning_rates
+
+
+def _stack(trees: Sequence[Any]) -> Any:
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+def _unstack(tree: Any, run: int) -> Any:
+    return jax.tree.map(lambda leaf: leaf[run], tree)
+
+
+def train_ppo_runs(
+    env: RLEnv,
+    make_networks: Callable[[int], StatefulModule],
+    config: TrainConfig | None = None,
+    *,
+    seeds: Sequence[int] | None = None,
+    learning_rates: Sequence[float] | None = None,
+    log_fn: Callable[[int, dict[str, float], int], None] | None = None,
+    checkpoint_fn: Callable[[int, TrainingState, int], None] | None = None,
+    eval_env: RLEnv | None = None,
+) -> list[TrainResult]:
+    """Train one run per seed (and learning rate) of ``config``, all in one compiled program.
+
+    Args:
+      env: one unbatched training environment, shared by the runs.
+      make_networks: builds run ``i``'s network from its seed,
+        ``make_networks(seeds[i])``; every run's network must have the same
+        structure (the runs are stacked along a new leading axis).
+      config: the configuration every run shares; :func:`train_ppo`'s default when ``None``.
+      seeds: one seed per run; ``config.seed`` for every run when only
+        ``learning_rates`` is given.
+      learning_rates: one learning rate per run, in place of
+        ``config.ppo.learning_rate`` (``config.ppo.learning_rate_schedule``
+        still applies to each).
+      log_fn: called as ``log_fn(run, metrics, step)`` after every PPO step (and
+        the initial evaluation) of every run, ``run`` its index.
+      checkpoint_fn: called as ``checkpoint_fn(run, training_state, step)`` at
+        ``config.checkpoint_every_steps`` and at the end; ``training_state`` is
+        run ``run``'s own, loadable into a single run.
+      eval_env: the evaluation environment; ``env`` when ``None``.
+
+    Returns:
+      One :class:`TrainResult` per run, in order; run ``i`` trained the network
+      ``make_networks(seeds[i])`` returned, in place.
+
+    Raises:
+      ValueError: no runs, lengths that differ, a learning rate that is not
+        positive, or networks whose structures differ (named by run).
+      FloatingPointError: a run's loss or parameters became NaN or infinite,
+        named by run; no network is changed by that call.
+    """
+    config = _with_overrides(config, None, None, None)
+    if config.devices not in (None, 1):
+        raise ValueError(
+            "train_ppo_runs: runs are stacked on one device; set config.devices to None or 1"
+        )
+    seeds, rates = _require_runs(seeds, learning_rates, config)
+    ppo = config.ppo
+    eval_env = env if eval_env is None else eval_env
+    states = []
+    for run, seed in enumerate(seeds):
+        networks = make_networks(seed)
+        optimizer = None if rates is None else _run_optimizer(ppo, rates[run])
+        states.append(
+            _step._prepared(
+                "train_ppo_runs",
+                new_training_state(
+                    env,
+                    networks,
+                    ppo.n_envs,
+                    seed,
+                    ppo.optimizer_learning_rate(),
+                    ppo.gradient_clipping,
+                    ppo.weight_decay,
+                    optimizer=optimizer,
+                ),
+                ppo,
+            )
+        )
+    graphdef, first = nnx.split((states[0].networks, states[0].optimizer))
+    splits = [first]
+    for run, state in enumerate(states[1:], start=1):
+        _, split = nnx.split((state.networks, state.optimizer))
+        if jax.tree.structure(split) != jax.tree.structure(first) or any(
+            a.shape != b.shape
+            for a, b in zip(jax.tree.leaves(split), jax.tree.leaves(first), strict=True)
+        ):
+            raise ValueError(
+                f"train_ppo_runs: run {run}'s network differs in structure from run 0's; "
+                "make_networks must build the same architecture for every seed"
+            )
+        splits.append(split)
+    stacked = _stack(splits)
+    carries = _stack([_step._carry_of(state) for state in states])
+    env_argument, config_argument = _step._EnvArgument(env), _step._ConfigArgument(ppo)
+    timed = LoggingLevel.THROUGHPUT in ppo.logging_level
+    histories: list[list[dict[str, float]]] = [[] for _ in seeds]
+    last_metrics: list[dict[str, float]] = [{} for _ in seeds]
+    last: dict[str, int | None] = {"eval": None, "checkpoint": None}
+    steps_taken = 0
+
+    def current(run: int) -> TrainingState:
+        """Run ``run``'s training state, its network and optimizer brought up to date."""
+        state = states[run]
+        nnx.update((state.networks, state.optimizer), _unstack(stacked, run))
+        return _step._advanced(state, _unstack(carries, run), steps_taken)
+
+    def host_work(checkpoint_due: bool) -> list[dict[str, float]]:
+        evaluations: list[dict[str, float]] = [{} for _ in seeds]
+        eval_due = config.eval.enabled and _crossed(
+            last["eval"], steps_taken, config.eval.every_steps
+        )
+        if not (eval_due or (checkpoint_due and checkpoint_fn is not None)):
+            return evaluations
+        for run, seed in enumerate(seeds):
+            state = current(run)
+            if eval_due:
+                key = _key_at(seed, steps_taken)
+                evaluations[run] = _evaluate(
+                    eval_env, state.networks, config.eval, key, timed, None
+                )
+                headline = evaluations[run]["eval/episode_reward/mean"]
+                histories[run].append(
+                    {"step": steps_taken, **evaluations[run], "episode_reward_mean": headline}
+                )
+            if checkpoint_due and checkpoint_fn is not None:
+                checkpoint_fn(run, state, steps_taken)
+        if eval_due:
+            last["eval"] = steps_taken
+        if checkpoint_due:
+            last["checkpoint"] = steps_taken
+        return evaluations
+
+    for run, metrics in enumerate(host_work(checkpoint_due=True)):
+        if log_fn is not None and metrics:
+            log_fn(run, metrics, 0)
+    iterations = 0
+    while steps_taken < ppo.total_steps:
+        start = time.perf_counter()
+        fused = _steps_until_host_needed(steps_taken, config, checkpoint_fn is not None, False)
+        new_stacked, new_carries, reports = _step._compiled_run_steps(
+            env_argument, config_argument, graphdef, stacked, carries, fused
+        )
+        reports = jax.device_get(reports)
+        per_run = []
+        for run in range(len(seeds)):
+            try:
+                per_run.append(
+                    _step._host_metrics(
+                        _step.StepReport(*_unstack(reports, run)), steps_taken, ppo, fused
+                    )
+                )
+            except FloatingPointError as error:
+                raise FloatingPointError(f"run {run} (seed {seeds[run]}): {error}") from None
+        stacked, carries = new_stacked, new_carries
+        steps_taken += fused * ppo.steps_per_iteration
+        iterations += fused
+        elapsed = time.perf_counter() - start
+        due = _crossed(last["checkpoint"], steps_taken, config.checkpoint_every_steps)
+        evaluations = host_work(checkpoint_due=due or steps_taken >= ppo.total_steps)
+        for run, per_step in enumerate(per_run):
+            if timed:
+                for metrics in per_step:
+                    metrics["throughput/train_sps"] = fused * ppo.steps_per_iteration / elapsed
+            per_step[-1] |= evaluations[run]
+            last_metrics[run] = per_step[-1]
+            if log_fn is not None:
+                for metrics in per_step:
+                    log_fn(run, metrics, int(metrics["total_steps"]))
+    return [
+        TrainResult(current(run), last_metrics[run], histories[run], steps_taken, iterations)
+        for run in range(len(seeds))
+    ]

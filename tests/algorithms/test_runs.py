@@ -1,0 +1,105 @@
+"""Many runs in one program: equal to the runs one by one, with per-run logs and checkpoints."""
+
+import copy
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.ppo import train_ppo, train_ppo_runs
+from nnx_ppo.algorithms.types import TrainingState
+from nnx_ppo.envs import make
+from nnx_ppo.networks.factories import make_default_network
+
+ENV = make("cartpole")
+STEP = 8 * 16
+
+
+def config() -> TrainConfig:
+    ppo = PPOConfig(
+        n_envs=8,
+        rollout_length=16,
+        total_steps=4 * STEP,
+        n_epochs=2,
+        n_minibatches=2,
+        learning_rate=1e-3,
+        learning_rate_schedule="linear",
+        gradient_clipping=0.5,
+    )
+    return TrainConfig(
+        ppo=ppo,
+        eval=EvalConfig(every_steps=2 * STEP, n_envs=4, max_episode_length=30),
+        seed=0,
+        checkpoint_every_steps=2 * STEP,
+    )
+
+
+def network(seed: int, width: int = 16) -> nnx.Module:
+    return make_default_network(ENV, nnx.Rngs(seed), hidden_sizes=[width])
+
+
+def parameters(module: nnx.Module) -> list[np.ndarray]:
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(nnx.state(module, nnx.Param))]
+
+
+def test_runs_in_one_program_equal_the_runs_one_by_one() -> None:
+    logged: list[tuple[int, int, float | None]] = []
+    saved: list[tuple[int, int, TrainingState]] = []
+    results = train_ppo_runs(
+        ENV,
+        network,
+        config(),
+        seeds=[0, 1],
+        learning_rates=[1e-3, 3e-3],
+        log_fn=lambda run, metrics, step: logged.append(
+            (run, step, metrics.get("eval/episode_reward/mean"))
+        ),
+        checkpoint_fn=lambda run, state, step: saved.append((run, step, state)),
+    )
+    for run, (seed, rate) in enumerate([(0, 1e-3), (1, 3e-3)]):
+        single = copy.deepcopy(config())
+        single.seed, single.ppo.learning_rate = seed, rate
+        alone = network(seed)
+        expected = train_ppo(ENV, alone, single)
+        for got, want in zip(
+            parameters(results[run].training_state.networks), parameters(alone), strict=True
+        ):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        assert [h["step"] for h in results[run].eval_history] == [0, 2 * STEP, 4 * STEP]
+        np.testing.assert_allclose(
+            [h["episode_reward_mean"] for h in results[run].eval_history],
+            [h["episode_reward_mean"] for h in expected.eval_history],
+            rtol=1e-5,
+        )
+        assert [step for r, step, _ in logged if r == run] == [
+            0,
+            STEP,
+            2 * STEP,
+            3 * STEP,
+            4 * STEP,
+        ]
+        assert [step for r, step, _ in saved if r == run] == [0, 2 * STEP, 4 * STEP]
+        assert results[run].training_state.steps_taken == 4 * STEP
+    final = [state for r, step, state in saved if step == 4 * STEP]
+    assert [s.networks for s in final] == [r.training_state.networks for r in results]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "give seeds, learning_rates or both"),
+        ({"seeds": []}, "seeds is empty"),
+        ({"seeds": [0, 1], "learning_rates": [1e-3]}, "2 seeds but 1 learning_rates"),
+        ({"learning_rates": [1e-3, 0.0]}, "learning_rates must be positive"),
+    ],
+)
+def test_bad_run_lists_are_named(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        train_ppo_runs(ENV, network, config(), **kwargs)
+
+
+def test_networks_that_differ_between_runs_are_refused() -> None:
+    with pytest.raises(ValueError, match="run 1's network differs in structure from run 0's"):
+        train_ppo_runs(ENV, lambda seed: network(seed, width=16 + seed), config(), seeds=[0, 1])
