@@ -1,8 +1,18 @@
-"""Test-suite configuration: Hypothesis profiles and the JAX CPU backend."""
+"""Test-suite configuration: Hypothesis profiles, the JAX CPU backend and its compile cache."""
 
+import getpass
 import os
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Many tests compile the same programs: in other xdist workers, and in the subprocesses
+# of the CLI, fault and sharding tests, which inherit these variables. JAX's persistent
+# cache compiles each once per machine.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(tempfile.gettempdir(), f"nnx-ppo-tests-jax-cache-{getpass.getuser()}"),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 from hypothesis import HealthCheck, settings
 
