@@ -181,17 +181,20 @@ def _replicate(tree: Any, mesh: Mesh) -> Any:
 def shard_training_state(training_state: TrainingState, mesh: Mesh) -> TrainingState:
     """The training state placed on ``mesh``: envs split, everything else replicated.
 
-    The network and optimizer are updated in place (NNX semantics). Arrays
-    already placed are kept, so this is cheap to call before every step; it also
-    moves a state restored from a checkpoint written on another device count.
+    The network and optimizer are updated in place (NNX semantics) unless every
+    leaf is already replicated, and arrays already placed are kept, so this is
+    cheap to call before every step. It also moves a state restored from a
+    checkpoint written on another device count.
 
     Raises:
       ValueError: an env-state leaf is not an array (so cannot be placed).
     """
     n_envs = int(np.shape(_first_done(training_state))[0])
+    replicated = NamedSharding(mesh, PartitionSpec())
     for module in (training_state.networks, training_state.optimizer):
         state = nnx.state(module)
-        nnx.update(module, _replicate(state, mesh))
+        if any(getattr(leaf, "sharding", None) != replicated for leaf in jax.tree.leaves(state)):
+            nnx.update(module, _replicate(state, mesh))
     return training_state.replace(
         env_states=_shard_envs(training_state.env_states, mesh, n_envs, "env_states"),
         network_states=_shard_envs(training_state.network_states, mesh, n_envs, "network_states"),
