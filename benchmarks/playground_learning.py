@@ -1,9 +1,13 @@
 """Learning benchmark: each Playground preset over several seeds, beside nnx-ppo 0.3.0.
 
 For each env, this repo's ``nnx-ppo train --env ENV`` (its preset, unchanged
-but for the evaluation cadence) and nnx-ppo 0.3.0 with the same settings
-(``learn_nnx_ppo_030.py``) train for ``--steps`` env steps per seed, in their
-cached venvs (``peers.py``); runs alternate between the libraries. Finished
+but for the evaluation cadence) and nnx-ppo 0.3.0 (``learn_nnx_ppo_030.py``)
+train for ``--steps`` env steps per seed, in their cached venvs (``peers.py``);
+runs alternate between the libraries. nnx-ppo 0.3.0 has no presets: by default
+it gets Playground's published settings for these tasks scaled to 256 envs
+(:data:`PLAYGROUND_SETTINGS`, the settings its users take), with
+``--peer-settings preset`` this repo's preset instead; both use the preset's
+network and evaluation. Finished
 runs under ``--out`` are reused, so an interrupted benchmark resumes. It writes
 ``ENV.md`` (a table: median over seeds of the evaluation return at fixed env
 steps, its lowest value from ``--hold-from`` on, the wall time) and ``ENV.png``
@@ -35,9 +39,25 @@ from peers import PEERS, ensure
 HERE = Path(__file__).resolve().parent
 OURS = "nnx-ppo (this repo)"
 OLD = "nnx-ppo 0.3.0"
+PLAYGROUND_SETTINGS = (
+    "ppo.n_envs=256",
+    "ppo.rollout_length=30",
+    "ppo.discounting_factor=0.995",
+    "ppo.n_epochs=16",
+    "ppo.n_minibatches=8",
+    "ppo.clip_range=0.3",
+    "ppo.reward_scaling=10",
+    "ppo.learning_rate=0.001",
+    "ppo.learning_rate_schedule=constant",
+    "network.entropy_weight=0.01",
+)
+"""Playground's published PPO settings for its dm_control tasks, scaled to 256 envs:
+what a 0.3.0 user, who has no presets, would take (``--peer-settings playground``)."""
 
 
-def resolved_config(env: str, steps: int, seed: int, eval_every: int) -> dict:
+def resolved_config(
+    env: str, steps: int, seed: int, eval_every: int, overrides: tuple[str, ...] = ()
+) -> dict:
     """The run configuration ``nnx-ppo train`` resolves for these options (ours venv)."""
     code = (
         "import json, sys; from nnx_ppo.cli.main import _build_parser, _resolve_config; "
@@ -46,7 +66,8 @@ def resolved_config(env: str, steps: int, seed: int, eval_every: int) -> dict:
     )
     command = [str(PEERS["ours"].python), "-c", code, "train", "--env", env]
     command += ["--steps", str(steps), "--seed", str(seed)]
-    command += ["--set", f"eval.every_steps={eval_every}"]
+    for assignment in (f"eval.every_steps={eval_every}", *overrides):
+        command += ["--set", assignment]
     return json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
 
 
@@ -91,23 +112,34 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--eval-every", type=int, default=100_000)
     parser.add_argument("--hold-from", type=int, default=1_500_000)
-    parser.add_argument("--no-peer", action="store_true", help="skip nnx-ppo 0.3.0")
+    parser.add_argument(
+        "--libraries", default="ours,0.3.0", help="comma-separated, of ours and 0.3.0"
+    )
+    parser.add_argument(
+        "--peer-settings",
+        choices=["playground", "preset"],
+        default="playground",
+        help="nnx-ppo 0.3.0 with Playground's published settings, or with this repo's preset",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "learning")
     args = parser.parse_args()
     ensure(PEERS["ours"], quiet=True)
     seeds = [int(seed) for seed in args.seeds.split(",")]
     for env in args.envs.split(","):
-        curves: dict[str, list[Curve]] = {OURS: []} | ({} if args.no_peer else {OLD: []})
+        libraries = args.libraries.split(",")
+        curves = {name: [] for name, key in ((OURS, "ours"), (OLD, "0.3.0")) if key in libraries}
         for seed in seeds:
             where = args.out / env / f"{args.steps}"
             eval_set = [f"eval.every_steps={args.eval_every}"]
-            curves[OURS].append(
-                run_nnx_ppo_train(where / f"ours-seed{seed}", env, args.steps, seed, eval_set)
-            )
-            print(f"{env} {OURS} seed {seed}: {[round(r) for r in curves[OURS][-1].returns]}")
-            if not args.no_peer:
-                config = resolved_config(env, args.steps, seed, args.eval_every)
-                curves[OLD].append(run_old(where / f"0.3.0-seed{seed}", config))
+            if OURS in curves:
+                ours_dir = where / f"ours-seed{seed}"
+                curves[OURS].append(run_nnx_ppo_train(ours_dir, env, args.steps, seed, eval_set))
+                print(f"{env} {OURS} seed {seed}: {[round(r) for r in curves[OURS][-1].returns]}")
+            if OLD in curves:
+                settings = PLAYGROUND_SETTINGS if args.peer_settings == "playground" else ()
+                config = resolved_config(env, args.steps, seed, args.eval_every, settings)
+                old_dir = where / f"0.3.0-{args.peer_settings}-seed{seed}"
+                curves[OLD].append(run_old(old_dir, config))
                 print(f"{env} {OLD} seed {seed}: {[round(r) for r in curves[OLD][-1].returns]}")
         report = table(env, args.steps, curves, args.hold_from)
         print(report)
