@@ -90,6 +90,31 @@ def read_curve(run_dir: Path) -> Curve:
     return Curve(tuple(steps), tuple(returns), tuple(seconds), float(done["wall_s"]))
 
 
+def columns(steps: int, hold_from: int) -> list[str]:
+    """The headers of a results table: returns every 0.5M steps, at the end, the lowest
+    from ``hold_from`` on, and the wall time."""
+    marks = [f"{mark / 1e6:g}M" for mark in range(500_000, steps, 500_000)]
+    return [*marks, "end", f"min from {hold_from / 1e6:g}M", "wall s"]
+
+
+def cells(curves: Sequence[Curve], steps: int, hold_from: int) -> list[str]:
+    """One table row under :func:`columns`: medians over the curves (seeds) of each figure.
+
+    A mark's figure is the last evaluation at or before it; ``end`` is the final
+    evaluation (the run ends on a whole PPO step, at or past ``steps``).
+    """
+    row = [fmt(median([c.at(mark) for c in curves])) for mark in range(500_000, steps, 500_000)]
+    row.append(fmt(median([c.returns[-1] if c.returns else None for c in curves])))
+    row.append(fmt(median([c.min_from(hold_from) for c in curves])))
+    row.append(fmt(median([c.wall_s for c in curves])))
+    return row
+
+
+def markdown_row(label: str, values: Sequence[str]) -> str:
+    """``| label | v1 | v2 | ... |``."""
+    return "| " + " | ".join([label, *values]) + " |"
+
+
 def median(values: Sequence[float | None]) -> float | None:
     """The median of the values that are known."""
     known = [v for v in values if v is not None]

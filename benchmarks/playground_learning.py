@@ -28,8 +28,9 @@ from pathlib import Path
 from learning_common import (
     DONE_FILE,
     Curve,
-    fmt,
-    median,
+    cells,
+    columns,
+    markdown_row,
     read_curve,
     run_and_record,
     run_nnx_ppo_train,
@@ -88,18 +89,11 @@ def run_old(run_dir: Path, config: dict) -> Curve:
 
 def table(env: str, steps: int, curves: dict[str, list[Curve]], hold_from: int) -> str:
     """The markdown table of one env's runs."""
-    marks = sorted({*range(500_000, steps + 1, 500_000), steps})
-    header = [*(f"{mark / 1e6:g}M" for mark in marks), f"min from {hold_from / 1e6:g}M"]
-    header.append("wall s")
-    lines = [
-        "| library | " + " | ".join(header) + " |",
-        "| --- | " + " | ".join("---:" for _ in header) + " |",
+    header = columns(steps, hold_from)
+    lines = [markdown_row("library", header), markdown_row("---", ["---:" for _ in header])]
+    lines += [
+        markdown_row(library, cells(runs, steps, hold_from)) for library, runs in curves.items()
     ]
-    for library, runs in curves.items():
-        cells = [fmt(median([run.at(mark) for run in runs])) for mark in marks]
-        cells.append(fmt(median([run.min_from(hold_from) for run in runs])))
-        cells.append(fmt(median([run.wall_s for run in runs])))
-        lines.append(f"| {library} | " + " | ".join(cells) + " |")
     seeds = len(next(iter(curves.values())))
     title = f"{env}: evaluation return, median over {seeds} seeds, at env steps"
     return title + "\n\n" + "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ import argparse
 import tomllib
 from pathlib import Path
 
-from learning_common import fmt, median, run_nnx_ppo_train
+from learning_common import cells, columns, markdown_row, run_nnx_ppo_train
 
 HERE = Path(__file__).resolve().parent
 CANDIDATES = HERE / "playground_sweep.toml"
@@ -44,15 +44,13 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown candidates {unknown}; [{args.env}] has {sorted(candidates)}")
     seeds = [int(seed) for seed in args.seeds.split(",")]
-    marks = sorted({*range(500_000, args.steps + 1, 500_000), args.steps})
-    hold_from = args.hold_from or marks[0]
-
-    header = [*(f"{mark / 1e6:g}M" for mark in marks), f"min from {hold_from / 1e6:g}M", "wall s"]
+    hold_from = args.hold_from or 500_000
+    header = columns(args.steps, hold_from)
     lines = [
         f"{args.env}, {args.steps:,} steps, seeds {args.seeds}: median eval return over seeds",
         "",
-        "| candidate | " + " | ".join(header) + " | overrides |",
-        "| --- | " + " | ".join("---:" for _ in header) + " | --- |",
+        markdown_row("candidate", [*header, "overrides"]),
+        markdown_row("---", [*("---:" for _ in header), "---"]),
     ]
     for name in names:
         overrides = [f"eval.every_steps={args.eval_every}", *candidates[name]]
@@ -61,10 +59,8 @@ def main() -> None:
             run_dir = args.out / args.env / f"{name}-{args.steps}" / f"seed{seed}"
             curves.append(run_nnx_ppo_train(run_dir, args.env, args.steps, seed, overrides))
             print(f"{name} seed {seed}: {[round(r) for r in curves[-1].returns]}", flush=True)
-        cells = [fmt(median([c.at(mark) for c in curves])) for mark in marks]
-        cells.append(fmt(median([c.min_from(hold_from) for c in curves])))
-        cells.append(fmt(median([c.wall_s for c in curves])))
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {' '.join(candidates[name])} |")
+        row = cells(curves, args.steps, hold_from)
+        lines.append(markdown_row(name, [*row, " ".join(candidates[name])]))
     report = "\n".join(lines)
     print(report)
     out = args.out / f"{args.env}-{args.steps}.md"
