@@ -54,6 +54,11 @@ PLAYGROUND_SETTINGS = (
 )
 """Playground's published PPO settings for its dm_control tasks, scaled to 256 envs:
 what a 0.3.0 user, who has no presets, would take (``--peer-settings playground``)."""
+PEER_SETTINGS = {
+    "playground": ("Playground's settings", PLAYGROUND_SETTINGS),
+    "preset": ("this repo's preset", ()),
+}
+"""The settings nnx-ppo 0.3.0 may run with: a row label and ``--set`` overrides of the preset."""
 
 
 def resolved_config(
@@ -111,9 +116,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--peer-settings",
-        choices=["playground", "preset"],
         default="playground",
-        help="nnx-ppo 0.3.0 with Playground's published settings, or with this repo's preset",
+        help="comma-separated, of playground (nnx-ppo 0.3.0 with Playground's published "
+        "settings) and preset (with this repo's preset): one row each",
     )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "learning")
     args = parser.parse_args()
@@ -121,7 +126,13 @@ def main() -> None:
     seeds = [int(seed) for seed in args.seeds.split(",")]
     for env in args.envs.split(","):
         libraries = args.libraries.split(",")
-        curves = {name: [] for name, key in ((OURS, "ours"), (OLD, "0.3.0")) if key in libraries}
+        peer_rows = {
+            f"{OLD} ({PEER_SETTINGS[name][0]})": name
+            for name in args.peer_settings.split(",")
+            if "0.3.0" in libraries
+        }
+        curves: dict[str, list[Curve]] = {OURS: []} if "ours" in libraries else {}
+        curves |= {row: [] for row in peer_rows}
         for seed in seeds:
             where = args.out / env / f"{args.steps}"
             eval_set = [f"eval.every_steps={args.eval_every}"]
@@ -129,12 +140,11 @@ def main() -> None:
                 ours_dir = where / f"ours-seed{seed}"
                 curves[OURS].append(run_nnx_ppo_train(ours_dir, env, args.steps, seed, eval_set))
                 print(f"{env} {OURS} seed {seed}: {[round(r) for r in curves[OURS][-1].returns]}")
-            if OLD in curves:
-                settings = PLAYGROUND_SETTINGS if args.peer_settings == "playground" else ()
+            for row, name in peer_rows.items():
+                settings = PEER_SETTINGS[name][1]
                 config = resolved_config(env, args.steps, seed, args.eval_every, settings)
-                old_dir = where / f"0.3.0-{args.peer_settings}-seed{seed}"
-                curves[OLD].append(run_old(old_dir, config))
-                print(f"{env} {OLD} seed {seed}: {[round(r) for r in curves[OLD][-1].returns]}")
+                curves[row].append(run_old(where / f"0.3.0-{name}-seed{seed}", config))
+                print(f"{env} {row} seed {seed}: {[round(r) for r in curves[row][-1].returns]}")
         report = table(env, args.steps, curves, args.hold_from)
         print(report)
         (args.out / f"{env}-{args.steps}.md").write_text(report)
