@@ -103,3 +103,26 @@ def test_bad_run_lists_are_named(kwargs: dict, message: str) -> None:
 def test_networks_that_differ_between_runs_are_refused() -> None:
     with pytest.raises(ValueError, match="run 1's network differs in structure from run 0's"):
         train_ppo_runs(ENV, lambda seed: network(seed, width=16 + seed), config(), seeds=[0, 1])
+
+
+def test_the_truncation_pass_stays_a_branch_in_the_many_runs_program() -> None:
+    """Under vmap, a cond whose predicate differs between runs computes both branches;
+    the runs decide together, so the next-value pass still runs only at truncations."""
+    from nnx_ppo.algorithms import _step
+    from nnx_ppo.algorithms._runs import _stack
+    from nnx_ppo.algorithms.ppo import new_training_state
+
+    ppo = PPOConfig(n_envs=4, rollout_length=4, n_epochs=1, n_minibatches=2)
+    states = [
+        _step._prepared("test", new_training_state(ENV, network(seed, 8), 4, seed), ppo)
+        for seed in (0, 1)
+    ]
+    graphdef, _ = nnx.split((states[0].networks, states[0].optimizer))
+    stacked = _stack([nnx.split((s.networks, s.optimizer))[1] for s in states])
+    carries = _stack([_step._carry_of(s) for s in states])
+    program = jax.make_jaxpr(
+        lambda s, c: _step._compiled_run_steps(
+            _step._EnvArgument(ENV), _step._ConfigArgument(ppo), graphdef, s, c, 1
+        )
+    )(stacked, carries)
+    assert " cond[" in str(program)

@@ -209,6 +209,10 @@ _compiled_steps = jax.jit(_scan_steps, static_argnums=(0, 1, 2, 5))
 """One run's ``iterations`` PPO steps in one program."""
 
 
+_RUN_AXIS = "runs"
+"""The ``vmap`` axis of stacked runs in :func:`_compiled_run_steps`."""
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 5))
 def _compiled_run_steps(
     env: _EnvArgument,
@@ -223,7 +227,8 @@ def _compiled_run_steps(
     def one_run(state: nnx.State, carry: StepCarry) -> tuple[nnx.State, StepCarry, StepReport]:
         return _scan_steps(env, config, graphdef, state, carry, iterations)
 
-    return jax.vmap(one_run)(states, carries)
+    with rollout._across_runs(_RUN_AXIS):
+        return jax.vmap(one_run, axis_name=_RUN_AXIS)(states, carries)
 
 
 def _on_device(tree: Any) -> Any:

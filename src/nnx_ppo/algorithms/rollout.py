@@ -8,7 +8,9 @@ dtype or returns a batched reward fails with a message naming the field.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+import contextlib
+import contextvars
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 import jax
@@ -298,6 +300,31 @@ def per_reward_leaf(flags: Any, rewards: Any) -> Any:
     return jax.tree.map(lambda _: flags, rewards) if isinstance(flags, jax.Array) else flags
 
 
+_RUN_AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar("run_axis", default=None)
+"""The ``vmap`` axis name of stacked runs while one is being traced, else ``None``."""
+
+
+@contextlib.contextmanager
+def _across_runs(axis_name: str) -> Iterator[None]:
+    """While tracing ``jax.vmap(..., axis_name=axis_name)`` over stacked runs.
+
+    A ``lax.cond`` whose predicate varies along a ``vmap`` axis becomes a
+    ``select`` that computes both branches. Where a branch only saves work,
+    :func:`_in_any_run` decides it for all runs at once, so it stays a branch.
+    """
+    token = _RUN_AXIS.set(axis_name)
+    try:
+        yield
+    finally:
+        _RUN_AXIS.reset(token)
+
+
+def _in_any_run(flag: Bool[Array, ""]) -> Bool[Array, ""]:
+    """``flag`` of this run, or of any stacked run under :func:`_across_runs`."""
+    axis = _RUN_AXIS.get()
+    return flag if axis is None else jax.lax.psum(flag.astype(jnp.int32), axis) > 0
+
+
 def _values(networks: StatefulModule, carry: Carry, obs: Any) -> PyTree[Float[Array, " B"]]:
     out = networks(carry, obs)
     return checked_ppo_output(out.output, "unroll_env").value_estimates
@@ -399,9 +426,10 @@ def unroll_env(
         checked_ppo_output(output, "unroll_env", rewards=stepped.reward)
         done, truncated = episode_flags(stepped)
         # The value of a truncated episode's final observation, under its pre-reset
-        # carry: computed only at the steps where some episode was truncated.
+        # carry: computed only at the steps where some episode was truncated (values
+        # computed for other envs are never read).
         at_truncation = jax.lax.cond(
-            jax.tree.reduce(jnp.logical_or, jax.tree.map(jnp.any, truncated)),
+            _in_any_run(jax.tree.reduce(jnp.logical_or, jax.tree.map(jnp.any, truncated))),
             lambda: _values(networks, out.next_state, stepped.obs),
             lambda: jax.tree.map(jnp.zeros_like, output.value_estimates),
         )
