@@ -67,14 +67,9 @@ def _run_optimizer(config: PPOConfig, learning_rate: float) -> optax.GradientTra
     elif config.weight_decay not in (None, False):
         links.append(optax.add_decayed_weights(float(config.weight_decay)))
     if config.learning_rate_schedule == "linear":
-        links.append(optax.scale_by_schedule(_linear_decay(1.0, _updates_per_run(config))))
+        links.append(optax.scale_by_schedule(_linear_decay(1.0, config.total_updates)))
     links.append(optax.inject_hyperparams(optax.scale)(step_size=-learning_rate))
     return optax.chain(*links)
-
-
-def _updates_per_run(config: PPOConfig) -> int:
-    iterations = -(-config.total_steps // config.steps_per_iteration)
-    return iterations * config.n_epochs * config.n_minibatches
 
 
 def _require_runs(

@@ -190,9 +190,13 @@ class PPOConfig:
         """What the optimizer gets: ``learning_rate``, or its linear decay to 0 over the run."""
         if self.learning_rate_schedule == "constant" or callable(self.learning_rate):
             return self.learning_rate
+        return _linear_decay(float(self.learning_rate), self.total_updates)
+
+    @property
+    def total_updates(self) -> int:
+        """Gradient steps over the run: one per minibatch of every epoch of every PPO step."""
         iterations = -(-self.total_steps // self.steps_per_iteration)
-        updates = iterations * self.n_epochs * self.n_minibatches
-        return _linear_decay(float(self.learning_rate), updates)
+        return iterations * self.n_epochs * self.n_minibatches
 
     @property
     def steps_per_iteration(self) -> int:
