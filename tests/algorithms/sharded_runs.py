@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 DEVICES = 2 if sys.argv[1] == "distributed" else 4
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
+# Forced devices are threads: on 2 busy cores one can reach an all-reduce more than
+# XLA's default 40 s after the others, which aborts the process. Wait longer.
+os.environ["XLA_FLAGS"] = (
+    f"--xla_force_host_platform_device_count={DEVICES} "
+    "--xla_cpu_collective_timeout_seconds=900 "
+    "--xla_cpu_collective_call_terminate_timeout_seconds=900"
+)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -109,7 +109,12 @@ def test_two_processes_train_as_one_and_only_process_0_writes(tmp_path):
 
 def test_cli_trains_over_four_devices(tmp_path):
     run_dir = tmp_path / "run"
-    environment = os.environ | {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    # As in sharded_runs.py: patient collectives, for forced devices on busy cores.
+    flags = (
+        "--xla_force_host_platform_device_count=4 --xla_cpu_collective_timeout_seconds=900 "
+        "--xla_cpu_collective_call_terminate_timeout_seconds=900"
+    )
+    environment = os.environ | {"XLA_FLAGS": flags}
     completed = subprocess.run(
         [
             sys.executable,
