@@ -10,6 +10,7 @@ import optax
 import pytest
 from flax import nnx
 
+from nnx_ppo.algorithms._train import _default_optimizer
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig, VideoConfig
 from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.types import LoggingLevel
@@ -143,6 +144,28 @@ def test_ppo_config_accepts_schedules_and_weight_decay_flags(
         state.optimizer.update(network, zeros)
         expected *= 1.0 - rate * decay
         np.testing.assert_allclose(network.w[...], expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("clipping", "weight_decay", "reference"),
+    [
+        (None, None, optax.chain(optax.adam(1e-3))),
+        (0.5, False, optax.chain(optax.clip_by_global_norm(0.5), optax.adam(1e-3))),
+        (None, True, optax.chain(optax.adamw(1e-3))),
+        (None, 0.5, optax.chain(optax.adamw(1e-3, weight_decay=0.5))),
+    ],
+)
+def test_default_optimizer_steps_and_stores_state_as_optax_adam(clipping, weight_decay, reference):
+    # optax's Adam(W) in a chain, as the default optimizer has always been laid out, so
+    # saved optimizer states stay loadable; and the same updates.
+    params = {"w": jnp.array([0.3, -1.2]), "b": jnp.array(0.7)}
+    optimizer = _default_optimizer(1e-3, clipping, weight_decay)
+    state, expected_state = optimizer.init(params), reference.init(params)
+    assert jax.tree.structure(state) == jax.tree.structure(expected_state)
+    for grads in ({"w": jnp.array([2.0, -0.5]), "b": jnp.array(3.0)},) * 3:
+        updates, state = optimizer.update(grads, state, params)
+        expected, expected_state = reference.update(grads, expected_state, params)
+        jax.tree.map(np.testing.assert_array_equal, updates, expected)
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ from flax import nnx
 
 from nnx_ppo.algorithms import _step
 from nnx_ppo.algorithms._train import (
+    _adam_with_rate,
     _crossed,
     _evaluate,
     _key_at,
@@ -52,24 +53,16 @@ __all__ = ["train_ppo_runs"]
 def _run_optimizer(config: PPOConfig, learning_rate: float) -> optax.GradientTransformation:
     """The default optimizer with the learning rate in its state, where each run may differ.
 
-    ``adam(lr)`` is ``scale_by_adam`` then a scale by ``-lr``; here that scale is
-    an injected hyperparameter (one array per run), and a linear schedule
-    multiplies it by the same decay in every run.
+    The final scale by ``-learning_rate`` is an injected hyperparameter (one
+    array per run); a linear schedule multiplies it by the same decay in every run.
     """
-    links = (
-        []
-        if config.gradient_clipping is None
-        else [optax.clip_by_global_norm(config.gradient_clipping)]
+    decay = (
+        [optax.scale_by_schedule(_linear_decay(1.0, config.total_updates))]
+        if config.learning_rate_schedule == "linear"
+        else []
     )
-    links.append(optax.scale_by_adam())
-    if config.weight_decay is True:
-        links.append(optax.add_decayed_weights(1e-4))  # optax.adamw's default
-    elif config.weight_decay not in (None, False):
-        links.append(optax.add_decayed_weights(float(config.weight_decay)))
-    if config.learning_rate_schedule == "linear":
-        links.append(optax.scale_by_schedule(_linear_decay(1.0, config.total_updates)))
-    links.append(optax.inject_hyperparams(optax.scale)(step_size=-learning_rate))
-    return optax.chain(*links)
+    rate = optax.chain(*decay, optax.inject_hyperparams(optax.scale)(step_size=-learning_rate))
+    return _adam_with_rate(rate, config.gradient_clipping, config.weight_decay)
 
 
 def _require_runs(

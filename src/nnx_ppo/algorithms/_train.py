@@ -70,15 +70,34 @@ def _cached_optimizer(
     gradient_clipping: tuple[type, float | None],
     weight_decay: tuple[type, float | bool | None],
 ) -> optax.GradientTransformation:
-    rate, clipping, decay = learning_rate[1], gradient_clipping[1], weight_decay[1]
-    links = [] if clipping is None else [optax.clip_by_global_norm(clipping)]
-    if decay is None or decay is False:
-        links.append(optax.adam(rate))
-    elif decay is True:
-        links.append(optax.adamw(rate))
-    else:
-        links.append(optax.adamw(rate, weight_decay=decay))
-    return optax.chain(*links)
+    rate = optax.scale_by_learning_rate(learning_rate[1])
+    return _adam_with_rate(rate, gradient_clipping[1], weight_decay[1])
+
+
+def _adam_with_rate(
+    rate: optax.GradientTransformation,
+    gradient_clipping: float | None,
+    weight_decay: float | bool | None,
+) -> optax.GradientTransformation:
+    """The default optimizer, Adam(W) after optional clipping, with its step applied by ``rate``.
+
+    Laid out as ``optax.adam``/``optax.adamw`` are (``scale_by_adam``, decayed
+    weights, then the rate), so with ``rate = optax.scale_by_learning_rate(lr)``
+    its state has their structure; the many-runs trainer passes a rate held in
+    the optimizer state instead, one per run.
+    """
+    inner = [optax.scale_by_adam()]
+    if weight_decay is True:
+        inner.append(optax.add_decayed_weights(_ADAMW_DEFAULT_DECAY))
+    elif weight_decay is not None and weight_decay is not False:
+        inner.append(optax.add_decayed_weights(weight_decay))
+    inner.append(rate)
+    clipping = [] if gradient_clipping is None else [optax.clip_by_global_norm(gradient_clipping)]
+    return optax.chain(*clipping, optax.chain(*inner))
+
+
+_ADAMW_DEFAULT_DECAY = 1e-4
+"""``optax.adamw``'s default ``weight_decay``: what ``weight_decay=True`` asks for."""
 
 
 def _require_seed(seed: Any) -> None:
