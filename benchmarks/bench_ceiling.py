@@ -42,7 +42,7 @@ def flops_per_iteration(workload: Workload, shapes: list[tuple[int, int]]) -> fl
     return forward_per_sample * samples * (1 + 3 * workload.n_epochs)
 
 
-def _best_seconds(run: Callable[[], Any], repeats: int) -> float:
+def best_seconds(run: Callable[[], Any], repeats: int) -> float:
     jax.block_until_ready(run())
     best = float("inf")
     for _ in range(repeats):
@@ -58,7 +58,7 @@ def matmul_gflops(m: int, k: int, n: int, inner: int = 50, repeats: int = 5) -> 
     a = jax.random.normal(keys[0], (inner, m, k), jnp.float32)
     b = jax.random.normal(keys[1], (k, n), jnp.float32)
     dot = jax.jit(lambda a, b: jax.lax.map(lambda x: jnp.dot(x, b), a))
-    seconds = _best_seconds(lambda: dot(a, b), repeats)
+    seconds = best_seconds(lambda: dot(a, b), repeats)
     return 2 * m * k * n * inner / seconds / 1e9
 
 

@@ -1,0 +1,177 @@
+"""Where one PPO iteration's time goes: the compiled step, and its parts compiled alone.
+
+For a workload of ``bench_common.WORKLOADS`` it builds this repo's env, network
+and config as ``bench_nnx_ppo.py`` does, then times, each as its own jitted
+program on the same state (best of ``--repeats`` after a warm-up call):
+
+- ``env only``: the vmapped env stepped ``rollout_length`` times with random
+  actions (no network);
+- ``rollout``: ``rollout.unroll_env``, the env with the network acting;
+- ``advantages``: GAE over the rollout;
+- ``learn``: every epoch's minibatch updates (``_learn``);
+- ``whole step``: the compiled PPO step as training runs it (one iteration,
+  metrics and statistics included, its report fetched to the host).
+
+With ``--runs N`` every part is ``jax.vmap``-ed over N stacked runs (seeds
+0..N-1), as ``train_ppo_runs`` does, and rates count all runs' steps: the
+ratio to ``--runs 1`` shows which part gains from batching runs and which does
+not.
+
+The parts do not add up exactly to the whole (each program has its own
+launch, and XLA fuses across part boundaries in the whole), but the shares
+show where a step's time goes. Beside each it prints the matmul FLOPs of the
+network in that part and the GFLOP/s they imply. ``--trace DIR`` also writes a
+``jax.profiler`` trace of a few whole steps for a trace viewer (Perfetto).
+
+    python benchmarks/profile_step.py --workload A
+    python benchmarks/profile_step.py --workload small --runs 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from bench_ceiling import best_seconds, flops_per_iteration, layer_shapes
+from bench_common import WORKLOADS, Workload
+from bench_nnx_ppo import _config, _make_env, _make_network
+from flax import nnx
+
+
+def _random_actions_rollout(env: Any, workload: Workload) -> Callable[[Any, Any], Any]:
+    from nnx_ppo.algorithms.rollout import _BatchedEnv
+
+    batched = _BatchedEnv(env)
+    discrete = getattr(env, "discrete_actions", False)
+
+    def run(state: Any, key: Any) -> Any:
+        def step(state: Any, key: Any) -> tuple[Any, None]:
+            shape = (workload.n_envs,) if discrete else (workload.n_envs, env.action_size)
+            if discrete:
+                actions = jax.random.randint(key, shape, 0, env.action_size)
+            else:
+                actions = jax.random.uniform(key, shape, minval=-1.0, maxval=1.0)
+            return batched.step(state, actions), None
+
+        keys = jax.random.split(key, workload.rollout_length)
+        return jax.lax.scan(step, state, keys)[0]
+
+    return run
+
+
+def _flops(workload: Workload, env: Any) -> tuple[float, float] | None:
+    """Matmul FLOPs of the rollout's forward passes and of the learning, or None."""
+    obs = env.observation_size
+    if not isinstance(obs, int):
+        return None
+    shapes = layer_shapes(workload, obs, env.action_size)
+    total = flops_per_iteration(workload, shapes)
+    forward = sum(2 * a * b for a, b in shapes) * workload.steps_per_iteration
+    return forward, total - forward
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="time the parts of one PPO iteration")
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="A")
+    parser.add_argument("--runs", type=int, default=1, help="runs vmapped in one program")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--trace", help="write a jax.profiler trace of 3 whole steps here")
+    args = parser.parse_args()
+    workload = WORKLOADS[args.workload]
+
+    from nnx_ppo.algorithms import _step, rollout
+    from nnx_ppo.algorithms._advantages import compute_advantages
+    from nnx_ppo.algorithms._learn import _learn
+    from nnx_ppo.algorithms._runs import _stack
+    from nnx_ppo.algorithms.ppo import new_training_state
+
+    env = _make_env(workload)
+    config = _config(workload, 1).ppo
+    states = [
+        _step._prepared(
+            "profile",
+            new_training_state(env, _make_network(workload, env, "mlp", seed), config.n_envs, seed),
+            config,
+        )
+        for seed in range(args.runs)
+    ]
+    graphdef, _ = nnx.split((states[0].networks, states[0].optimizer))
+    splits = [nnx.split((s.networks, s.optimizer))[1] for s in states]
+    carries = [_step._carry_of(s) for s in states]
+    key = jax.random.key(1)
+
+    def collect(split: Any, carry: Any) -> Any:
+        networks, _ = nnx.merge(graphdef, split)
+        return rollout.unroll_env(
+            env, carry.env_states, networks, carry.network_states, config.rollout_length, key
+        )[2]
+
+    def advantages(transitions: Any) -> Any:
+        return compute_advantages(transitions, config.gae_lambda, config.discounting_factor)
+
+    def learn(split: Any, data: Any) -> Any:
+        networks, optimizer = nnx.merge(graphdef, split)
+        _learn(networks, optimizer, data, key, config)
+        return nnx.state((networks, optimizer))
+
+    env_only = _random_actions_rollout(env, workload)
+    if args.runs == 1:
+        split, carry = splits[0], carries[0]
+        programs = [jax.jit(collect), jax.jit(advantages), jax.jit(learn), jax.jit(env_only)]
+        whole_program = _step._compiled_steps
+    else:
+        split, carry = _stack(splits), _stack(carries)
+        axis = _step._RUN_AXIS
+        programs = [
+            jax.jit(jax.vmap(f, axis_name=axis)) for f in (collect, advantages, learn, env_only)
+        ]
+        whole_program = _step._compiled_run_steps
+    collect_program, advantages_program, learn_program, env_program = programs
+    arguments = (_step._EnvArgument(env), _step._ConfigArgument(config), graphdef)
+
+    def whole() -> Any:
+        return jax.device_get(whole_program(*arguments, split, carry, 1)[2])
+
+    with rollout._across_runs(_step._RUN_AXIS) if args.runs > 1 else contextlib.nullcontext():
+        transitions = collect_program(split, carry)
+        scored = advantages_program(transitions)
+        data = (carry.network_states, transitions, *scored)
+        times = {
+            "env only": best_seconds(
+                lambda: env_program(carry.env_states, carry.key), args.repeats
+            ),
+            "rollout": best_seconds(lambda: collect_program(split, carry), args.repeats),
+            "advantages": best_seconds(lambda: advantages_program(transitions), args.repeats),
+            "learn": best_seconds(lambda: learn_program(split, data), args.repeats),
+            "whole step": best_seconds(whole, args.repeats),
+        }
+        if args.trace:
+            with jax.profiler.trace(args.trace):
+                for _ in range(3):
+                    whole()
+
+    flops = _flops(workload, env)
+    part_flops = {}
+    if flops is not None:
+        part_flops = {"rollout": flops[0], "learn": flops[1], "whole step": sum(flops)}
+    part_flops = {name: f * args.runs for name, f in part_flops.items()}
+    steps = workload.steps_per_iteration * args.runs
+    print(
+        f"workload {args.workload}, {args.runs} run(s): {workload.n_envs} envs x "
+        f"{workload.rollout_length} steps, {workload.n_epochs} epochs x "
+        f"{workload.n_minibatches} minibatches; best of {args.repeats}, "
+        f"{jax.devices()[0].platform}"
+    )
+    print(f"{'part':<12} {'ms':>9} {'share':>7} {'env steps/s':>12} {'GFLOP':>8} {'GFLOP/s':>8}")
+    for name, seconds in times.items():
+        share = seconds / times["whole step"]
+        gflop = part_flops.get(name)
+        rate = "" if gflop is None else f"{gflop / 1e9:8.3f} {gflop / 1e9 / seconds:8.1f}"
+        print(f"{name:<12} {seconds * 1e3:9.2f} {share:7.1%} {steps / seconds:12,.0f} {rate}")
+
+
+if __name__ == "__main__":
+    main()
