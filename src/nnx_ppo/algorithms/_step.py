@@ -378,6 +378,68 @@ def _host_metrics(
     return per_step
 
 
+class _Split(NamedTuple):
+    """A module pair split for the compiled step, and the Variables its state came from."""
+
+    graphdef: nnx.GraphDef[Any]
+    state: nnx.State
+    variables: list[nnx.Variable[Any]]
+
+
+_LAYOUTS: dict[Any, tuple[nnx.GraphDef[Any], Any]] = {}
+"""Graphdef and state treedef by the pair's pytree structure (Variables as leaves)."""
+
+_MAX_LAYOUTS = 16
+
+
+def _split(pair: tuple[StatefulModule, nnx.Optimizer]) -> _Split:
+    """``nnx.split(pair)``, without walking the graph again for a structure seen before.
+
+    A call per PPO step walked the module graph twice (``nnx.split`` and
+    ``nnx.update``), several milliseconds a call. The pair's pytree structure
+    with its Variables as leaves is a cheap key: it changes with any attribute,
+    static value or Variable type (not with a Variable's metadata, which nothing
+    changes during training). A pair in which a Variable is reachable twice
+    (shared), or whose static values cannot be hashed, is always split in full.
+    """
+    variables, treedef = jax.tree.flatten(pair, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    key = (treedef, tuple(type(v) for v in variables))
+    try:
+        layout = _LAYOUTS.get(key)
+    except (TypeError, ValueError):  # a static value that cannot be hashed or compared
+        return _Split(*nnx.split(pair), variables=[])
+    unshared = len({id(v) for v in variables}) == len(variables)
+    if layout is not None and unshared:
+        graphdef, state_treedef = layout
+        return _Split(
+            graphdef,
+            jax.tree.unflatten(state_treedef, [v.get_value() for v in variables]),
+            variables,
+        )
+    graphdef, state = nnx.split(pair)
+    leaves, state_treedef = jax.tree.flatten(state)
+    same_order = len(leaves) == len(variables) and all(
+        isinstance(v, nnx.Variable) and leaf is v.get_value()
+        for leaf, v in zip(leaves, variables, strict=False)
+    )
+    if unshared and same_order:
+        if len(_LAYOUTS) >= _MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = (graphdef, state_treedef)
+    return _Split(graphdef, state, variables if same_order else [])
+
+
+def _write_back(
+    split: _Split, pair: tuple[StatefulModule, nnx.Optimizer], state: nnx.State
+) -> None:
+    """``nnx.update(pair, state)``, through the Variables :func:`_split` found."""
+    if not split.variables:
+        nnx.update(pair, state)
+        return
+    for variable, value in zip(split.variables, jax.tree.leaves(state), strict=True):
+        variable.set_value(value)
+
+
 def _run_steps(
     owner: str, env: RLEnv, training_state: TrainingState, config: PPOConfig, iterations: int
 ) -> tuple[TrainingState, list[dict[str, float]]]:
@@ -387,14 +449,14 @@ def _run_steps(
     if mesh is not None:
         sharding.require_divisible(owner, mesh, config.n_envs, config.n_minibatches, None)
         training_state = sharding.shard_training_state(training_state, mesh)
-    networks, optimizer = training_state.networks, training_state.optimizer
-    graphdef, state = nnx.split((networks, optimizer))
+    pair = (training_state.networks, training_state.optimizer)
+    split = _split(pair)
     with sharding.training_mesh(mesh):
         new_state, carry, reports = _compiled_steps(
             _EnvArgument(env),
             _ConfigArgument(config),
-            graphdef,
-            state,
+            split.graphdef,
+            split.state,
             _carry_of(training_state),
             iterations,
         )
@@ -402,7 +464,7 @@ def _run_steps(
     per_step = _host_metrics(
         StepReport(*jax.device_get(reports)), training_state.steps_taken, config, iterations
     )
-    nnx.update((networks, optimizer), new_state)
+    _write_back(split, pair, new_state)
     steps_taken = training_state.steps_taken + iterations * config.steps_per_iteration
     return _advanced(training_state, carry, steps_taken), per_step
 
