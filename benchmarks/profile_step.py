@@ -5,7 +5,7 @@ and config as ``bench_nnx_ppo.py`` does, then times, each as its own jitted
 program on the same state (best of ``--repeats`` after a warm-up call):
 
 - ``env only``: the vmapped env stepped ``rollout_length`` times with random
-  actions (no network);
+  actions, ended episodes reset (``train_throughput.random_rollout``; no network);
 - ``rollout``: ``rollout.unroll_env``, the env with the network acting;
 - ``advantages``: GAE over the rollout;
 - ``learn``: every epoch's minibatch updates (``_learn``);
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -39,27 +38,7 @@ from bench_ceiling import best_seconds, flops_per_iteration, layer_shapes
 from bench_common import WORKLOADS, Workload
 from bench_nnx_ppo import _config, _make_env, _make_network
 from flax import nnx
-
-
-def _random_actions_rollout(env: Any, workload: Workload) -> Callable[[Any, Any], Any]:
-    from nnx_ppo.algorithms.rollout import _BatchedEnv
-
-    batched = _BatchedEnv(env)
-    discrete = getattr(env, "discrete_actions", False)
-
-    def run(state: Any, key: Any) -> Any:
-        def step(state: Any, key: Any) -> tuple[Any, None]:
-            shape = (workload.n_envs,) if discrete else (workload.n_envs, env.action_size)
-            if discrete:
-                actions = jax.random.randint(key, shape, 0, env.action_size)
-            else:
-                actions = jax.random.uniform(key, shape, minval=-1.0, maxval=1.0)
-            return batched.step(state, actions), None
-
-        keys = jax.random.split(key, workload.rollout_length)
-        return jax.lax.scan(step, state, keys)[0]
-
-    return run
+from train_throughput import random_rollout
 
 
 def _flops(workload: Workload, env: Any) -> tuple[float, float] | None:
@@ -117,7 +96,9 @@ def main() -> None:
         _learn(networks, optimizer, data, key, config)
         return nnx.state((networks, optimizer))
 
-    env_only = _random_actions_rollout(env, workload)
+    def env_only(env_states: Any, key: Any) -> Any:
+        return random_rollout(env, env_states, workload.rollout_length, key)
+
     if args.runs == 1:
         split, carry = splits[0], carries[0]
         programs = [jax.jit(collect), jax.jit(advantages), jax.jit(learn), jax.jit(env_only)]
