@@ -15,8 +15,10 @@ repo's built-in cart-pole, the whole run in one call and one step per call,
 against rejax on gymnax), ``seeds`` (the small config, 8 seeds in one program
 against one seed: steps/s are summed over the runs), ``lstm`` (this repo's memory
 task, LSTM against MLP), ``checks`` (config A with the contract checks on and
-off) and ``ceiling`` (matmul GFLOP/s, network FLOPs and env-only rate against
-this repo's config A rate). Raw results go to
+off, in separate processes), ``checks-paired`` (config A's step compiled with
+the checks on and off in one process: are the programs equal, and their call
+times alternating) and ``ceiling`` (matmul GFLOP/s, network FLOPs, env-only
+rate and the per-shape ceiling against this repo's config A rate). Raw results go to
 ``~/.cache/nnx-ppo-bench/results/``.
 """
 
@@ -39,7 +41,9 @@ from bench_common import RESULT_PREFIX, T0_ENV_VAR, WORKLOADS
 from peers import CACHE, PEERS, InstallRecord, Peer, ensure
 
 HERE = Path(__file__).resolve().parent
-ALL_WORKLOADS = ("A", "B", "small", "seeds", "lstm", "checks", "ceiling")
+ALL_WORKLOADS = ("A", "B", "small", "seeds", "lstm", "checks", "checks-paired", "ceiling")
+SINGLE_RUN_WORKLOADS = ("checks-paired", "ceiling")
+"""Workloads whose one script run measures everything, so it runs once."""
 QUICK_STEPS = 20_000
 RUN_TIMEOUT_S = 3600
 VERSION_PACKAGES = {
@@ -107,6 +111,9 @@ def variants_for(workload: str) -> list[Variant]:
             Variant("checks on", "ours", ("--workload", "A"), (("NNX_PPO_CHECKS", "1"),)),
             Variant("checks off", "ours", ("--workload", "A"), (("NNX_PPO_CHECKS", "0"),)),
         ]
+    if workload == "checks-paired":
+        label = "checks on vs off, one process"
+        return [Variant(label, "ours", ("--workload", "A"), script="bench_checks.py")]
     if workload == "ceiling":
         return [Variant("ceiling", "ours", ("--workload", "A"), script="bench_ceiling.py")]
     raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(ALL_WORKLOADS)}")
@@ -288,6 +295,19 @@ def format_ceiling(ceiling: dict[str, Any] | None, ours: Row | None) -> str:
         f"  env-only steps/s (vmapped env.step, random actions, same n_envs): "
         f"{ceiling['env_only_steps_per_s']:,.0f}",
     ]
+    steps = ceiling["steps_per_iteration"]
+    matmul = ceiling.get("matmul_seconds_per_iteration")
+    ceiling_sps = None
+    if matmul is not None:
+        env_s = steps / ceiling["env_only_steps_per_s"]
+        total = env_s + matmul["rollout"] + matmul["learn"]
+        ceiling_sps = steps / total
+        lines += [
+            f"  ceiling per iteration (each product at its own shape's measured rate): env "
+            f"{env_s * 1e3:.1f} ms + rollout matmuls {matmul['rollout'] * 1e3:.1f} ms",
+            f"    + learning matmuls {matmul['learn'] * 1e3:.1f} ms = {total * 1e3:.1f} ms"
+            f" = {ceiling_sps:,.0f} steps/s",
+        ]
     if ours is not None and ours.steady is not None:
         sps = ours.steady[0]
         achieved = flops * sps / ceiling["steps_per_iteration"] / 1e9
@@ -298,7 +318,32 @@ def format_ceiling(ceiling: dict[str, Any] | None, ours: Row | None) -> str:
             f"{achieved / ceiling['matmul_gflops_large']:.1%} of the large-matmul rate",
             f"    steps/s / env-only steps/s = {sps / ceiling['env_only_steps_per_s']:.1%}",
         ]
+        if ceiling_sps is not None:
+            lines.append(f"    = {sps / ceiling_sps:.1%} of the ceiling")
     return "\n".join(lines)
+
+
+def format_checks_paired(result: dict[str, Any] | None) -> str:
+    """The step compiled with checks on and off in one process: program equality, call times."""
+    if result is None:
+        return "checks on vs off, one process: unavailable"
+    calls = result["call_s"]
+    on, off = calls["on"], calls["off"]
+    equal = "equal" if result["programs_equal"] else f"{result['differing_lines']} lines differ"
+    return "\n".join(
+        [
+            "Checks on vs off, one process (config A's step, one iteration per call)",
+            f"  optimised XLA programs, metadata stripped: {equal} "
+            f"({result['program_lines'][0]:,} and {result['program_lines'][1]:,} lines)",
+            f"  trace + compile s: on {result['compile_s']['on']:.1f}, "
+            f"off {result['compile_s']['off']:.1f} (on first, so it also pays one-time set-up)",
+            f"  ms per call, {result['calls']} calls each, alternating: on median "
+            f"{on['median'] * 1e3:.1f} [{on['min'] * 1e3:.1f}-{on['max'] * 1e3:.1f}], off median "
+            f"{off['median'] * 1e3:.1f} [{off['min'] * 1e3:.1f}-{off['max'] * 1e3:.1f}]",
+            f"  off / on: median {off['median'] / on['median']:.3f}, "
+            f"min {off['min'] / on['min']:.3f} (below 1: checks off faster)",
+        ]
+    )
 
 
 def versions_line(name: str, record: InstallRecord | None) -> str:
@@ -352,7 +397,7 @@ def main() -> None:
             # The trainer's rate the ceiling is compared with: one config-A run.
             variants = [Variant("nnx-ppo (this repo)", "ours", ("--workload", "A")), *variants]
             runs = {v: [] for v in variants}
-        for repeat in range(1 if workload == "ceiling" else repeats):
+        for repeat in range(1 if workload in SINGLE_RUN_WORKLOADS else repeats):
             for variant in variants:  # alternating: ours, peer, ours, peer, ...
                 record = records[variant.peer]
                 if not record.ok:
@@ -371,6 +416,11 @@ def main() -> None:
         title = f"\n== {workload}: {budget:,} env steps per run" + (
             " (QUICK SMOKE BUDGET: not results)" if args.quick else ""
         )
+        if workload == "checks-paired":
+            paired = runs[variants[0]]
+            result = paired[0].result if paired and not paired[0].error else None
+            tables.append(title + "\n" + format_checks_paired(result))
+            continue
         if workload == "ceiling":
             ceiling_runs = runs[variants[-1]]
             ceiling = ceiling_runs[0].result if ceiling_runs and not ceiling_runs[0].error else None

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from nnx_ppo import ContractError
 from nnx_ppo.algorithms.rollout import (
+    _BatchedEnv,
     episode_flags,
     eval_rollout,
     record_episode,
@@ -127,6 +128,33 @@ def test_unmapped_state_paths_is_empty_when_vmap_batches_every_leaf(counting_env
     # MJX's Data keeps model-wide fields out of vmap with its own batching rule; the
     # Playground CLI test (tests/cli) covers that case where Playground is installed.
     assert unmapped_state_paths(counting_env) == frozenset()
+
+
+def test_an_envs_one_env_reset_is_traced_once_across_programs(counting_env):
+    # Tracing a simulator's reset takes seconds: each program that steps the env
+    # traces its vmapped reset, and the one-env shapes are kept per env.
+    traces = []
+
+    class TracedEnv(type(counting_env)):
+        def reset(self, key):
+            traces.append(key.shape)
+            return super().reset(key)
+
+    env = TracedEnv()
+    keys = jax.random.split(jax.random.key(0), 3)
+    first = jax.jit(lambda k: reset_envs(env, k))(keys)
+    assert len(traces) == 2  # the one-env shapes, then the vmapped reset
+    second = jax.jit(lambda k: reset_envs(env, k))(keys)
+    assert len(traces) == 3  # a new program: its vmapped reset only
+    np.testing.assert_array_equal(horizons_of(first), horizons_of(second))
+
+
+def test_unmapped_state_paths_of_a_traced_reset_match_unmapped_state_paths(counting_env):
+    batched = _BatchedEnv(counting_env)
+    with pytest.raises(RuntimeError, match="once reset has been traced"):
+        _ = batched.unmapped
+    jax.eval_shape(batched.reset, jax.random.split(jax.random.key(0), 3))
+    assert batched.unmapped == unmapped_state_paths(counting_env)
 
 
 @pytest.mark.parametrize("key", ["truncated", "truncation"])

@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Float, Integer, PRNGKeyArray
 
+from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.algorithms import rollout, sharding
 from nnx_ppo.algorithms._step import (
     _EnvArgument,
@@ -35,11 +36,13 @@ from nnx_ppo.algorithms.metrics import (
     to_host,
 )
 from nnx_ppo.algorithms.types import (
+    EnvState,
     LoggingLevel,
     RLEnv,
     TrainingState,
 )
 from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.axes import PerEnvKeys
 from nnx_ppo.networks.types import (
     ModuleState,
     StatefulModule,
@@ -113,6 +116,20 @@ def _require_seed(seed: Any) -> None:
     require_int("new_training_state", "seed", seed, minimum=None)
 
 
+@functools.cache
+def _initial_reset() -> Callable[[_EnvArgument, PerEnvKeys], EnvState]:
+    """``reset_envs`` compiled once per env, for compile time rather than speed.
+
+    It runs once per training state (see :func:`~nnx_ppo._compile.fast_compile_options`).
+    Built on first use, not at import, so that importing does not start JAX's backend.
+    """
+    return jax.jit(
+        lambda env, keys: rollout.reset_envs(env.env, keys),
+        static_argnums=0,
+        compiler_options=fast_compile_options(),
+    )
+
+
 def _rekeyed(carry: ModuleState, key: PRNGKeyArray) -> ModuleState:
     """``carry`` with every typed PRNG-key leaf drawn afresh from ``key``.
 
@@ -178,9 +195,7 @@ def new_training_state(
         )
     _require_seed(seed)
     env_key, training_key, carry_key = jax.random.split(jax.random.key(seed), 3)
-    env_states = jax.jit(functools.partial(rollout.reset_envs, env))(
-        jax.random.split(env_key, n_envs)
-    )
+    env_states = _initial_reset()(_EnvArgument(env), jax.random.split(env_key, n_envs))
     network_states = jax.jit(_rekeyed)(networks.initialize_state(n_envs), carry_key)
     if optimizer is None:
         optimizer = _default_optimizer(learning_rate, gradient_clipping, weight_decay)

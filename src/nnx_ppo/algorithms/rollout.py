@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, NamedTuple, TypeVar
 
@@ -197,14 +198,21 @@ class _BatchedEnv:
     def __init__(self, env: RLEnv) -> None:
         self.env = env
         self.name = type(env).__name__
-        self.reference = check_env_unbatched(env) if checks_enabled() else None
-        shapes = self.reference
-        if shapes is None:
-            shapes = jax.eval_shape(env.reset, jax.random.key(0))
+        self.single_state = _single_state_shapes(env)
+        self.reference = self.single_state if checks_enabled() else None
         # Split only states that hold Shared nodes: simulators' own state types (MJX's
         # Data) carry custom vmap rules that a tree of None placeholders would break.
-        self.has_shared = any(map(_is_shared, jax.tree.leaves(shapes, is_leaf=_is_shared)))
-        self.unmapped = unmapped_state_paths(env) if not self.has_shared else frozenset()
+        self.has_shared = any(
+            map(_is_shared, jax.tree.leaves(self.single_state, is_leaf=_is_shared))
+        )
+        self._unmapped: frozenset[str] | None = frozenset() if self.has_shared else None
+
+    @property
+    def unmapped(self) -> frozenset[str]:
+        """The state paths ``vmap`` left without an env axis, read off the traced ``reset``."""
+        if self._unmapped is None:
+            raise RuntimeError("_BatchedEnv.unmapped is known once reset has been traced")
+        return self._unmapped
 
     def reset(self, keys: Key[Array, " B"]) -> EnvState:
         def reset_one(key: PRNGKeyArray) -> EnvState:
@@ -213,7 +221,9 @@ class _BatchedEnv:
             return state
 
         if not self.has_shared:
-            return jax.vmap(reset_one)(keys)
+            states = jax.vmap(reset_one)(keys)
+            self._unmapped = _unmapped_paths(self.single_state, states)
+            return states
         split = jax.vmap(lambda key: _split_shared(reset_one(key)), out_axes=(0, None))(keys)
         return _join_shared(*split)
 
@@ -247,15 +257,47 @@ def unmapped_state_paths(env: RLEnv) -> frozenset[str]:
     from ``vmap``'s own output, by comparing one reset with a vmapped one:
     a leaf whose rank did not grow was not mapped. Computed while tracing.
     """
-    single = jax.tree_util.tree_flatten_with_path(jax.eval_shape(env.reset, jax.random.key(0)))
-    batched = jax.tree_util.tree_flatten_with_path(
-        jax.eval_shape(jax.vmap(env.reset), jax.random.split(jax.random.key(0), 2))
-    )
+    batched = jax.eval_shape(jax.vmap(env.reset), jax.random.split(jax.random.key(0), 2))
+    return _unmapped_paths(jax.eval_shape(env.reset, jax.random.key(0)), batched)
+
+
+def _unmapped_paths(single: EnvState, batched: EnvState) -> frozenset[str]:
+    """The paths of ``batched``'s leaves whose rank is ``single``'s: ``vmap`` did not map them."""
     return frozenset(
         jax.tree_util.keystr(path)
-        for (path, one), (_, many) in zip(single[0], batched[0], strict=True)
-        if len(many.shape) == len(one.shape)
+        for (path, one), many in zip(
+            jax.tree_util.tree_flatten_with_path(single)[0],
+            jax.tree.leaves(batched),
+            strict=True,
+        )
+        if jnp.ndim(many) == len(one.shape)
     )
+
+
+_SINGLE_STATES: weakref.WeakKeyDictionary[Any, tuple[bool, EnvState]] = weakref.WeakKeyDictionary()
+"""Per env: whether the contract checks ran on its reset, and its one-env reset state's shapes."""
+
+
+def _single_state_shapes(env: RLEnv) -> EnvState:
+    """The shapes of one env's reset state, checked when the checks are on.
+
+    Tracing a simulator's ``reset`` takes seconds (MJX: about 1.5 s), and every
+    compiled program that steps the env needs these shapes, so they are kept per
+    env object (hashable, weakly referenced envs; JAX already takes an env passed
+    as a static argument to be immutable). A state traced with the checks off is
+    traced again, and checked, once they are on.
+    """
+    checked = checks_enabled()
+    try:
+        cached = _SINGLE_STATES.get(env)
+    except TypeError:  # an unhashable or not weakly referenceable env: no cache
+        cached = None
+    if cached is not None and (cached[0] or not checked):
+        return cached[1]
+    shapes = check_env_unbatched(env) if checked else jax.eval_shape(env.reset, jax.random.key(0))
+    with contextlib.suppress(TypeError):
+        _SINGLE_STATES[env] = (checked, shapes)
+    return shapes
 
 
 def reset_envs(env: RLEnv, keys: PerEnvKeys) -> EnvState:

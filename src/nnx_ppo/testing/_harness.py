@@ -30,7 +30,6 @@ __all__ = [
     "contract_leaf",
     "describe_difference",
     "document_properties",
-    "fast_compile_options",
     "host",
     "is_key",
     "property_failure",
@@ -171,16 +170,6 @@ def property_failure(
 def contract_leaf(error: BaseException) -> str | None:
     """The leaf a :class:`~nnx_ppo.ContractError` names; else ``None``."""
     return error.leaf if isinstance(error, ContractError) else None
-
-
-def fast_compile_options() -> dict[str, Any] | None:
-    """``jax.jit`` compiler options for the kit's programs, compiled once and run a few times.
-
-    On CPU, skipping the backend's optimisation of machine code saves about 40% of
-    the compile time and costs nothing that matters here. Other backends keep their
-    defaults.
-    """
-    return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
 
 
 # -------------------------------------------------------------------------- host arrays

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PRNGKeyArray, PyTree, Shaped
 
+from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import checks
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.checks import named_leaves
@@ -42,7 +43,6 @@ from nnx_ppo.testing._harness import (
     contract_leaf,
     describe_difference,
     document_properties,
-    fast_compile_options,
     property_failure,
 )
 

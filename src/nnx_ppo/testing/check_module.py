@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from jaxtyping import Array, Bool, PyTree, Shaped
 
+from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import ContractError, checks
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.checks import RULE_NO_WRITES, RULE_STATISTICS_KIND, named_leaves
@@ -49,7 +50,6 @@ from nnx_ppo.testing._harness import (
     as_numpy,
     contract_leaf,
     document_properties,
-    fast_compile_options,
     host,
     is_key,
     property_failure,
