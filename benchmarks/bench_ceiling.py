@@ -7,16 +7,12 @@
   a backward pass (counted as twice the forward) over every step.
 - The env-only rate: the vmapped Playground env stepped with random actions at
   the workload's ``n_envs``, resets included (``train_throughput.random_rollout``).
-- The matmul time of one PPO iteration at this machine's own rate for each
-  product: every layer's forward product at the rollout's batch, once per
-  rollout step; per minibatch update its forward product and the two of its
-  backward pass (the input gradient ``(mb, out) @ (out, in)``, skipped for a
-  first layer, whose input is the observation; the weight gradient
-  ``(in, mb) @ (mb, out)``), each timed alone at that shape.
 
-``compare.py`` divides the trainer's measured rate by these. Its ceiling rate is
-one iteration's steps over the env-only time plus that matmul time: what the
-machine reaches if nothing but the env and the network's products took time.
+``compare.py`` divides the trainer's measured rate by these, and by their sum:
+the ceiling rate, one iteration's steps over the env-only time of those steps
+plus the network's FLOPs at the best matmul rate measured at its own shapes
+(the time the iteration would take if nothing but the env and the network's
+products took time, every product at that rate).
 
     python benchmarks/bench_ceiling.py --workload A
 """
@@ -24,7 +20,6 @@ machine reaches if nothing but the env and the network's products took time.
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -35,17 +30,13 @@ import jax.numpy as jnp
 from bench_common import WORKLOADS, Workload, emit
 
 
-def mlp_shapes(workload: Workload, obs_size: int, action_size: int) -> list[list[tuple[int, int]]]:
-    """``(in, out)`` of every dense layer, per MLP: the actor (mean and std out), the critic."""
-    return [
-        list(itertools.pairwise([obs_size, *sizes, out]))
-        for sizes, out in ((workload.actor_sizes, 2 * action_size), (workload.critic_sizes, 1))
-    ]
-
-
 def layer_shapes(workload: Workload, obs_size: int, action_size: int) -> list[tuple[int, int]]:
-    """``(in, out)`` of every dense layer of the actor and the critic."""
-    return [shape for mlp in mlp_shapes(workload, obs_size, action_size) for shape in mlp]
+    """``(in, out)`` of every dense layer of the actor (mean and std out) and the critic."""
+    shapes = []
+    for sizes, out in ((workload.actor_sizes, 2 * action_size), (workload.critic_sizes, 1)):
+        widths = [obs_size, *sizes, out]
+        shapes += list(itertools.pairwise(widths))
+    return shapes
 
 
 def flops_per_iteration(workload: Workload, shapes: list[tuple[int, int]]) -> float:
@@ -65,38 +56,14 @@ def best_seconds(run: Callable[[], Any], repeats: int) -> float:
     return best
 
 
-def matmul_seconds(m: int, k: int, n: int, inner: int = 50, repeats: int = 5) -> float:
-    """Seconds of one fp32 ``(m, k) @ (k, n)``: best of ``inner`` independent ones in one jit."""
+def matmul_gflops(m: int, k: int, n: int, inner: int = 50, repeats: int = 5) -> float:
+    """fp32 GFLOP/s of ``inner`` dependent-free ``(m, k) @ (k, n)`` products in one jit."""
     keys = jax.random.split(jax.random.key(0), 2)
     a = jax.random.normal(keys[0], (inner, m, k), jnp.float32)
     b = jax.random.normal(keys[1], (k, n), jnp.float32)
     dot = jax.jit(lambda a, b: jax.lax.map(lambda x: jnp.dot(x, b), a))
-    return best_seconds(lambda: dot(a, b), repeats) / inner
-
-
-def matmul_gflops(m: int, k: int, n: int, inner: int = 50, repeats: int = 5) -> float:
-    """fp32 GFLOP/s of ``(m, k) @ (k, n)`` (see :func:`matmul_seconds`)."""
-    return 2 * m * k * n / matmul_seconds(m, k, n, inner, repeats) / 1e9
-
-
-def matmul_seconds_per_iteration(
-    workload: Workload, mlps: list[list[tuple[int, int]]]
-) -> dict[str, float]:
-    """One PPO iteration's matmul time if every product ran at its own measured speed."""
-    minibatch = workload.steps_per_iteration // workload.n_minibatches
-    seconds = functools.cache(matmul_seconds)
-    rollout = sum(seconds(workload.n_envs, a, b) for mlp in mlps for a, b in mlp)
-    update = sum(
-        seconds(minibatch, a, b)
-        + seconds(a, minibatch, b)
-        + (seconds(minibatch, b, a) if i > 0 else 0.0)
-        for mlp in mlps
-        for i, (a, b) in enumerate(mlp)
-    )
-    return {
-        "rollout": rollout * workload.rollout_length,
-        "learn": update * workload.n_epochs * workload.n_minibatches,
-    }
+    seconds = best_seconds(lambda: dot(a, b), repeats)
+    return 2 * m * k * n * inner / seconds / 1e9
 
 
 def env_only_steps_per_second(workload: Workload, calls: int) -> float:
@@ -134,8 +101,7 @@ def main() -> None:
     env = registry.load(workload.env, config_overrides={"impl": "jax"})
     obs = env.observation_size
     obs_size = int(obs if isinstance(obs, int) else obs["state"][0])
-    mlps = mlp_shapes(workload, obs_size, env.action_size)
-    shapes = [shape for mlp in mlps for shape in mlp]
+    shapes = layer_shapes(workload, obs_size, env.action_size)
     minibatch = workload.steps_per_iteration // workload.n_minibatches
     network_gflops = {
         f"{batch}x{a}x{b}": matmul_gflops(batch, a, b)
@@ -150,7 +116,6 @@ def main() -> None:
             "flops_per_iteration": flops_per_iteration(workload, shapes),
             "matmul_gflops_network_shapes": network_gflops,
             "matmul_gflops_large": matmul_gflops(2048, 2048, 2048, inner=2, repeats=3),
-            "matmul_seconds_per_iteration": matmul_seconds_per_iteration(workload, mlps),
             "env_only_steps_per_s": env_only_steps_per_second(workload, args.calls),
             "steps_per_iteration": workload.steps_per_iteration,
         }

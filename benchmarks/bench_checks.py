@@ -8,8 +8,9 @@ This script takes that noise out:
 2. it traces, lowers and compiles the PPO step (one iteration per call) twice,
    inside ``nnx_ppo.checks(True)`` and ``nnx_ppo.checks(False)``, clearing JAX's
    caches in between so that the second is traced afresh;
-3. it compares the two optimised XLA programs, metadata (source locations)
-   stripped: the checks run while JAX traces, so the programs should be equal;
+3. it compares the two programs JAX hands to XLA (StableHLO, source locations
+   left out): the checks run while JAX traces, so the programs should be equal,
+   and XLA compiles equal programs to equal executables;
 4. it runs the two executables alternately on the same inputs, ``--calls``
    times each, and prints the median, min and max seconds per call and their
    ratios.
@@ -20,6 +21,7 @@ This script takes that noise out:
 from __future__ import annotations
 
 import argparse
+import pathlib
 import re
 import statistics
 import time
@@ -30,19 +32,20 @@ from bench_common import WORKLOADS, emit
 from bench_nnx_ppo import _config, _make_env, _make_network
 from flax import nnx
 
-_METADATA = re.compile(r", metadata=\{[^}]*\}")
-_MODULE_NAME = re.compile(r"^HloModule \S+", re.MULTILINE)
+
+def program_text(lowered: Any) -> str:
+    """The lowered program (StableHLO) without source locations, the module's name removed."""
+    return _MODULE_NAME.sub("module", lowered.as_text(debug_info=False))
 
 
-def program_text(compiled: Any) -> str:
-    """The optimised HLO, without source locations and the module's name."""
-    return _MODULE_NAME.sub("HloModule", _METADATA.sub("", compiled.as_text()))
+_MODULE_NAME = re.compile(r"^module @\S+", re.MULTILINE)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="checks on vs off in one process")
     parser.add_argument("--workload", choices=list(WORKLOADS), default="A")
     parser.add_argument("--calls", type=int, default=40, help="calls of each executable")
+    parser.add_argument("--dump", help="write the two programs' text to this folder")
     args = parser.parse_args()
     workload = WORKLOADS[args.workload]
 
@@ -62,6 +65,7 @@ def main() -> None:
     static = (_step._EnvArgument(env), _step._ConfigArgument(config), graphdef)
 
     compiled: dict[str, Any] = {}
+    texts: dict[str, str] = {}
     compile_seconds: dict[str, float] = {}
     for label, enabled in (("on", True), ("off", False)):
         jax.clear_caches()
@@ -69,8 +73,13 @@ def main() -> None:
         with nnx_ppo.checks(enabled):
             lowered = _step._compiled_steps.lower(*static, split, carry, 1)
         compiled[label] = lowered.compile()
+        texts[label] = program_text(lowered)
         compile_seconds[label] = time.perf_counter() - start
-    texts = {label: program_text(c) for label, c in compiled.items()}
+    if args.dump:
+        folder = pathlib.Path(args.dump)
+        folder.mkdir(parents=True, exist_ok=True)
+        for label, text in texts.items():
+            (folder / f"checks_{label}.mlir").write_text(text)
     lines_on, lines_off = texts["on"].splitlines(), texts["off"].splitlines()
     differing = sum(a != b for a, b in zip(lines_on, lines_off, strict=False))
     differing += abs(len(lines_on) - len(lines_off))

@@ -96,12 +96,23 @@ def _require_runs(
     return seeds, learning_rates
 
 
+@jax.jit
 def _stack(trees: Sequence[Any]) -> Any:
+    """The runs' trees stacked on a new leading axis.
+
+    One compiled program: eagerly, every leaf shape compiled a stack of its own
+    (2.5 s of the 8-seed small config's start-up).
+    """
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
 
 
 def _unstack(tree: Any, run: int) -> Any:
+    """Run ``run``'s slice of every leaf of a stacked tree."""
     return jax.tree.map(lambda leaf: leaf[run], tree)
+
+
+_unstack_on_device = jax.jit(_unstack)
+""":func:`_unstack` of device arrays in one program, ``run`` traced: one compile for all runs."""
 
 
 def train_ppo_runs(
@@ -198,8 +209,8 @@ def train_ppo_runs(
     def current(run: int) -> TrainingState:
         """Run ``run``'s training state, its network and optimizer brought up to date."""
         state = states[run]
-        nnx.update((state.networks, state.optimizer), _unstack(stacked, run))
-        return _step._advanced(state, _unstack(carries, run), steps_taken)
+        nnx.update((state.networks, state.optimizer), _unstack_on_device(stacked, run))
+        return _step._advanced(state, _unstack_on_device(carries, run), steps_taken)
 
     def host_work(checkpoint_due: bool) -> list[dict[str, float]]:
         evaluations: list[dict[str, float]] = [{} for _ in seeds]
