@@ -1,5 +1,7 @@
 """The training loop: compiles once, counts exactly, stops on NaN, calls its hooks on time."""
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +10,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo import ContractError
+from nnx_ppo.algorithms import _train
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig, VideoConfig
 from nnx_ppo.algorithms.ppo import new_training_state, ppo_step, train_ppo
 from nnx_ppo.algorithms.types import LoggingLevel
@@ -65,6 +68,34 @@ def test_training_step_compiles_once(traced_env, scripted_network):
     # A fresh run of the same configuration reuses the compiled step as well.
     train_ppo(traced_env, scripted_network(), train_config(3 * STEP))
     assert traced_env.traces == traces
+
+
+def test_train_ppo_lowers_its_first_step_once_while_the_reset_compiles(
+    traced_env, scripted_network, caplog, monkeypatch
+):
+    # train_ppo traces and lowers the first PPO step while XLA compiles the initial
+    # reset (abstract env states); the first call must find that program in JAX's
+    # caches, not trace or lower it again.
+    ahead, original = [], _train._lower_ahead
+
+    def lower_ahead(env, state, config, iterations):
+        ahead.append(jax.tree.leaves(state.env_states))
+        original(env, state, config, iterations)
+
+    monkeypatch.setattr(_train, "_lower_ahead", lower_ahead)
+    with caplog.at_level(logging.DEBUG, logger="jax._src.dispatch"):
+        result = train_ppo(traced_env, scripted_network(), train_config(2 * STEP))
+    [abstract] = ahead
+    real = jax.tree.leaves(result.training_state.env_states)
+    assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in abstract)
+    assert [(a.shape, a.dtype) for a in abstract] == [(r.shape, r.dtype) for r in real]
+    lowerings = [
+        record
+        for record in caplog.records
+        if "MLIR module conversion jit(_scan_steps)" in record.getMessage()
+    ]
+    assert len(lowerings) == 1
+    assert result.total_steps == 2 * STEP
 
 
 def test_step_counter_is_exact_beyond_float_precision(counting_env, scripted_network):

@@ -351,6 +351,30 @@ def _carry_of(training_state: TrainingState) -> StepCarry:
     )
 
 
+def _lower_ahead(
+    env: RLEnv, training_state: TrainingState, config: PPOConfig, iterations: int
+) -> None:
+    """Trace and lower the program ``ppo_steps(env, training_state, config, iterations)`` runs.
+
+    ``training_state``'s env states may be abstract (``jax.ShapeDtypeStruct``
+    leaves placed as the real ones will be): JAX keeps the traced and lowered
+    program, and the real call, with the same shapes and placement, only
+    compiles it. Single-device states only.
+    """
+    running = training_state.running_episodes
+    assert running is not None, "the state's running episodes are filled"
+    split = _split((training_state.networks, training_state.optimizer))
+    carry = StepCarry(
+        _on_device(training_state.network_states),
+        training_state.env_states,
+        _on_device(running),
+        training_state.rng_key,
+    )
+    _compiled_steps.lower(
+        _EnvArgument(env), _ConfigArgument(config), split.graphdef, split.state, carry, iterations
+    )
+
+
 def _advanced(training_state: TrainingState, carry: StepCarry, steps_taken: int) -> TrainingState:
     """``training_state`` after the steps that ended with ``carry`` at ``steps_taken``."""
     return training_state.replace(

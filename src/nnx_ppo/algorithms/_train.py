@@ -3,6 +3,7 @@ checkpoints around the compiled PPO steps."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import copy
 import functools
@@ -21,6 +22,7 @@ from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.algorithms import rollout, sharding
 from nnx_ppo.algorithms._step import (
     _EnvArgument,
+    _lower_ahead,
     _no_running_episodes,
     _on_device,
     _require_training_state,
@@ -36,13 +38,11 @@ from nnx_ppo.algorithms.metrics import (
     to_host,
 )
 from nnx_ppo.algorithms.types import (
-    EnvState,
     LoggingLevel,
     RLEnv,
     TrainingState,
 )
 from nnx_ppo.contract.arguments import require_int
-from nnx_ppo.contract.axes import PerEnvKeys
 from nnx_ppo.networks.types import (
     ModuleState,
     StatefulModule,
@@ -117,7 +117,7 @@ def _require_seed(seed: Any) -> None:
 
 
 @functools.cache
-def _initial_reset() -> Callable[[_EnvArgument, PerEnvKeys], EnvState]:
+def _initial_reset() -> jax.stages.Wrapped:
     """``reset_envs`` compiled once per env, for compile time rather than speed.
 
     It runs once per training state (see :func:`~nnx_ppo._compile.fast_compile_options`).
@@ -186,6 +186,38 @@ def new_training_state(
         integer (a Python ``int`` or an integer scalar array).
       ValueError: ``n_envs`` is not a positive int.
     """
+    return _new_training_state(
+        env,
+        networks,
+        n_envs,
+        seed,
+        learning_rate,
+        gradient_clipping,
+        weight_decay,
+        optimizer=optimizer,
+    )
+
+
+def _new_training_state(
+    env: RLEnv,
+    networks: StatefulModule,
+    n_envs: int,
+    seed: int | Integer[Array, ""],
+    learning_rate: float | optax.Schedule,
+    gradient_clipping: float | None,
+    weight_decay: float | bool | None,
+    *,
+    optimizer: optax.GradientTransformation | None,
+    while_reset_compiles: Callable[[TrainingState], None] | None = None,
+) -> TrainingState:
+    """:func:`new_training_state`, running ``while_reset_compiles`` while the reset compiles.
+
+    ``while_reset_compiles`` gets the state with abstract env states
+    (``jax.ShapeDtypeStruct`` leaves, placed as the real ones will be), to trace
+    and lower a program that takes it. XLA compiles the initial reset (seconds for
+    a simulator) in a second thread meanwhile: compiling releases the GIL, so the
+    two overlap on a second core.
+    """
     if isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs <= 0:
         raise ValueError(f"new_training_state: n_envs must be a positive int, got {n_envs!r}")
     if not isinstance(networks, StatefulModule):
@@ -195,18 +227,37 @@ def new_training_state(
         )
     _require_seed(seed)
     env_key, training_key, carry_key = jax.random.split(jax.random.key(seed), 3)
-    env_states = _initial_reset()(_EnvArgument(env), jax.random.split(env_key, n_envs))
+    keys = jax.random.split(env_key, n_envs)
     network_states = jax.jit(_rekeyed)(networks.initialize_state(n_envs), carry_key)
     if optimizer is None:
         optimizer = _default_optimizer(learning_rate, gradient_clipping, weight_decay)
-    return TrainingState(
+    state = TrainingState(
         networks=networks,
         network_states=_on_device(network_states),
-        env_states=_on_device(env_states),
+        env_states=None,
         optimizer=nnx.Optimizer(networks, optimizer, wrt=nnx.Param),
         rng_key=training_key,
         steps_taken=0,
-        running_episodes=_on_device(_no_running_episodes(env_states)),
+    )
+    if while_reset_compiles is None:
+        env_states = _initial_reset()(_EnvArgument(env), keys)
+    else:
+        reset = _initial_reset().lower(_EnvArgument(env), keys)
+        # The reset's outputs are placed as its keys: committed to a device, or not.
+        placement = keys.sharding if keys.committed else None
+        abstract = jax.tree.map(
+            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=placement),
+            reset.out_info,
+        )
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            compiling = pool.submit(reset.compile)
+            while_reset_compiles(
+                state.replace(env_states=abstract, running_episodes=_no_running_episodes(abstract))
+            )
+            env_states = compiling.result()(keys)
+    env_states = _on_device(env_states)
+    return state.replace(
+        env_states=env_states, running_episodes=_on_device(_no_running_episodes(env_states))
     )
 
 
@@ -448,7 +499,15 @@ def train_ppo(
             )
     eval_env = env if eval_env is None else eval_env
     if initial_state is None:
-        state = new_training_state(
+        first_call = _steps_until_host_needed(
+            0, config, checkpoint_fn is not None, video_fn is not None
+        )
+
+        def lower_first_call(abstract: TrainingState) -> None:
+            _lower_ahead(env, abstract, config.ppo, first_call)
+
+        single_device = mesh is None and config.ppo.total_steps > 0
+        state = _new_training_state(
             env,
             networks,
             config.ppo.n_envs,
@@ -456,6 +515,8 @@ def train_ppo(
             config.ppo.optimizer_learning_rate(),
             config.ppo.gradient_clipping,
             config.ppo.weight_decay,
+            optimizer=None,
+            while_reset_compiles=lower_first_call if single_device else None,
         )
     else:
         state = initial_state
