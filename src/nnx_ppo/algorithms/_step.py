@@ -356,22 +356,27 @@ def _lower_ahead(
 ) -> None:
     """Trace and lower the program ``ppo_steps(env, training_state, config, iterations)`` runs.
 
-    ``training_state``'s env states may be abstract (``jax.ShapeDtypeStruct``
+    ``training_state`` is a fresh single-device state, as :func:`_prepared` leaves
+    it, except that its env states may be abstract (``jax.ShapeDtypeStruct``
     leaves placed as the real ones will be): JAX keeps the traced and lowered
     program, and the real call, with the same shapes and placement, only
-    compiles it. Single-device states only.
+    compiles it.
     """
-    running = training_state.running_episodes
-    assert running is not None, "the state's running episodes are filled"
     split = _split((training_state.networks, training_state.optimizer))
-    carry = StepCarry(
-        _on_device(training_state.network_states),
-        training_state.env_states,
-        _on_device(running),
-        training_state.rng_key,
-    )
-    _compiled_steps.lower(
-        _EnvArgument(env), _ConfigArgument(config), split.graphdef, split.state, carry, iterations
+    _compiled_steps.lower(*_step_arguments(env, config, split, training_state, iterations))
+
+
+def _step_arguments(
+    env: RLEnv, config: PPOConfig, split: _Split, training_state: TrainingState, iterations: int
+) -> tuple[Any, ...]:
+    """The arguments of :data:`_compiled_steps` for ``iterations`` steps from ``training_state``."""
+    return (
+        _EnvArgument(env),
+        _ConfigArgument(config),
+        split.graphdef,
+        split.state,
+        _carry_of(training_state),
+        iterations,
     )
 
 
@@ -477,12 +482,7 @@ def _run_steps(
     split = _split(pair)
     with sharding.training_mesh(mesh):
         new_state, carry, reports = _compiled_steps(
-            _EnvArgument(env),
-            _ConfigArgument(config),
-            split.graphdef,
-            split.state,
-            _carry_of(training_state),
-            iterations,
+            *_step_arguments(env, config, split, training_state, iterations)
         )
     # Fetched and checked before the caller's network is touched.
     per_step = _host_metrics(
