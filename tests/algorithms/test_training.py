@@ -12,7 +12,7 @@ from flax import nnx
 from nnx_ppo import ContractError
 from nnx_ppo.algorithms import _train
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig, VideoConfig
-from nnx_ppo.algorithms.ppo import new_training_state, ppo_step, train_ppo
+from nnx_ppo.algorithms.ppo import new_training_state, ppo_step, ppo_steps, train_ppo
 from nnx_ppo.algorithms.types import LoggingLevel
 from nnx_ppo.envs import make
 from nnx_ppo.networks.adapter import PPOAdapter
@@ -70,31 +70,29 @@ def test_training_step_compiles_once(traced_env, scripted_network):
     assert traced_env.traces == traces
 
 
-def test_train_ppo_lowers_its_first_step_once_while_the_reset_compiles(
+def test_train_ppo_compiles_its_first_step_once_while_the_reset_compiles(
     traced_env, scripted_network, caplog, monkeypatch
 ):
-    # train_ppo traces and lowers the first PPO step while XLA compiles the initial
-    # reset (abstract env states); the first call must find that program in JAX's
-    # caches, not trace or lower it again.
-    ahead, original = [], _train._lower_ahead
+    # train_ppo compiles the first PPO step while XLA compiles the reset (abstract
+    # env states); the calls must find both programs in JAX's caches, and the
+    # reset serves the initial state and every step's fresh env states.
+    ahead, original = [], _train._compile_ahead
 
-    def lower_ahead(env, state, config, iterations):
+    def compile_ahead(env, state, config, iterations):
         ahead.append(jax.tree.leaves(state.env_states))
         original(env, state, config, iterations)
 
-    monkeypatch.setattr(_train, "_lower_ahead", lower_ahead)
+    monkeypatch.setattr(_train, "_compile_ahead", compile_ahead)
     with caplog.at_level(logging.DEBUG, logger="jax._src.dispatch"):
         result = train_ppo(traced_env, scripted_network(), train_config(2 * STEP))
     [abstract] = ahead
     real = jax.tree.leaves(result.training_state.env_states)
     assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in abstract)
     assert [(a.shape, a.dtype) for a in abstract] == [(r.shape, r.dtype) for r in real]
-    lowerings = [
-        record
-        for record in caplog.records
-        if "MLIR module conversion jit(_scan_steps)" in record.getMessage()
-    ]
-    assert len(lowerings) == 1
+    messages = [record.getMessage() for record in caplog.records]
+    for program in ("jit(_scan_steps)", "jit(_compiled_reset)"):
+        assert sum(f"MLIR module conversion {program}" in m for m in messages) == 1, program
+        assert sum(f"XLA compilation of {program}" in m for m in messages) == 1, program
     assert result.total_steps == 2 * STEP
 
 
@@ -371,6 +369,27 @@ def test_several_steps_per_call_give_the_steps_one_by_one(traced_env, scripted_n
     assert [step for step, _ in fused[1]] == [step for step, _ in one_by_one[1]]
     np.testing.assert_allclose([v for _, v in fused[1]], [v for _, v in one_by_one[1]], rtol=1e-6)
     assert fused[2] == one_by_one[2] == [0, 5 * STEP, 10 * STEP]
+
+
+def test_one_step_calls_restart_episodes_where_a_step_resetting_inside_would(
+    counting_env, scripted_network
+):
+    # One step per call takes the states ended episodes restart from out of a reset
+    # program of their own; several steps per call reset inside their program. The
+    # counting env draws each episode's horizon (2 to 4 steps) at reset, so over 15
+    # steps every env restarts at least 3 times, and any other key shows.
+    config = ppo_config()
+    one_by_one = new_training_state(counting_env, scripted_network(), N_ENVS, seed=3)
+    fused = new_training_state(counting_env, scripted_network(), N_ENVS, seed=3)
+    for _ in range(3):
+        one_by_one, _ = ppo_step(counting_env, one_by_one, config)
+    fused, _ = ppo_steps(counting_env, fused, config, 3)
+    for ours, theirs in zip(
+        jax.tree.leaves((one_by_one.env_states, one_by_one.running_episodes)),
+        jax.tree.leaves((fused.env_states, fused.running_episodes)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(ours, theirs)
 
 
 def test_ppo_steps_names_a_bad_iteration_count(counting_env, scripted_network):

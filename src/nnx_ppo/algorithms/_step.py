@@ -35,6 +35,7 @@ from nnx_ppo.algorithms.metrics import (
     track_episodes,
 )
 from nnx_ppo.algorithms.types import (
+    EnvState,
     LoggingLevel,
     RLEnv,
     RunningEpisodes,
@@ -73,17 +74,39 @@ class StepReport(NamedTuple):
     health: dict[str, Any]
 
 
+def _reset_key(key: PRNGKeyArray) -> PRNGKeyArray:
+    """The key of the fresh env states of the PPO step whose carry holds ``key``."""
+    return jax.random.split(key, 3)[0]
+
+
+def _reset_from(env: RLEnv, key: PRNGKeyArray, n_envs: int) -> EnvState:
+    """``n_envs`` reset env states, one per key of ``jax.random.split(key, n_envs)``."""
+    return rollout.reset_envs(env, jax.random.split(key, n_envs))
+
+
 def _train_step(
     env: RLEnv,
     config: PPOConfig,
     networks: StatefulModule,
     optimizer: nnx.Optimizer,
     carry: StepCarry,
+    fresh_env_states: EnvState | None = None,
 ) -> tuple[StepCarry, StepReport]:
-    """Collect, score, learn, fold statistics, advance. Traced once per configuration."""
-    rollout_key, learn_key, next_key = jax.random.split(carry.key, 3)
-    network_states, env_states, transitions = rollout.unroll_env(
-        env, carry.env_states, networks, carry.network_states, config.rollout_length, rollout_key
+    """Collect, score, learn, fold statistics, advance. Traced once per configuration.
+
+    Ended episodes restart from ``fresh_env_states`` (:func:`_reset_from` the
+    :func:`_reset_key`), reset here when ``None``.
+    """
+    _, learn_key, next_key = jax.random.split(carry.key, 3)
+    if fresh_env_states is None:
+        fresh_env_states = _reset_from(env, _reset_key(carry.key), config.n_envs)
+    network_states, env_states, transitions = rollout._unroll_from(
+        env,
+        carry.env_states,
+        networks,
+        carry.network_states,
+        config.rollout_length,
+        fresh_env_states,
     )
     scored = transitions  # the critic learns returns of rewards * reward_scaling
     if config.reward_scaling != 1.0:
@@ -184,8 +207,14 @@ def _scan_steps(
     state: nnx.State,
     carry: StepCarry,
     iterations: int,
+    fresh_env_states: EnvState | None = None,
 ) -> tuple[nnx.State, StepCarry, StepReport]:
-    """``iterations`` PPO steps; the reports stacked on a leading axis."""
+    """``iterations`` PPO steps; the reports stacked on a leading axis.
+
+    ``fresh_env_states``, the one step's restart states (see :func:`_train_step`),
+    may be given only for one iteration.
+    """
+    assert fresh_env_states is None or iterations == 1, "fresh env states serve one step"
     n_envs = config.config.n_envs
 
     def one_step(
@@ -193,7 +222,9 @@ def _scan_steps(
     ) -> tuple[tuple[nnx.State, StepCarry], StepReport]:
         state, carry = scanned
         networks, optimizer = nnx.merge(graphdef, state)
-        carry, report = _train_step(env.env, config.config, networks, optimizer, carry)
+        carry, report = _train_step(
+            env.env, config.config, networks, optimizer, carry, fresh_env_states
+        )
         network_states, env_states, running = sharding.constrain_envs(
             (carry.network_states, carry.env_states, carry.running), n_envs
         )
@@ -207,6 +238,13 @@ def _scan_steps(
 
 _compiled_steps = jax.jit(_scan_steps, static_argnums=(0, 1, 2, 5))
 """One run's ``iterations`` PPO steps in one program."""
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _compiled_reset(env: _EnvArgument, key: PRNGKeyArray, n_envs: int) -> EnvState:
+    """:func:`_reset_from` compiled: the initial reset and each one-step call's fresh env
+    states, one program per env and ``n_envs``."""
+    return _reset_from(env.env, key, n_envs)
 
 
 _RUN_AXIS = "runs"
@@ -351,23 +389,42 @@ def _carry_of(training_state: TrainingState) -> StepCarry:
     )
 
 
-def _lower_ahead(
+def _compile_ahead(
     env: RLEnv, training_state: TrainingState, config: PPOConfig, iterations: int
 ) -> None:
-    """Trace and lower the program ``ppo_steps(env, training_state, config, iterations)`` runs.
+    """Compile the programs ``ppo_steps(env, training_state, config, iterations)`` runs.
 
     ``training_state`` is a fresh single-device state, as :func:`_prepared` leaves
     it, except that its env states may be abstract (``jax.ShapeDtypeStruct``
-    leaves placed as the real ones will be): JAX keeps the traced and lowered
-    program, and the real call, with the same shapes and placement, only
-    compiles it.
+    leaves placed as the real ones will be). JAX keeps the traced, lowered and
+    compiled programs, and the real call, with the same shapes and placement,
+    runs them.
     """
     split = _split((training_state.networks, training_state.optimizer))
-    _compiled_steps.lower(*_step_arguments(env, config, split, training_state, iterations))
+    # The fresh env states are shaped and placed as the env states: both come from the reset.
+    fresh = training_state.env_states if iterations == 1 else None
+    arguments = _step_arguments(env, config, split, training_state, iterations, fresh)
+    _compiled_steps.lower(*arguments).compile()
+
+
+def _fresh_env_states(env: RLEnv, training_state: TrainingState, n_envs: int) -> EnvState:
+    """The next step's fresh env states, from the reset program outside the step's.
+
+    One iteration per call (the usual ``train_ppo`` call) then compiles no reset
+    into the step: a simulator's reset is seconds of compile time (MJX: about
+    10 of config A's 30 s), and the reset program, compiled for the initial
+    state, serves every call.
+    """
+    return _compiled_reset(_EnvArgument(env), _reset_key(training_state.rng_key), n_envs)
 
 
 def _step_arguments(
-    env: RLEnv, config: PPOConfig, split: _Split, training_state: TrainingState, iterations: int
+    env: RLEnv,
+    config: PPOConfig,
+    split: _Split,
+    training_state: TrainingState,
+    iterations: int,
+    fresh_env_states: EnvState | None,
 ) -> tuple[Any, ...]:
     """The arguments of :data:`_compiled_steps` for ``iterations`` steps from ``training_state``."""
     return (
@@ -377,6 +434,7 @@ def _step_arguments(
         split.state,
         _carry_of(training_state),
         iterations,
+        fresh_env_states,
     )
 
 
@@ -480,9 +538,12 @@ def _run_steps(
         training_state = sharding.shard_training_state(training_state, mesh)
     pair = (training_state.networks, training_state.optimizer)
     split = _split(pair)
+    # Sharded runs and many steps per call reset inside the step's program.
+    outside = iterations == 1 and mesh is None
+    fresh = _fresh_env_states(env, training_state, config.n_envs) if outside else None
     with sharding.training_mesh(mesh):
         new_state, carry, reports = _compiled_steps(
-            *_step_arguments(env, config, split, training_state, iterations)
+            *_step_arguments(env, config, split, training_state, iterations, fresh)
         )
     # Fetched and checked before the caller's network is touched.
     per_step = _host_metrics(

@@ -18,11 +18,11 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Float, Integer, PRNGKeyArray
 
-from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.algorithms import rollout, sharding
 from nnx_ppo.algorithms._step import (
+    _compile_ahead,
+    _compiled_reset,
     _EnvArgument,
-    _lower_ahead,
     _no_running_episodes,
     _on_device,
     _require_training_state,
@@ -116,20 +116,6 @@ def _require_seed(seed: Any) -> None:
     require_int("new_training_state", "seed", seed, minimum=None)
 
 
-@functools.cache
-def _initial_reset() -> jax.stages.Wrapped:
-    """``reset_envs`` compiled once per env, for compile time rather than speed.
-
-    It runs once per training state (see :func:`~nnx_ppo._compile.fast_compile_options`).
-    Built on first use, not at import, so that importing does not start JAX's backend.
-    """
-    return jax.jit(
-        lambda env, keys: rollout.reset_envs(env.env, keys),
-        static_argnums=0,
-        compiler_options=fast_compile_options(),
-    )
-
-
 def _rekeyed(carry: ModuleState, key: PRNGKeyArray) -> ModuleState:
     """``carry`` with every typed PRNG-key leaf drawn afresh from ``key``.
 
@@ -213,8 +199,8 @@ def _new_training_state(
     """:func:`new_training_state`, running ``while_reset_compiles`` while the reset compiles.
 
     ``while_reset_compiles`` gets the state with abstract env states
-    (``jax.ShapeDtypeStruct`` leaves, placed as the real ones will be), to trace
-    and lower a program that takes it. XLA compiles the initial reset (seconds for
+    (``jax.ShapeDtypeStruct`` leaves, placed as the real ones will be), to
+    compile a program that takes it. XLA compiles the initial reset (seconds for
     a simulator) in a second thread meanwhile: compiling releases the GIL, so the
     two overlap on a second core.
     """
@@ -227,7 +213,6 @@ def _new_training_state(
         )
     _require_seed(seed)
     env_key, training_key, carry_key = jax.random.split(jax.random.key(seed), 3)
-    keys = jax.random.split(env_key, n_envs)
     network_states = jax.jit(_rekeyed)(networks.initialize_state(n_envs), carry_key)
     if optimizer is None:
         optimizer = _default_optimizer(learning_rate, gradient_clipping, weight_decay)
@@ -240,11 +225,11 @@ def _new_training_state(
         steps_taken=0,
     )
     if while_reset_compiles is None:
-        env_states = _initial_reset()(_EnvArgument(env), keys)
+        env_states = _compiled_reset(_EnvArgument(env), env_key, n_envs)
     else:
-        reset = _initial_reset().lower(_EnvArgument(env), keys)
-        # The reset's outputs are placed as its keys: committed to a device, or not.
-        placement = keys.sharding if keys.committed else None
+        reset = _compiled_reset.lower(_EnvArgument(env), env_key, n_envs)
+        # The reset's outputs are placed as its key: committed to a device, or not.
+        placement = env_key.sharding if env_key.committed else None
         abstract = jax.tree.map(
             lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=placement),
             reset.out_info,
@@ -254,7 +239,7 @@ def _new_training_state(
             while_reset_compiles(
                 state.replace(env_states=abstract, running_episodes=_no_running_episodes(abstract))
             )
-            env_states = compiling.result()(keys)
+            env_states = compiling.result()(env_key)
     env_states = _on_device(env_states)
     return state.replace(
         env_states=env_states, running_episodes=_on_device(_no_running_episodes(env_states))
@@ -503,8 +488,8 @@ def train_ppo(
             0, config, checkpoint_fn is not None, video_fn is not None
         )
 
-        def lower_first_call(abstract: TrainingState) -> None:
-            _lower_ahead(env, abstract, config.ppo, first_call)
+        def compile_first_call(abstract: TrainingState) -> None:
+            _compile_ahead(env, abstract, config.ppo, first_call)
 
         single_device = mesh is None and config.ppo.total_steps > 0
         state = _new_training_state(
@@ -516,7 +501,7 @@ def train_ppo(
             config.ppo.gradient_clipping,
             config.ppo.weight_decay,
             optimizer=None,
-            while_reset_compiles=lower_first_call if single_device else None,
+            while_reset_compiles=compile_first_call if single_device else None,
         )
     else:
         state = initial_state

@@ -209,10 +209,16 @@ class _BatchedEnv:
 
     @property
     def unmapped(self) -> frozenset[str]:
-        """The state paths ``vmap`` left without an env axis, read off the traced ``reset``."""
+        """The state paths ``vmap`` left without an env axis, read off a batched state."""
         if self._unmapped is None:
             raise RuntimeError("_BatchedEnv.unmapped is known once reset has been traced")
         return self._unmapped
+
+    def adopt(self, states: EnvState) -> EnvState:
+        """Batched states built elsewhere (by ``reset_envs``): their unmapped paths are read."""
+        if self._unmapped is None:
+            self._unmapped = _unmapped_paths(self.single_state, states)
+        return states
 
     def reset(self, keys: Key[Array, " B"]) -> EnvState:
         def reset_one(key: PRNGKeyArray) -> EnvState:
@@ -431,9 +437,9 @@ def unroll_env(
 
     Where an episode ends, that env is swapped for a fresh one and its carry for
     ``networks.reset_state`` of it. The fresh states come from **one** vmapped
-    ``reset`` at the start of the rollout (keys from ``rng_key_for_env_reset``), so a step
-    costs no reset; an env that ends twice in a rollout restarts from the same
-    fresh state both times.
+    ``reset`` at the start of the rollout (keys ``jax.random.split(rng_key_for_env_reset,
+    n_envs)``), so a step costs no reset; an env that ends twice in a rollout
+    restarts from the same fresh state both times.
 
     Args:
       env: one unbatched environment (vmapped here).
@@ -450,11 +456,28 @@ def unroll_env(
       episode terminated: GAE does not bootstrap there); ``carries`` holds each
       step's carry when it has no floating-point leaf.
     """
+    n_envs = n_envs_of(env_state, "unroll_env")
+    fresh_states = reset_envs(env, jax.random.split(rng_key_for_env_reset, n_envs))
+    return _unroll_from(env, env_state, networks, network_state, unroll_length, fresh_states)
+
+
+def _unroll_from(
+    env: RLEnv,
+    env_state: EnvState,
+    networks: StatefulModule,
+    network_state: Carry,
+    unroll_length: int,
+    fresh_states: EnvState,
+) -> tuple[Carry, EnvState, Transition]:
+    """:func:`unroll_env` with its fresh states given: ended episodes restart from them.
+
+    The PPO step of one iteration per call takes them from a reset program of
+    their own, so that the step's program holds no reset (a simulator's reset
+    takes seconds to compile).
+    """
     batched = _BatchedEnv(env)
     n_envs = n_envs_of(env_state, "unroll_env")
-    fresh_states = sharding.constrain_envs(
-        batched.reset(jax.random.split(rng_key_for_env_reset, n_envs)), n_envs
-    )
+    fresh_states = sharding.constrain_envs(batched.adopt(fresh_states), n_envs)
 
     keep_carries = not any(map(_is_inexact, jax.tree.leaves(network_state)))
 
