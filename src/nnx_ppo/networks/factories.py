@@ -8,6 +8,7 @@ from flax import nnx
 from jaxtyping import Array
 
 from nnx_ppo.contract.arguments import require_int, require_number
+from nnx_ppo.networks._initializers import variance_scaling_uniform
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.feedforward import Dense
@@ -239,7 +240,7 @@ def _mlp_actor_critic(
         for size in sizes:
             require_int(owner, f"{name}_hidden_sizes entry", size)
     width = _observation_width(owner, obs_size)
-    kernel_init = nnx.initializers.variance_scaling(initializer_scale, "fan_in", "uniform")
+    kernel_init = variance_scaling_uniform(float(initializer_scale))
     actor = make_mlp_layers(
         [width, *actor_hidden_sizes, actor_output_size],
         rngs,
