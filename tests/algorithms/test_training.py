@@ -74,7 +74,7 @@ def test_train_ppo_compiles_its_first_step_once_while_the_reset_compiles(
     traced_env, scripted_network, caplog, monkeypatch
 ):
     # train_ppo compiles the first PPO step while XLA compiles the reset (abstract
-    # env states); the calls must find both programs in JAX's caches, and the
+    # env states); the calls must find every program in JAX's caches, and the
     # reset serves the initial state and every step's fresh env states.
     ahead, original = [], _train._compile_ahead
 
@@ -83,16 +83,24 @@ def test_train_ppo_compiles_its_first_step_once_while_the_reset_compiles(
         original(env, state, config, iterations)
 
     monkeypatch.setattr(_train, "_compile_ahead", compile_ahead)
+    # A config of its own: the learning program takes no env, so another test's would do.
+    config = train_config(2 * STEP, gae_lambda=0.9125)
     with caplog.at_level(logging.DEBUG, logger="jax._src.dispatch"):
-        result = train_ppo(traced_env, scripted_network(), train_config(2 * STEP))
+        result = train_ppo(traced_env, scripted_network(), config)
     [abstract] = ahead
     real = jax.tree.leaves(result.training_state.env_states)
     assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in abstract)
     assert [(a.shape, a.dtype) for a in abstract] == [(r.shape, r.dtype) for r in real]
     messages = [record.getMessage() for record in caplog.records]
-    for program in ("jit(_scan_steps)", "jit(_compiled_reset)"):
-        assert sum(f"MLIR module conversion {program}" in m for m in messages) == 1, program
-        assert sum(f"XLA compilation of {program}" in m for m in messages) == 1, program
+    # One step per call runs three programs: the reset, the rollout and the learning.
+    for program, count in [
+        ("jit(_compiled_reset)", 1),
+        ("jit(_compiled_collect)", 1),
+        ("jit(_compiled_learn)", 1),
+        ("jit(_scan_steps)", 0),
+    ]:
+        assert sum(f"MLIR module conversion {program}" in m for m in messages) == count, program
+        assert sum(f"XLA compilation of {program}" in m for m in messages) == count, program
     assert result.total_steps == 2 * STEP
 
 

@@ -9,6 +9,7 @@ key. It is compiled once per (env, network structure, optimizer,
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import dataclasses
 import functools
@@ -84,6 +85,14 @@ def _reset_from(env: RLEnv, key: PRNGKeyArray, n_envs: int) -> EnvState:
     return rollout.reset_envs(env, jax.random.split(key, n_envs))
 
 
+class Collected(NamedTuple):
+    """A PPO step's rollout: the carries and env states it ended with, and its transitions."""
+
+    network_states: ModuleState
+    env_states: EnvState
+    transitions: Transition
+
+
 def _train_step(
     env: RLEnv,
     config: PPOConfig,
@@ -92,22 +101,47 @@ def _train_step(
     carry: StepCarry,
     fresh_env_states: EnvState | None = None,
 ) -> tuple[StepCarry, StepReport]:
-    """Collect, score, learn, fold statistics, advance. Traced once per configuration.
+    """Collect, then score, learn, fold statistics, advance. Traced once per configuration."""
+    collected = _collect(env, config, networks, carry, fresh_env_states)
+    return _learn_from(config, networks, optimizer, carry, collected)
+
+
+def _collect(
+    env: RLEnv,
+    config: PPOConfig,
+    networks: StatefulModule,
+    carry: StepCarry,
+    fresh_env_states: EnvState | None,
+) -> Collected:
+    """The step's rollout. It writes no variable of ``networks`` (forward passes never do).
 
     Ended episodes restart from ``fresh_env_states`` (:func:`_reset_from` the
     :func:`_reset_key`), reset here when ``None``.
     """
-    _, learn_key, next_key = jax.random.split(carry.key, 3)
     if fresh_env_states is None:
         fresh_env_states = _reset_from(env, _reset_key(carry.key), config.n_envs)
-    network_states, env_states, transitions = rollout._unroll_from(
-        env,
-        carry.env_states,
-        networks,
-        carry.network_states,
-        config.rollout_length,
-        fresh_env_states,
+    return Collected(
+        *rollout._unroll_from(
+            env,
+            carry.env_states,
+            networks,
+            carry.network_states,
+            config.rollout_length,
+            fresh_env_states,
+        )
     )
+
+
+def _learn_from(
+    config: PPOConfig,
+    networks: StatefulModule,
+    optimizer: nnx.Optimizer,
+    carry: StepCarry,
+    collected: Collected,
+) -> tuple[StepCarry, StepReport]:
+    """Score the rollout, learn from it, fold statistics, advance the carry and key."""
+    _, learn_key, next_key = jax.random.split(carry.key, 3)
+    transitions = collected.transitions
     scored = transitions  # the critic learns returns of rewards * reward_scaling
     if config.reward_scaling != 1.0:
         scale = config.reward_scaling
@@ -123,7 +157,7 @@ def _train_step(
         "loss_finite": jnp.isfinite(diagnostics["losses/total"]) | ~ran[:, None],
         "parameters_finite": _finite_leaves(nnx.state(networks, nnx.Param)),
     }
-    advanced = StepCarry(network_states, env_states, running, next_key)
+    advanced = StepCarry(collected.network_states, collected.env_states, running, next_key)
     return advanced, StepReport(metrics, episodes, health)
 
 
@@ -207,14 +241,8 @@ def _scan_steps(
     state: nnx.State,
     carry: StepCarry,
     iterations: int,
-    fresh_env_states: EnvState | None = None,
 ) -> tuple[nnx.State, StepCarry, StepReport]:
-    """``iterations`` PPO steps; the reports stacked on a leading axis.
-
-    ``fresh_env_states``, the one step's restart states (see :func:`_train_step`),
-    may be given only for one iteration.
-    """
-    assert fresh_env_states is None or iterations == 1, "fresh env states serve one step"
+    """``iterations`` PPO steps; the reports stacked on a leading axis."""
     n_envs = config.config.n_envs
 
     def one_step(
@@ -222,9 +250,7 @@ def _scan_steps(
     ) -> tuple[tuple[nnx.State, StepCarry], StepReport]:
         state, carry = scanned
         networks, optimizer = nnx.merge(graphdef, state)
-        carry, report = _train_step(
-            env.env, config.config, networks, optimizer, carry, fresh_env_states
-        )
+        carry, report = _train_step(env.env, config.config, networks, optimizer, carry)
         network_states, env_states, running = sharding.constrain_envs(
             (carry.network_states, carry.env_states, carry.running), n_envs
         )
@@ -245,6 +271,34 @@ def _compiled_reset(env: _EnvArgument, key: PRNGKeyArray, n_envs: int) -> EnvSta
     """:func:`_reset_from` compiled: the initial reset and each one-step call's fresh env
     states, one program per env and ``n_envs``."""
     return _reset_from(env.env, key, n_envs)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _compiled_collect(
+    env: _EnvArgument,
+    config: _ConfigArgument,
+    graphdef: nnx.GraphDef[Any],
+    state: nnx.State,
+    carry: StepCarry,
+    fresh_env_states: EnvState,
+) -> Collected:
+    """One PPO step's rollout, a program of its own (see :func:`_run_steps`)."""
+    networks, _ = nnx.merge(graphdef, state)
+    return _collect(env.env, config.config, networks, carry, fresh_env_states)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _compiled_learn(
+    config: _ConfigArgument,
+    graphdef: nnx.GraphDef[Any],
+    state: nnx.State,
+    carry: StepCarry,
+    collected: Collected,
+) -> tuple[nnx.State, StepCarry, StepReport]:
+    """The rest of the PPO step that collected ``collected``; its report stacked as one step's."""
+    networks, optimizer = nnx.merge(graphdef, state)
+    carry, report = _learn_from(config.config, networks, optimizer, carry, collected)
+    return nnx.state((networks, optimizer)), carry, jax.tree.map(lambda leaf: leaf[None], report)
 
 
 _RUN_AXIS = "runs"
@@ -398,33 +452,39 @@ def _compile_ahead(
     it, except that its env states may be abstract (``jax.ShapeDtypeStruct``
     leaves placed as the real ones will be). JAX keeps the traced, lowered and
     compiled programs, and the real call, with the same shapes and placement,
-    runs them.
+    runs them. One step's two programs compile in parallel.
     """
     split = _split((training_state.networks, training_state.optimizer))
+    if iterations != 1:
+        arguments = _step_arguments(env, config, split, training_state, iterations)
+        _compiled_steps.lower(*arguments).compile()
+        return
     # The fresh env states are shaped and placed as the env states: both come from the reset.
-    fresh = training_state.env_states if iterations == 1 else None
-    arguments = _step_arguments(env, config, split, training_state, iterations, fresh)
-    _compiled_steps.lower(*arguments).compile()
+    fresh = training_state.env_states
+    collect = _compiled_collect.lower(
+        *_collect_arguments(env, config, split, training_state, fresh)
+    )
+    placement = getattr(jax.tree.leaves(fresh)[0], "sharding", None)
+    collected = jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct(
+            leaf.shape, leaf.dtype, sharding=placement, weak_type=leaf.weak_type
+        ),
+        collect.out_info,
+    )
+    learn = _compiled_learn.lower(*_learn_arguments(config, split, training_state, collected))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        learning = pool.submit(learn.compile)
+        collect.compile()
+        learning.result()
 
 
 def _fresh_env_states(env: RLEnv, training_state: TrainingState, n_envs: int) -> EnvState:
-    """The next step's fresh env states, from the reset program outside the step's.
-
-    One iteration per call (the usual ``train_ppo`` call) then compiles no reset
-    into the step: a simulator's reset is seconds of compile time (MJX: about
-    10 of config A's 30 s), and the reset program, compiled for the initial
-    state, serves every call.
-    """
+    """The next step's fresh env states, from the reset program (the initial state's)."""
     return _compiled_reset(_EnvArgument(env), _reset_key(training_state.rng_key), n_envs)
 
 
 def _step_arguments(
-    env: RLEnv,
-    config: PPOConfig,
-    split: _Split,
-    training_state: TrainingState,
-    iterations: int,
-    fresh_env_states: EnvState | None,
+    env: RLEnv, config: PPOConfig, split: _Split, training_state: TrainingState, iterations: int
 ) -> tuple[Any, ...]:
     """The arguments of :data:`_compiled_steps` for ``iterations`` steps from ``training_state``."""
     return (
@@ -434,7 +494,37 @@ def _step_arguments(
         split.state,
         _carry_of(training_state),
         iterations,
+    )
+
+
+def _collect_arguments(
+    env: RLEnv,
+    config: PPOConfig,
+    split: _Split,
+    training_state: TrainingState,
+    fresh_env_states: EnvState,
+) -> tuple[Any, ...]:
+    """The arguments of :func:`_compiled_collect` for the step from ``training_state``."""
+    return (
+        _EnvArgument(env),
+        _ConfigArgument(config),
+        split.graphdef,
+        split.state,
+        _carry_of(training_state),
         fresh_env_states,
+    )
+
+
+def _learn_arguments(
+    config: PPOConfig, split: _Split, training_state: TrainingState, collected: Collected
+) -> tuple[Any, ...]:
+    """The arguments of :func:`_compiled_learn` for the step from ``training_state``."""
+    return (
+        _ConfigArgument(config),
+        split.graphdef,
+        split.state,
+        _carry_of(training_state),
+        collected,
     )
 
 
@@ -538,13 +628,21 @@ def _run_steps(
         training_state = sharding.shard_training_state(training_state, mesh)
     pair = (training_state.networks, training_state.optimizer)
     split = _split(pair)
-    # Sharded runs and many steps per call reset inside the step's program.
-    outside = iterations == 1 and mesh is None
-    fresh = _fresh_env_states(env, training_state, config.n_envs) if outside else None
-    with sharding.training_mesh(mesh):
-        new_state, carry, reports = _compiled_steps(
-            *_step_arguments(env, config, split, training_state, iterations, fresh)
+    if iterations == 1 and mesh is None:
+        # One step as three programs: the reset (the initial state's), the rollout and
+        # the learning. The step's own two compile in parallel, without a reset in them.
+        fresh = _fresh_env_states(env, training_state, config.n_envs)
+        collected = _compiled_collect(
+            *_collect_arguments(env, config, split, training_state, fresh)
         )
+        new_state, carry, reports = _compiled_learn(
+            *_learn_arguments(config, split, training_state, collected)
+        )
+    else:
+        with sharding.training_mesh(mesh):
+            new_state, carry, reports = _compiled_steps(
+                *_step_arguments(env, config, split, training_state, iterations)
+            )
     # Fetched and checked before the caller's network is touched.
     per_step = _host_metrics(
         StepReport(*jax.device_get(reports)), training_state.steps_taken, config, iterations
