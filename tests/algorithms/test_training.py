@@ -83,10 +83,8 @@ def test_train_ppo_compiles_its_first_step_once_while_the_reset_compiles(
         original(env, state, config, iterations)
 
     monkeypatch.setattr(_train, "_compile_ahead", compile_ahead)
-    # A config of its own: the learning program takes no env, so another test's would do.
-    config = train_config(2 * STEP, gae_lambda=0.9125)
     with caplog.at_level(logging.DEBUG, logger="jax._src.dispatch"):
-        result = train_ppo(traced_env, scripted_network(), config)
+        result = train_ppo(traced_env, scripted_network(), train_config(2 * STEP))
     [abstract] = ahead
     real = jax.tree.leaves(result.training_state.env_states)
     assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in abstract)

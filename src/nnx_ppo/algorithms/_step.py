@@ -287,15 +287,20 @@ def _compiled_collect(
     return _collect(env.env, config.config, networks, carry, fresh_env_states)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _compiled_learn(
+    env: _EnvArgument,
     config: _ConfigArgument,
     graphdef: nnx.GraphDef[Any],
     state: nnx.State,
     carry: StepCarry,
     collected: Collected,
 ) -> tuple[nnx.State, StepCarry, StepReport]:
-    """The rest of the PPO step that collected ``collected``; its report stacked as one step's."""
+    """The rest of the PPO step that collected ``collected``; its report stacked as one step's.
+
+    ``env`` is not used: the three programs of a step take the same leading arguments.
+    """
+    del env
     networks, optimizer = nnx.merge(graphdef, state)
     carry, report = _learn_from(config.config, networks, optimizer, carry, collected)
     return nnx.state((networks, optimizer)), carry, jax.tree.map(lambda leaf: leaf[None], report)
@@ -455,15 +460,13 @@ def _compile_ahead(
     runs them. One step's two programs compile in parallel.
     """
     split = _split((training_state.networks, training_state.optimizer))
+    arguments = _program_arguments(env, config, split, training_state)
     if iterations != 1:
-        arguments = _step_arguments(env, config, split, training_state, iterations)
-        _compiled_steps.lower(*arguments).compile()
+        _compiled_steps.lower(*arguments, iterations).compile()
         return
     # The fresh env states are shaped and placed as the env states: both come from the reset.
     fresh = training_state.env_states
-    collect = _compiled_collect.lower(
-        *_collect_arguments(env, config, split, training_state, fresh)
-    )
+    collect = _compiled_collect.lower(*arguments, fresh)
     placement = getattr(jax.tree.leaves(fresh)[0], "sharding", None)
     collected = jax.tree.map(
         lambda leaf: jax.ShapeDtypeStruct(
@@ -471,7 +474,7 @@ def _compile_ahead(
         ),
         collect.out_info,
     )
-    learn = _compiled_learn.lower(*_learn_arguments(config, split, training_state, collected))
+    learn = _compiled_learn.lower(*arguments, collected)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         learning = pool.submit(learn.compile)
         collect.compile()
@@ -483,48 +486,16 @@ def _fresh_env_states(env: RLEnv, training_state: TrainingState, n_envs: int) ->
     return _compiled_reset(_EnvArgument(env), _reset_key(training_state.rng_key), n_envs)
 
 
-def _step_arguments(
-    env: RLEnv, config: PPOConfig, split: _Split, training_state: TrainingState, iterations: int
+def _program_arguments(
+    env: RLEnv, config: PPOConfig, split: _Split, training_state: TrainingState
 ) -> tuple[Any, ...]:
-    """The arguments of :data:`_compiled_steps` for ``iterations`` steps from ``training_state``."""
+    """The leading arguments of the step's programs, for the step from ``training_state``."""
     return (
         _EnvArgument(env),
         _ConfigArgument(config),
         split.graphdef,
         split.state,
         _carry_of(training_state),
-        iterations,
-    )
-
-
-def _collect_arguments(
-    env: RLEnv,
-    config: PPOConfig,
-    split: _Split,
-    training_state: TrainingState,
-    fresh_env_states: EnvState,
-) -> tuple[Any, ...]:
-    """The arguments of :func:`_compiled_collect` for the step from ``training_state``."""
-    return (
-        _EnvArgument(env),
-        _ConfigArgument(config),
-        split.graphdef,
-        split.state,
-        _carry_of(training_state),
-        fresh_env_states,
-    )
-
-
-def _learn_arguments(
-    config: PPOConfig, split: _Split, training_state: TrainingState, collected: Collected
-) -> tuple[Any, ...]:
-    """The arguments of :func:`_compiled_learn` for the step from ``training_state``."""
-    return (
-        _ConfigArgument(config),
-        split.graphdef,
-        split.state,
-        _carry_of(training_state),
-        collected,
     )
 
 
@@ -628,21 +599,17 @@ def _run_steps(
         training_state = sharding.shard_training_state(training_state, mesh)
     pair = (training_state.networks, training_state.optimizer)
     split = _split(pair)
+    arguments = _program_arguments(env, config, split, training_state)
     if iterations == 1 and mesh is None:
         # One step as three programs: the reset (the initial state's), the rollout and
         # the learning. The step's own two compile in parallel, without a reset in them.
-        fresh = _fresh_env_states(env, training_state, config.n_envs)
         collected = _compiled_collect(
-            *_collect_arguments(env, config, split, training_state, fresh)
+            *arguments, _fresh_env_states(env, training_state, config.n_envs)
         )
-        new_state, carry, reports = _compiled_learn(
-            *_learn_arguments(config, split, training_state, collected)
-        )
+        new_state, carry, reports = _compiled_learn(*arguments, collected)
     else:
         with sharding.training_mesh(mesh):
-            new_state, carry, reports = _compiled_steps(
-                *_step_arguments(env, config, split, training_state, iterations)
-            )
+            new_state, carry, reports = _compiled_steps(*arguments, iterations)
     # Fetched and checked before the caller's network is touched.
     per_step = _host_metrics(
         StepReport(*jax.device_get(reports)), training_state.steps_taken, config, iterations
