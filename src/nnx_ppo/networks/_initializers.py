@@ -26,8 +26,9 @@ def variance_scaling_uniform(scale: float) -> Initializer:
     each once per shape: about 0.3 s for the uniform draw of one kernel shape on
     CPU. Here each shape's draw is one program, compiled with
     :func:`~nnx_ppo._compile.fast_compile_options` (it runs once per network), at
-    a fraction of that cost; the values are the same, bit for bit. Cached per
-    ``scale``, so every network built with it reuses the programs.
+    a fraction of that cost. The values are flax's to float32 rounding (bit for
+    bit on the machines measured). Cached per ``scale``, so every network built
+    with it reuses the programs.
     """
     initializer = nnx.initializers.variance_scaling(scale, "fan_in", "uniform")
     jitted = jax.jit(initializer, static_argnums=(1, 2), compiler_options=fast_compile_options())
