@@ -10,7 +10,13 @@ program on the same state (best of ``--repeats`` after a warm-up call):
 - ``advantages``: GAE over the rollout;
 - ``learn``: every epoch's minibatch updates (``_learn``);
 - ``whole step``: the compiled PPO step as training runs it (one iteration,
-  metrics and statistics included, its report fetched to the host).
+  metrics and statistics included, its report fetched to the host);
+- ``plain learn``: a reference outside this library, written in plain JAX and
+  optax: the same layer shapes, activation, epochs, minibatches and optimizer
+  (Adam, clipped as the config clips), each update the gradient of a squared
+  output of actor and critic on a random minibatch. It does the learning's
+  matmul arithmetic and nothing else, so it shows what this machine does with
+  that arithmetic: ``learn`` can come close to it, but cannot beat it by much.
 
 With ``--runs N`` every part is ``jax.vmap``-ed over N stacked runs (seeds
 0..N-1), as ``train_ppo_runs`` does, and rates count all runs' steps: the
@@ -34,6 +40,8 @@ import contextlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import optax
 from bench_ceiling import best_seconds, flops_per_iteration, layer_shapes
 from bench_common import WORKLOADS, Workload
 from bench_nnx_ppo import _config, _make_env, _make_network
@@ -50,6 +58,58 @@ def _flops(workload: Workload, env: Any) -> tuple[float, float] | None:
     total = flops_per_iteration(workload, shapes)
     forward = sum(2 * a * b for a, b in shapes) * workload.steps_per_iteration
     return forward, total - forward
+
+
+def _plain_learn(workload: Workload, shapes: list[tuple[int, int]], config: Any, runs: int) -> Any:
+    """A jitted plain-JAX learning phase of ``workload``'s shapes; call it to run once.
+
+    ``shapes`` lists the actor's layers, then the critic's (``layer_shapes``).
+    """
+    activation = getattr(jax.nn, workload.activation)
+    n_actor = len(workload.actor_sizes) + 1
+    steps = workload.steps_per_iteration
+    minibatch = steps // workload.n_minibatches
+    optimizer = optax.adam(workload.learning_rate)
+    if config.gradient_clipping is not None:
+        optimizer = optax.chain(optax.clip_by_global_norm(config.gradient_clipping), optimizer)
+
+    def mlp(layers: Any, x: jax.Array) -> jax.Array:
+        for i, (kernel, bias) in enumerate(layers):
+            x = x @ kernel + bias
+            if i < len(layers) - 1:
+                x = activation(x)
+        return x
+
+    def loss(params: Any, x: jax.Array) -> jax.Array:
+        return jnp.mean(mlp(params[:n_actor], x) ** 2) + jnp.mean(mlp(params[n_actor:], x) ** 2)
+
+    def one_run(params: Any, opt_state: Any, observations: jax.Array, key: jax.Array) -> Any:
+        def update(carry: Any, x: jax.Array) -> tuple[Any, None]:
+            params, opt_state = carry
+            updates, opt_state = optimizer.update(jax.grad(loss)(params, x), opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), None
+
+        def epoch(carry: Any, key: jax.Array) -> tuple[Any, None]:
+            shuffled = observations[jax.random.permutation(key, steps)]
+            minibatches = shuffled.reshape(workload.n_minibatches, minibatch, -1)
+            return jax.lax.scan(update, carry, minibatches)[0], None
+
+        keys = jax.random.split(key, workload.n_epochs)
+        return jax.lax.scan(epoch, (params, opt_state), keys)[0]
+
+    def params_of(seed: int) -> list[tuple[jax.Array, jax.Array]]:
+        keys = jax.random.split(jax.random.key(seed), len(shapes))
+        return [
+            (jax.random.normal(k, (a, b)) / a**0.5, jnp.zeros(b))
+            for k, (a, b) in zip(keys, shapes, strict=True)
+        ]
+
+    params = jax.tree.map(lambda *leaves: jnp.stack(leaves), *map(params_of, range(runs)))
+    opt_states = jax.vmap(optimizer.init)(params)
+    observations = jax.random.normal(jax.random.key(runs), (runs, steps, shapes[0][0]))
+    keys = jax.random.split(jax.random.key(runs + 1), runs)
+    program = jax.jit(jax.vmap(one_run))
+    return lambda: program(params, opt_states, observations, keys)
 
 
 def main() -> None:
@@ -129,6 +189,12 @@ def main() -> None:
             "learn": best_seconds(lambda: learn_program(split, data), args.repeats),
             "whole step": best_seconds(whole, args.repeats),
         }
+        obs = env.observation_size
+        if isinstance(obs, int):
+            shapes = layer_shapes(workload, obs, env.action_size)
+            times["plain learn"] = best_seconds(
+                _plain_learn(workload, shapes, config, args.runs), args.repeats
+            )
         if args.trace:
             with jax.profiler.trace(args.trace):
                 for _ in range(3):
@@ -137,7 +203,12 @@ def main() -> None:
     flops = _flops(workload, env)
     part_flops = {}
     if flops is not None:
-        part_flops = {"rollout": flops[0], "learn": flops[1], "whole step": sum(flops)}
+        part_flops = {
+            "rollout": flops[0],
+            "learn": flops[1],
+            "whole step": sum(flops),
+            "plain learn": flops[1],
+        }
     part_flops = {name: f * args.runs for name, f in part_flops.items()}
     steps = workload.steps_per_iteration * args.runs
     print(
