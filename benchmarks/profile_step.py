@@ -164,7 +164,7 @@ def main() -> None:
         programs = [jax.jit(collect), jax.jit(advantages), jax.jit(learn), jax.jit(env_only)]
         whole_program = _step._compiled_steps
     else:
-        split, carry = _stack(splits), _stack(carries)
+        split, carry = _stack(splits, None), _stack(carries, None)
         axis = _step._RUN_AXIS
         programs = [
             jax.jit(jax.vmap(f, axis_name=axis)) for f in (collect, advantages, learn, env_only)

@@ -9,6 +9,8 @@ Modes:
                       checkpoint the 4-device run, resume it on 1 and the 1-device
                       run on 4, and report every difference and placement.
   ``errors``           what train_ppo raises for layouts that do not split.
+  ``runs``             ``train_ppo_runs`` with its runs on 1 device and split over 2:
+                      the differences, placements, collectives and refusals.
   ``distributed DIR PORT PROCESS_ID``  one of two processes (2 devices each) running
                       ``nnx-ppo train`` over all 4; saves its final parameters.
 """
@@ -34,10 +36,11 @@ os.environ["XLA_FLAGS"] = (
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn  # noqa: E402
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig  # noqa: E402
-from nnx_ppo.algorithms.ppo import new_training_state, train_ppo  # noqa: E402
+from nnx_ppo.algorithms.ppo import new_training_state, train_ppo, train_ppo_runs  # noqa: E402
 from nnx_ppo.envs import make  # noqa: E402
 from nnx_ppo.networks.factories import make_default_network  # noqa: E402
 
@@ -184,6 +187,84 @@ def contract_message_under_a_mesh() -> str:
     return "no error"
 
 
+def runs() -> dict[str, Any]:
+    """Four runs of one config in one program: on one device, then two runs per device."""
+    from nnx_ppo.algorithms import _step
+
+    env = make("cartpole")
+
+    def network(seed: int) -> nnx.Module:
+        return make_default_network(env, nnx.Rngs(seed), hidden_sizes=(8,))
+
+    def train(devices: int, seeds: list[int]) -> Any:
+        logged: list[list[int]] = [[] for _ in seeds]
+        results = train_ppo_runs(
+            env,
+            network,
+            config(devices, 2 * STEP),
+            seeds=seeds,
+            learning_rates=[1e-3 * (1 + seed % 2) for seed in seeds],
+            log_fn=lambda run, metrics, step: logged[run].append(step),
+        )
+        return results, logged
+
+    found: dict[str, Any] = {}
+    trained = {devices: train(devices, [0, 1, 2, 3]) for devices in (1, 2)}
+    (one, logged_one), (two, logged_two) = trained[1], trained[2]
+    found["parameter_difference"] = max(
+        largest_difference(
+            parameters(a.training_state.networks), parameters(b.training_state.networks)
+        )
+        for a, b in zip(one, two, strict=True)
+    )
+    found["runs_differ"] = largest_difference(
+        parameters(two[0].training_state.networks), parameters(two[1].training_state.networks)
+    )
+    found["eval_returns"] = [
+        [h["episode_reward_mean"] for h in result.eval_history] for result in (*one, *two)
+    ]
+    found["logged_steps_equal"] = logged_one == logged_two
+    # Each run comes back whole, on one device, as a single run's state would.
+    found["result_devices"] = sorted(
+        {
+            len(leaf.sharding.device_set)
+            for result in two
+            for leaf in jax.tree.leaves(
+                (nnx.state(result.training_state.networks), result.training_state.env_states)
+            )
+        }
+    )
+    # No collective in the two-device program: every run trains on its own device, and
+    # its inputs come split as the program takes them, so nothing is moved at its edges.
+    from nnx_ppo.algorithms import sharding
+    from nnx_ppo.algorithms._runs import _stack
+
+    mesh = sharding.runs_mesh(2, 4)
+    where = NamedSharding(mesh, PartitionSpec(sharding.RUNS_AXIS))
+    state = two[0].training_state
+    graphdef, arrays = nnx.split((state.networks, state.optimizer))
+    lowered = _step._compiled_run_steps.lower(
+        _step._EnvArgument(env),
+        _step._ConfigArgument(config(2, STEP).ppo),
+        graphdef,
+        _stack([arrays] * 4, where),
+        _stack([_step._carry_of(state)] * 4, where),
+        1,
+        mesh,
+    )
+    pattern = r"\b(all_reduce|all_gather|all_to_all|collective_permute|reduce_scatter)\b"
+    found["collectives"] = sorted(set(re.findall(pattern, lowered.as_text())))
+    found["manual"] = "manual_computation" in lowered.as_text()
+    for name, devices, seeds in (("uneven", 2, [0, 1, 2]), ("too_many", 8, [0] * 8)):
+        try:
+            train(devices, seeds)
+        except ValueError as error:
+            found[name] = str(error)
+        else:
+            found[name] = "no error"
+    return found
+
+
 def distributed(directory: Path, port: int, process_id: int) -> dict[str, Any]:
     import nnx_ppo.algorithms.ppo as ppo
     from nnx_ppo.cli.main import main
@@ -236,6 +317,8 @@ if __name__ == "__main__":
         report = equivalence(Path(sys.argv[3]))
     elif mode == "errors":
         report = errors()
+    elif mode == "runs":
+        report = runs()
     else:
         report = distributed(Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     out.write_text(json.dumps(report))

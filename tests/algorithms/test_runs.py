@@ -118,8 +118,8 @@ def test_the_truncation_pass_stays_a_branch_in_the_many_runs_program() -> None:
         for seed in (0, 1)
     ]
     graphdef, _ = nnx.split((states[0].networks, states[0].optimizer))
-    stacked = _stack([nnx.split((s.networks, s.optimizer))[1] for s in states])
-    carries = _stack([_step._carry_of(s) for s in states])
+    stacked = _stack([nnx.split((s.networks, s.optimizer))[1] for s in states], None)
+    carries = _stack([_step._carry_of(s) for s in states], None)
     program = jax.make_jaxpr(
         lambda s, c: _step._compiled_run_steps(
             _step._EnvArgument(ENV), _step._ConfigArgument(ppo), graphdef, s, c, 1

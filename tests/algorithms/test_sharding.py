@@ -1,4 +1,5 @@
-"""Data-parallel training: placement, equivalence with one device, resharded resumes, hosts.
+"""Training over devices: placement, equivalence with one device, resharded resumes, hosts,
+and many runs split over devices.
 
 The runs over several devices happen in fresh processes (``sharded_runs.py``):
 the forced CPU device count is fixed when JAX starts, and the rest of the suite
@@ -65,6 +66,22 @@ def test_layouts_that_do_not_split_are_refused_before_training(tmp_path):
     assert "8 devices asked for, but JAX sees 4" in found["too_many_devices"]
     # A contract error raised while tracing over the mesh says its B is the global one.
     assert "traced over a mesh (data=4): B and every shape above are global" in found["contract"]
+
+
+def test_many_runs_split_over_devices_train_as_on_one(tmp_path):
+    found = run_script(tmp_path, "runs")
+    # Four runs, two per device: each equals its run on one device, up to float rounding.
+    assert found["parameter_difference"] < 1e-5
+    assert found["runs_differ"] > 1e-2
+    returns = found["eval_returns"]
+    np.testing.assert_allclose(returns[:4], returns[4:], rtol=1e-5)
+    assert found["logged_steps_equal"]
+    assert found["result_devices"] == [1]
+    # Each device trains its own runs: a manual program with no collective in it.
+    assert found["manual"]
+    assert found["collectives"] == []
+    assert "3 runs do not split evenly over 2 devices; give a multiple of 2" in found["uneven"]
+    assert "8 devices asked for, but this process sees 4" in found["too_many"]
 
 
 def _free_port() -> int:

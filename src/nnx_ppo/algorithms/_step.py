@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from nnx_ppo.algorithms import rollout, sharding
@@ -306,11 +307,11 @@ def _compiled_learn(
     return nnx.state((networks, optimizer)), carry, jax.tree.map(lambda leaf: leaf[None], report)
 
 
-_RUN_AXIS = "runs"
+_RUN_AXIS = "stacked_runs"
 """The ``vmap`` axis of stacked runs in :func:`_compiled_run_steps`."""
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 5))
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 5, 6))
 def _compiled_run_steps(
     env: _EnvArgument,
     config: _ConfigArgument,
@@ -318,14 +319,29 @@ def _compiled_run_steps(
     states: nnx.State,
     carries: StepCarry,
     iterations: int,
+    mesh: Mesh | None = None,
 ) -> tuple[nnx.State, StepCarry, StepReport]:
-    """Several runs' ``iterations`` PPO steps in one program: ``vmap`` over a leading run axis."""
+    """Several runs' ``iterations`` PPO steps in one program: ``vmap`` over a leading run axis.
+
+    With a ``mesh`` (:func:`~nnx_ppo.algorithms.sharding.runs_mesh`), each device trains its
+    own share of the runs (``shard_map``): no run's data crosses devices, and the
+    branches a step takes "in any run" are decided among the device's own runs.
+    """
 
     def one_run(state: nnx.State, carry: StepCarry) -> tuple[nnx.State, StepCarry, StepReport]:
         return _scan_steps(env, config, graphdef, state, carry, iterations)
 
-    with rollout._across_runs(_RUN_AXIS):
-        return jax.vmap(one_run, axis_name=_RUN_AXIS)(states, carries)
+    def runs(states: nnx.State, carries: StepCarry) -> tuple[nnx.State, StepCarry, StepReport]:
+        with rollout._across_runs(_RUN_AXIS):
+            return jax.vmap(one_run, axis_name=_RUN_AXIS)(states, carries)
+
+    if mesh is None:
+        return runs(states, carries)
+    split = PartitionSpec(sharding.RUNS_AXIS)
+    # Every value inside is per device; the only collective sums over the vmap axis.
+    return jax.shard_map(
+        runs, mesh=mesh, in_specs=(split, split), out_specs=split, check_vma=False
+    )(states, carries)
 
 
 def _on_device(tree: Any) -> Any:

@@ -276,7 +276,8 @@ class TrainConfig:
     Attributes:
       devices: how many devices the envs are split over (the first ``devices``
         of ``jax.devices()``); ``None`` for all of them when there is more than
-        one. See :mod:`nnx_ppo.algorithms.sharding`.
+        one. ``train_ppo_runs`` splits its runs over them instead. See
+        :mod:`nnx_ppo.algorithms.sharding`.
     """
 
     ppo: PPOConfig = field(default_factory=PPOConfig)

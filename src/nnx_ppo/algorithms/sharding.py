@@ -35,18 +35,23 @@ from nnx_ppo.contract.arguments import require_int
 
 __all__ = [
     "DATA_AXIS",
+    "RUNS_AXIS",
     "constrain_envs",
     "constrain_replicated",
     "data_mesh",
     "mesh_of",
     "require_divisible",
     "resolve_mesh",
+    "runs_mesh",
     "shard_training_state",
     "training_mesh",
 ]
 
 DATA_AXIS = "data"
 """The name of the mesh axis that envs are split over."""
+
+RUNS_AXIS = "runs"
+"""The name of the mesh axis :func:`~nnx_ppo.algorithms.ppo.train_ppo_runs` splits runs over."""
 
 
 def data_mesh(devices: int | Sequence[Any] | None = None) -> Mesh:
@@ -86,6 +91,38 @@ def resolve_mesh(devices: int | None) -> Mesh | None:
     if devices is None:
         return data_mesh() if jax.device_count() > 1 else None
     return data_mesh(devices)
+
+
+def runs_mesh(devices: int | None, n_runs: int) -> Mesh | None:
+    """The mesh ``train_ppo_runs`` splits ``n_runs`` stacked runs over, or ``None`` (one device).
+
+    Each device trains ``n_runs / devices`` whole runs, so no run's data crosses
+    devices. ``devices=None`` takes every device of this process when there is
+    more than one. On a CPU host, ``XLA_FLAGS=--xla_force_host_platform_device_count=N``
+    set before JAX starts makes ``N`` devices, each run by a thread of its own,
+    so the runs' programs use ``N`` cores.
+
+    Raises:
+      ValueError: more devices are asked for than this process has, or the runs
+        do not split evenly over them.
+    """
+    local = jax.local_devices()
+    count = len(local) if devices is None else devices
+    if count > len(local):
+        raise ValueError(
+            f"train_ppo_runs: {count} devices asked for, but this process sees {len(local)} "
+            f"({jax.default_backend()}); on CPU, XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={count} makes that many"
+        )
+    if count == 1:
+        return None
+    if n_runs % count:
+        raise ValueError(
+            f"train_ppo_runs: {n_runs} runs do not split evenly over {count} devices; give a "
+            f"multiple of {count} runs, or set config.devices to a number of devices that "
+            f"divides {n_runs} (1 trains every run on one device)"
+        )
+    return Mesh(np.array(local[:count]), (RUNS_AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
 
 
 def require_divisible(
