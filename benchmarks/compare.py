@@ -12,8 +12,9 @@ workload:
 Workloads: ``A`` and ``B`` (Playground CartpoleBalance, MJX's JAX backend:
 this repo, nnx-ppo 0.3.0, Brax), ``small`` (CleanRL's CartPole config: this
 repo's built-in cart-pole, the whole run in one call and one step per call,
-against rejax on gymnax), ``seeds`` (the small config, 8 seeds in one program
-against one seed: steps/s are summed over the runs), ``lstm`` (this repo's memory
+against rejax on gymnax), ``seeds`` (the small config, 8 seeds in one program,
+split over one CPU device per core and on one device, against one seed: steps/s
+are summed over the runs), ``lstm`` (this repo's memory
 task, LSTM against MLP), ``checks`` (config A with the contract checks on and
 off, in separate processes), ``checks-paired`` (config A's step compiled with
 the checks on and off in one process: are the programs equal, and their call
@@ -76,6 +77,12 @@ class Run:
     error: str = ""
 
 
+def _run_devices(runs: int) -> int:
+    """The most CPU devices, one per core this process may use, that ``runs`` split over."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(d for d in range(1, min(runs, cores or 1) + 1) if runs % d == 0)
+
+
 def variants_for(workload: str) -> list[Variant]:
     """The rows of ``workload``'s table; the first is the one ratios are taken to."""
     if workload in ("A", "B"):
@@ -96,8 +103,14 @@ def variants_for(workload: str) -> list[Variant]:
         ]
     if workload == "seeds":
         small = ("--workload", "small", "--iterations-per-call", "100000")
+        eight = (*small, "--runs", "8")
+        devices = _run_devices(8)
+        # One CPU device per core (set before JAX starts): train_ppo_runs gives each
+        # device its share of the runs. One run's 4 envs cannot split over devices.
+        forced = (("XLA_FLAGS", f"--xla_force_host_platform_device_count={devices}"),)
         return [
-            Variant("8 seeds in one program", "ours", (*small, "--runs", "8")),
+            Variant(f"8 seeds in one program, {devices} CPU devices", "ours", eight, forced),
+            Variant("8 seeds in one program, 1 device", "ours", eight),
             Variant("1 seed", "ours", small),
         ]
     if workload == "lstm":
