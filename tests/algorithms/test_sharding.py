@@ -174,6 +174,17 @@ def test_one_device_runs_without_a_mesh():
     assert sharding.resolve_mesh(1).size == 1
 
 
+def test_runs_stay_on_one_device_and_bad_device_counts_are_named():
+    assert sharding.runs_mesh(None, 3) is None
+    assert sharding.runs_mesh(1, 3) is None
+    with pytest.raises(ValueError, match="2 devices asked for, but this process sees 1"):
+        sharding.runs_mesh(2, 4)
+    with pytest.raises(ValueError, match="devices"):
+        sharding.runs_mesh(0, 4)
+    with pytest.raises(ValueError, match="n_runs"):
+        sharding.runs_mesh(None, 0)
+
+
 def test_one_device_splits_any_batch_and_missing_devices_are_named():
     mesh = sharding.data_mesh(1)
     sharding.require_divisible("here", mesh, 6, 3, 5)  # one device splits anything

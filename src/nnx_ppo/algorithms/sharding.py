@@ -106,8 +106,9 @@ def runs_mesh(devices: int | None, n_runs: int) -> Mesh | None:
       ValueError: more devices are asked for than this process has, or the runs
         do not split evenly over them.
     """
+    require_int("runs_mesh", "n_runs", n_runs)
     local = jax.local_devices()
-    count = len(local) if devices is None else devices
+    count = len(local) if devices is None else require_int("runs_mesh", "devices", devices)
     if count > len(local):
         raise ValueError(
             f"train_ppo_runs: {count} devices asked for, but this process sees {len(local)} "
