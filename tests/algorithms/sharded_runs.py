@@ -201,7 +201,7 @@ def runs() -> dict[str, Any]:
         results = train_ppo_runs(
             env,
             network,
-            config(devices, 2 * STEP),
+            config(devices, 2 * STEP, every_steps=2 * STEP),
             seeds=seeds,
             learning_rates=[1e-3 * (1 + seed % 2) for seed in seeds],
             log_fn=lambda run, metrics, step: logged[run].append(step),

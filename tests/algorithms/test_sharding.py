@@ -74,6 +74,7 @@ def test_many_runs_split_over_devices_train_as_on_one(tmp_path):
     assert found["parameter_difference"] < 1e-5
     assert found["runs_differ"] > 1e-2
     returns = found["eval_returns"]
+    assert [len(history) for history in returns] == [2] * 8  # at the start and the end
     np.testing.assert_allclose(returns[:4], returns[4:], rtol=1e-5)
     assert found["logged_steps_equal"]
     assert found["result_devices"] == [1]
