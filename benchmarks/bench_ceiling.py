@@ -7,12 +7,18 @@
   a backward pass (counted as twice the forward) over every step.
 - The env-only rate: the vmapped Playground env stepped with random actions at
   the workload's ``n_envs``, resets included (``train_throughput.random_rollout``).
+- The time of one iteration's products, each timed alone at its own shape:
+  per rollout step, every layer's forward product at batch ``n_envs``; per
+  minibatch update, every layer's forward product, its kernel-gradient product
+  (``x^T @ dy``) and, past the first layer, its input-gradient product
+  (``dy @ W^T``), at the minibatch's batch.
 
-``compare.py`` divides the trainer's measured rate by these, and by their sum:
-the ceiling rate, one iteration's steps over the env-only time of those steps
-plus the network's FLOPs at the best matmul rate measured at its own shapes
-(the time the iteration would take if nothing but the env and the network's
-products took time, every product at that rate).
+``compare.py`` divides the trainer's measured rate by these, and by the ceiling
+rates: one iteration's steps over the env-only time of those steps plus the
+network's products (the time the iteration would take if nothing but the env
+and the products took time), with the products counted three ways: every FLOP
+at the best rate measured at the network's forward shapes, every FLOP at the
+2048^3 rate, and each product at its own shape's measured time.
 
     python benchmarks/bench_ceiling.py --workload A
 """
@@ -20,6 +26,7 @@ products took time, every product at that rate).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -56,14 +63,59 @@ def best_seconds(run: Callable[[], Any], repeats: int) -> float:
     return best
 
 
-def matmul_gflops(m: int, k: int, n: int, inner: int = 50, repeats: int = 5) -> float:
-    """fp32 GFLOP/s of ``inner`` dependent-free ``(m, k) @ (k, n)`` products in one jit."""
+_FORWARD = (((1,), (0,)), ((), ()))
+"""``x @ W``: ``(batch, in)`` by ``(in, out)``."""
+_KERNEL_GRADIENT = (((0,), (0,)), ((), ()))
+"""``x^T @ dy``: ``(batch, in)`` by ``(batch, out)``, contracting the batch."""
+_INPUT_GRADIENT = (((1,), (1,)), ((), ()))
+"""``dy @ W^T``: ``(batch, out)`` by ``(in, out)``, contracting ``out``."""
+
+
+@functools.cache
+def product_seconds(
+    lhs_shape: tuple[int, int],
+    rhs_shape: tuple[int, int],
+    dimension_numbers: Any = _FORWARD,
+    inner: int = 50,
+    repeats: int = 5,
+) -> float:
+    """Seconds of one fp32 product, the best of ``repeats`` loops of ``inner`` in one jit.
+
+    Each loop iteration takes a new left operand, so XLA cannot hoist the product.
+    """
     keys = jax.random.split(jax.random.key(0), 2)
-    a = jax.random.normal(keys[0], (inner, m, k), jnp.float32)
-    b = jax.random.normal(keys[1], (k, n), jnp.float32)
-    dot = jax.jit(lambda a, b: jax.lax.map(lambda x: jnp.dot(x, b), a))
-    seconds = best_seconds(lambda: dot(a, b), repeats)
-    return 2 * m * k * n * inner / seconds / 1e9
+    lhs = jax.random.normal(keys[0], (inner, *lhs_shape), jnp.float32)
+    rhs = jax.random.normal(keys[1], rhs_shape, jnp.float32)
+
+    def product(x: jax.Array) -> jax.Array:
+        return jax.lax.dot_general(x, rhs, dimension_numbers)
+
+    loop = jax.jit(lambda lhs: jax.lax.map(product, lhs))
+    return best_seconds(lambda: loop(lhs), repeats) / inner
+
+
+def matmul_gflops(m: int, k: int, n: int, inner: int = 50, repeats: int = 5) -> float:
+    """fp32 GFLOP/s of ``(m, k) @ (k, n)`` (:func:`product_seconds`)."""
+    return 2 * m * k * n / product_seconds((m, k), (k, n), inner=inner, repeats=repeats) / 1e9
+
+
+def products_seconds_per_iteration(workload: Workload, shapes: list[tuple[int, int]]) -> float:
+    """One iteration's network products, each at its own shape's measured time.
+
+    ``shapes`` lists the actor's layers, then the critic's (``layer_shapes``); the
+    first layer of each takes the observation, whose gradient is not needed.
+    """
+    firsts = {0, len(workload.actor_sizes) + 1}
+    minibatch = workload.steps_per_iteration // workload.n_minibatches
+    rollout = sum(product_seconds((workload.n_envs, a), (a, b)) for a, b in shapes)
+    update = 0.0
+    for layer, (a, b) in enumerate(shapes):
+        update += product_seconds((minibatch, a), (a, b))
+        update += product_seconds((minibatch, a), (minibatch, b), _KERNEL_GRADIENT)
+        if layer not in firsts:
+            update += product_seconds((minibatch, b), (a, b), _INPUT_GRADIENT)
+    updates = workload.n_epochs * workload.n_minibatches
+    return workload.rollout_length * rollout + updates * update
 
 
 def env_only_steps_per_second(workload: Workload, calls: int) -> float:
@@ -116,6 +168,7 @@ def main() -> None:
             "flops_per_iteration": flops_per_iteration(workload, shapes),
             "matmul_gflops_network_shapes": network_gflops,
             "matmul_gflops_large": matmul_gflops(2048, 2048, 2048, inner=2, repeats=3),
+            "products_s_per_iteration": products_seconds_per_iteration(workload, shapes),
             "env_only_steps_per_s": env_only_steps_per_second(workload, args.calls),
             "steps_per_iteration": workload.steps_per_iteration,
         }

@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import dataclasses
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -22,6 +21,7 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
+from nnx_ppo._compile import TrainingProgram, training_jit
 from nnx_ppo.algorithms import rollout, sharding
 from nnx_ppo.algorithms._advantages import compute_advantages
 from nnx_ppo.algorithms._learn import _learn
@@ -263,18 +263,18 @@ def _scan_steps(
     return state, carry, reports
 
 
-_compiled_steps = jax.jit(_scan_steps, static_argnums=(0, 1, 2, 5))
+_compiled_steps = TrainingProgram(_scan_steps, static_argnums=(0, 1, 2, 5))
 """One run's ``iterations`` PPO steps in one program."""
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2))
+@training_jit(0, 2)
 def _compiled_reset(env: _EnvArgument, key: PRNGKeyArray, n_envs: int) -> EnvState:
     """:func:`_reset_from` compiled: the initial reset and each one-step call's fresh env
     states, one program per env and ``n_envs``."""
     return _reset_from(env.env, key, n_envs)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+@training_jit(0, 1, 2)
 def _compiled_collect(
     env: _EnvArgument,
     config: _ConfigArgument,
@@ -288,7 +288,7 @@ def _compiled_collect(
     return _collect(env.env, config.config, networks, carry, fresh_env_states)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+@training_jit(0, 1, 2)
 def _compiled_learn(
     env: _EnvArgument,
     config: _ConfigArgument,
@@ -311,7 +311,7 @@ _RUN_AXIS = "stacked_runs"
 """The ``vmap`` axis of stacked runs in :func:`_compiled_run_steps`."""
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 5, 6))
+@training_jit(0, 1, 2, 5, 6)
 def _compiled_run_steps(
     env: _EnvArgument,
     config: _ConfigArgument,

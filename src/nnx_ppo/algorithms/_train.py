@@ -18,6 +18,7 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Float, Integer, PRNGKeyArray
 
+from nnx_ppo._compile import training_jit
 from nnx_ppo.algorithms import rollout, sharding
 from nnx_ppo.algorithms._step import (
     _compile_ahead,
@@ -251,7 +252,7 @@ def default_config() -> TrainConfig:
     return TrainConfig()
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 3, 4, 6, 7))
+@training_jit(0, 1, 3, 4, 6, 7)
 def _compiled_eval(
     env: _EnvArgument,
     graphdef: nnx.GraphDef[Any],
@@ -268,7 +269,7 @@ def _compiled_eval(
     )
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 3))
+@training_jit(0, 1, 3)
 def _compiled_recording(
     env: _EnvArgument,
     graphdef: nnx.GraphDef[Any],
