@@ -29,7 +29,7 @@ from typing import Any
 
 import jax
 from bench_common import WORKLOADS, emit
-from bench_nnx_ppo import _config, _make_env, _make_network
+from bench_nnx_ppo import prepared_state
 from flax import nnx
 
 
@@ -51,15 +51,8 @@ def main() -> None:
 
     import nnx_ppo
     from nnx_ppo.algorithms import _step
-    from nnx_ppo.algorithms.ppo import new_training_state
 
-    env = _make_env(workload)
-    config = _config(workload, 1).ppo
-    state = _step._prepared(
-        "bench_checks",
-        new_training_state(env, _make_network(workload, env, "mlp"), config.n_envs, 0),
-        config,
-    )
+    env, config, state = prepared_state(workload, "bench_checks")
     graphdef, split = nnx.split((state.networks, state.optimizer))
     carry = _step._carry_of(state)
     static = (_step._EnvArgument(env), _step._ConfigArgument(config), graphdef)

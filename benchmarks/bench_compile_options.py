@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 from bench_common import WORKLOADS
-from bench_nnx_ppo import _config, _make_env, _make_network
+from bench_nnx_ppo import prepared_state
 
 PARTS = ("reset", "rollout", "learning")
 
@@ -38,15 +38,8 @@ def main() -> None:
 
     from nnx_ppo._compile import training_compile_options
     from nnx_ppo.algorithms import _step
-    from nnx_ppo.algorithms.ppo import new_training_state
 
-    env = _make_env(workload)
-    config = _config(workload, 1).ppo
-    state = _step._prepared(
-        "bench_compile_options",
-        new_training_state(env, _make_network(workload, env, "mlp"), config.n_envs, 0),
-        config,
-    )
+    env, config, state = prepared_state(workload, "bench_compile_options")
     split = _step._split((state.networks, state.optimizer))
     arguments = _step._program_arguments(env, config, split, state)
     dynamic = arguments[3:]  # the compiled executables take the non-static arguments

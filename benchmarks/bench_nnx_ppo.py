@@ -104,6 +104,19 @@ def _config(workload: Workload, iterations_per_call: int) -> Any:
     return TrainConfig(ppo=ppo, eval=EvalConfig(enabled=False), seed=0)
 
 
+def prepared_state(workload: Workload, owner: str, seed: int = 0) -> tuple[Any, Any, Any]:
+    """``(env, PPOConfig, training state)`` of one run of ``workload``, ready for the step
+    programs (this repo only: the scripts that time its programs one by one)."""
+    from nnx_ppo.algorithms import _step
+    from nnx_ppo.algorithms.ppo import new_training_state
+
+    env = _make_env(workload)
+    config = _config(workload, 1).ppo
+    network = _make_network(workload, env, "mlp", seed)
+    state = new_training_state(env, network, config.n_envs, seed)
+    return env, config, _step._prepared(owner, state, config)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="time one nnx-ppo training run")
     parser.add_argument("--workload", choices=list(WORKLOADS), required=True)
