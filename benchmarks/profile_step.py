@@ -108,7 +108,9 @@ def _plain_learn(workload: Workload, shapes: list[tuple[int, int]], config: Any,
     opt_states = jax.vmap(optimizer.init)(params)
     observations = jax.random.normal(jax.random.key(runs), (runs, steps, shapes[0][0]))
     keys = jax.random.split(jax.random.key(runs + 1), runs)
-    program = jax.jit(jax.vmap(one_run))
+    from nnx_ppo._compile import training_compile_options
+
+    program = jax.jit(jax.vmap(one_run), compiler_options=training_compile_options())
     return lambda: program(params, opt_states, observations, keys)
 
 
@@ -121,6 +123,7 @@ def main() -> None:
     args = parser.parse_args()
     workload = WORKLOADS[args.workload]
 
+    from nnx_ppo._compile import training_compile_options
     from nnx_ppo.algorithms import _step, rollout
     from nnx_ppo.algorithms._advantages import compute_advantages
     from nnx_ppo.algorithms._learn import _learn
@@ -141,6 +144,7 @@ def main() -> None:
     splits = [nnx.split((s.networks, s.optimizer))[1] for s in states]
     carries = [_step._carry_of(s) for s in states]
     key = jax.random.key(1)
+    options = training_compile_options()
 
     def collect(split: Any, carry: Any) -> Any:
         networks, _ = nnx.merge(graphdef, split)
@@ -161,13 +165,16 @@ def main() -> None:
 
     if args.runs == 1:
         split, carry = splits[0], carries[0]
-        programs = [jax.jit(collect), jax.jit(advantages), jax.jit(learn), jax.jit(env_only)]
+        programs = [
+            jax.jit(f, compiler_options=options) for f in (collect, advantages, learn, env_only)
+        ]
         whole_program = _step._compiled_steps
     else:
         split, carry = _stack(splits, None), _stack(carries, None)
         axis = _step._RUN_AXIS
         programs = [
-            jax.jit(jax.vmap(f, axis_name=axis)) for f in (collect, advantages, learn, env_only)
+            jax.jit(jax.vmap(f, axis_name=axis), compiler_options=options)
+            for f in (collect, advantages, learn, env_only)
         ]
         whole_program = _step._compiled_run_steps
     collect_program, advantages_program, learn_program, env_program = programs

@@ -39,7 +39,7 @@ def test_cpu_programs_get_the_options_other_backends_keep_defaults(
     fresh_options: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert jax.default_backend() == "cpu"
-    assert training_compile_options() == _compile._YNNPACK_DOTS_ONLY
+    assert training_compile_options() == _compile._CPU_TRAINING_OPTIONS
     training_compile_options.cache_clear()
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert training_compile_options() is None
@@ -48,5 +48,5 @@ def test_cpu_programs_get_the_options_other_backends_keep_defaults(
 def test_a_jaxlib_without_the_option_keeps_defaults(
     fresh_options: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_compile, "_YNNPACK_DOTS_ONLY", {"xla_cpu_no_such_option": ""})
+    monkeypatch.setattr(_compile, "_CPU_TRAINING_OPTIONS", {"xla_cpu_no_such_option": ""})
     assert training_compile_options() is None
