@@ -41,6 +41,18 @@ def parameters(network: nnx.Module) -> list[np.ndarray]:
     return [np.asarray(leaf) for leaf in jax.tree.leaves(nnx.state(network, nnx.Param))]
 
 
+def assert_same_parameters(network: nnx.Module, reference: nnx.Module) -> None:
+    for now, then in zip(parameters(network), parameters(reference), strict=True):
+        np.testing.assert_array_equal(now, then)
+
+
+def train_fresh(env, scripted_network, total_steps: int, **hooks):
+    """``train_ppo`` from a fresh seed-0 state; the state's network is trained in place."""
+    state = new_training_state(env, scripted_network(), N_ENVS, seed=0)
+    config = train_config(total_steps)
+    return state, train_ppo(env, state.networks, config, initial_state=state, **hooks)
+
+
 # ---------------------------------------------------------------------------- divergence
 
 
@@ -60,18 +72,72 @@ def test_divergence_leaves_the_callers_network_and_optimizer_as_they_were(
     assert int(state.optimizer.step[...]) == optimizer_step
 
 
-def test_divergence_in_a_fused_call_names_the_step_that_failed(counting_env, scripted_network):
-    # The step size becomes infinite at the first update of the second PPO step.
+def _diverging_at_the_second_step(env, scripted_network):
+    """A fresh state whose step size becomes infinite at the second PPO step's first update."""
+
     def schedule(count):
         return jnp.where(count < UPDATES_PER_STEP, 1e-3, jnp.inf)
 
-    network = scripted_network()
-    state = new_training_state(counting_env, network, N_ENVS, seed=0, optimizer=optax.sgd(schedule))
+    return new_training_state(
+        env, scripted_network(), N_ENVS, seed=0, optimizer=optax.sgd(schedule)
+    )
+
+
+def test_divergence_in_a_fused_call_names_the_step_that_failed(counting_env, scripted_network):
+    state = _diverging_at_the_second_step(counting_env, scripted_network)
+    network = state.networks
     before = parameters(network)
     with pytest.raises(FloatingPointError, match=rf"env step {2 * STEP}: "):
         ppo_steps(counting_env, state, ppo_config(), 3)
     for now, then in zip(parameters(network), before, strict=True):
         np.testing.assert_array_equal(now, then)
+
+
+def test_train_ppo_keeps_the_last_good_step_when_a_later_one_diverges(
+    counting_env, scripted_network
+):
+    # train_ppo dispatches a call's steps before it fetches the last call's: step 3 is
+    # already running when step 2's divergence is seen. Neither reaches the network.
+    state = _diverging_at_the_second_step(counting_env, scripted_network)
+    reference, _ = ppo_step(
+        counting_env, _diverging_at_the_second_step(counting_env, scripted_network), ppo_config()
+    )
+    with pytest.raises(FloatingPointError, match=rf"env step {2 * STEP}: "):
+        train_ppo(counting_env, state.networks, train_config(4 * STEP), initial_state=state)
+    assert_same_parameters(state.networks, reference.networks)
+
+
+def test_train_ppo_runs_the_steps_ppo_step_runs(counting_env, scripted_network):
+    logged = []
+    state, result = train_fresh(
+        counting_env,
+        scripted_network,
+        3 * STEP,
+        log_fn=lambda metrics, step: logged.append(metrics),
+    )
+    reference = new_training_state(counting_env, scripted_network(), N_ENVS, seed=0)
+    expected = []
+    for _ in range(3):
+        reference, metrics = ppo_step(counting_env, reference, ppo_config())
+        expected.append(metrics)
+    assert logged == expected
+    assert result.total_steps == reference.steps_taken == 3 * STEP
+    assert_same_parameters(state.networks, reference.networks)
+
+
+def test_stopping_drops_the_steps_already_dispatched(counting_env, scripted_network):
+    state, result = train_fresh(counting_env, scripted_network, 4 * STEP, should_stop=lambda: True)
+    reference, _ = ppo_step(
+        counting_env,
+        new_training_state(counting_env, scripted_network(), N_ENVS, seed=0),
+        ppo_config(),
+    )
+    assert result.total_steps == result.training_state.steps_taken == STEP
+    assert result.total_iterations == 1
+    assert_same_parameters(state.networks, reference.networks)
+    np.testing.assert_array_equal(
+        jax.random.key_data(result.training_state.rng_key), jax.random.key_data(reference.rng_key)
+    )
 
 
 # ---------------------------------------------------------------------------------- seed
@@ -191,11 +257,15 @@ def test_unused_checkpoint_and_video_cadences_do_not_stop_fusion(
 ):
     calls: list[int] = []
 
-    def counted(env, state, config, iterations):
-        calls.append(iterations)
-        return ppo_steps(env, state, config, iterations)
+    def counted(dispatch):
+        def dispatch_counted(*arguments):
+            calls.append(arguments[-1])
+            return dispatch(*arguments)
 
-    monkeypatch.setattr(_train, "ppo_steps", counted)
+        return dispatch_counted
+
+    monkeypatch.setattr(_train, "dispatch_steps", counted(_train.dispatch_steps))
+    monkeypatch.setattr(_train, "dispatch_next", counted(_train.dispatch_next))
     config = train_config(8 * STEP, iterations_per_call=4)
     config.checkpoint_every_steps = STEP
     config.video.enabled, config.video.every_steps = True, STEP

@@ -150,14 +150,14 @@ def test_divergence_is_one_message_naming_the_intact_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = tmp_path / "run"
-    real_steps = _train.ppo_steps
+    real_finish = _train.finish
 
-    def diverging(env: Any, state: Any, config: Any, iterations: int) -> Any:
-        if state.steps_taken >= STEP:
+    def diverging(in_flight: Any) -> Any:
+        if in_flight.start.steps_taken >= STEP:
             raise FloatingPointError(f"PPO step ending at env step {2 * STEP}: the loss is NaN.")
-        return real_steps(env, state, config, iterations)
+        return real_finish(in_flight)
 
-    monkeypatch.setattr(_train, "ppo_steps", diverging)
+    monkeypatch.setattr(_train, "finish", diverging)
     capsys.readouterr()
     assert train(run_dir, 4 * STEP - 10, "--set", f"checkpoint_every_steps={STEP}") == 1
     shown = capsys.readouterr().out

@@ -604,35 +604,91 @@ def _write_back(
         variable.set_value(value)
 
 
-def _run_steps(
+class InFlight(NamedTuple):
+    """PPO steps dispatched to the device, their results not yet fetched by the host.
+
+    JAX runs them asynchronously: the host may dispatch the steps after them
+    (:func:`dispatch_next`) before :func:`finish` fetches these, so the device
+    does not wait for the host between calls.
+    """
+
+    start: TrainingState
+    """The state the steps start from; its network and optimizer are written at :func:`finish`."""
+    config: PPOConfig
+    iterations: int
+    split: _Split
+    new_state: nnx.State
+    carry: StepCarry
+    reports: StepReport
+
+    @property
+    def steps_after(self) -> int:
+        """The env steps taken once these steps are done."""
+        return self.start.steps_taken + self.iterations * self.config.steps_per_iteration
+
+
+def _dispatch(
+    env: RLEnv, start: TrainingState, config: PPOConfig, split: _Split, iterations: int
+) -> InFlight:
+    """Run the compiled steps from ``start`` (whose module state is ``split.state``), async."""
+    mesh = sharding.mesh_of(start)
+    arguments = _program_arguments(env, config, split, start)
+    if iterations == 1 and mesh is None:
+        # One step as three programs: the reset (the initial state's), the rollout and
+        # the learning. The step's own two compile in parallel, without a reset in them.
+        collected = _compiled_collect(*arguments, _fresh_env_states(env, start, config.n_envs))
+        new_state, carry, reports = _compiled_learn(*arguments, collected)
+    else:
+        with sharding.training_mesh(mesh):
+            new_state, carry, reports = _compiled_steps(*arguments, iterations)
+    return InFlight(start, config, iterations, split, new_state, carry, reports)
+
+
+def dispatch_steps(
     owner: str, env: RLEnv, training_state: TrainingState, config: PPOConfig, iterations: int
-) -> tuple[TrainingState, list[dict[str, float]]]:
+) -> InFlight:
+    """Check ``training_state`` against ``config`` and dispatch ``iterations`` steps from it."""
     require_int(owner, "iterations", iterations)
     training_state = _prepared(owner, training_state, config)
     mesh = sharding.mesh_of(training_state)
     if mesh is not None:
         sharding.require_divisible(owner, mesh, config.n_envs, config.n_minibatches, None)
         training_state = sharding.shard_training_state(training_state, mesh)
-    pair = (training_state.networks, training_state.optimizer)
-    split = _split(pair)
-    arguments = _program_arguments(env, config, split, training_state)
-    if iterations == 1 and mesh is None:
-        # One step as three programs: the reset (the initial state's), the rollout and
-        # the learning. The step's own two compile in parallel, without a reset in them.
-        collected = _compiled_collect(
-            *arguments, _fresh_env_states(env, training_state, config.n_envs)
-        )
-        new_state, carry, reports = _compiled_learn(*arguments, collected)
-    else:
-        with sharding.training_mesh(mesh):
-            new_state, carry, reports = _compiled_steps(*arguments, iterations)
-    # Fetched and checked before the caller's network is touched.
+    split = _split((training_state.networks, training_state.optimizer))
+    return _dispatch(env, training_state, config, split, iterations)
+
+
+def dispatch_next(env: RLEnv, in_flight: InFlight, iterations: int) -> InFlight:
+    """Dispatch ``iterations`` steps after ``in_flight``'s, from its results on the device.
+
+    Nothing is fetched or written: if ``in_flight`` turns out to have diverged,
+    or the caller stops, the steps dispatched here are dropped unseen.
+    """
+    start = _advanced(in_flight.start, in_flight.carry, in_flight.steps_after)
+    split = in_flight.split._replace(state=in_flight.new_state)
+    return _dispatch(env, start, in_flight.config, split, iterations)
+
+
+def finish(in_flight: InFlight) -> tuple[TrainingState, list[dict[str, float]]]:
+    """Fetch ``in_flight``'s reports, check them, and write its results to the network.
+
+    Raises ``FloatingPointError`` before the network is touched if a step diverged.
+    """
+    start = in_flight.start
     per_step = _host_metrics(
-        StepReport(*jax.device_get(reports)), training_state.steps_taken, config, iterations
+        StepReport(*jax.device_get(in_flight.reports)),
+        start.steps_taken,
+        in_flight.config,
+        in_flight.iterations,
     )
-    _write_back(split, pair, new_state)
-    steps_taken = training_state.steps_taken + iterations * config.steps_per_iteration
-    return _advanced(training_state, carry, steps_taken), per_step
+    _write_back(in_flight.split, (start.networks, start.optimizer), in_flight.new_state)
+    return _advanced(start, in_flight.carry, in_flight.steps_after), per_step
+
+
+def _run_steps(
+    owner: str, env: RLEnv, training_state: TrainingState, config: PPOConfig, iterations: int
+) -> tuple[TrainingState, list[dict[str, float]]]:
+    return finish(dispatch_steps(owner, env, training_state, config, iterations))
 
 
 def _index(tree: Any, i: int) -> Any:

@@ -21,13 +21,16 @@ from jaxtyping import Array, Float, Integer, PRNGKeyArray
 from nnx_ppo._compile import training_jit
 from nnx_ppo.algorithms import rollout, sharding
 from nnx_ppo.algorithms._step import (
+    InFlight,
     _compile_ahead,
     _compiled_reset,
     _EnvArgument,
     _no_running_episodes,
     _on_device,
     _require_training_state,
-    ppo_steps,
+    dispatch_next,
+    dispatch_steps,
+    finish,
 )
 from nnx_ppo.algorithms.config import (
     EvalConfig,
@@ -543,13 +546,29 @@ def train_ppo(
     if log_fn is not None and metrics:
         log_fn(metrics, state.steps_taken)
     checkpoint(state, checkpoint_due(state.steps_taken))
+
+    def steps_in_call(steps: int) -> int:
+        return _steps_until_host_needed(
+            steps, config, checkpoint_fn is not None, video_fn is not None
+        )
+
     iterations = 0
+    # The next call's steps are dispatched before this call's results are fetched, so
+    # the device never waits for the host's logging, evaluation or checkpointing. They
+    # start from this call's results on the device and are dropped unseen if this call
+    # diverged or the run stops.
+    in_flight: InFlight | None = None
     while state.steps_taken < config.ppo.total_steps:
         start = time.perf_counter()
-        fused = _steps_until_host_needed(
-            state.steps_taken, config, checkpoint_fn is not None, video_fn is not None
-        )
-        state, per_step = ppo_steps(env, state, config.ppo, fused)
+        if in_flight is None:
+            in_flight = dispatch_steps(
+                "train_ppo", env, state, config.ppo, steps_in_call(state.steps_taken)
+            )
+        current, in_flight = in_flight, None
+        if current.steps_after < config.ppo.total_steps:
+            in_flight = dispatch_next(env, current, steps_in_call(current.steps_after))
+        state, per_step = finish(current)
+        fused = current.iterations
         iterations += fused
         if timed:
             elapsed = time.perf_counter() - start
