@@ -321,15 +321,6 @@ def format_ceiling(ceiling: dict[str, Any] | None, ours: Row | None) -> str:
         f"{ceiling_sps[name]:,.0f} steps/s"
         for name, rate in ceilings.items()
     ]
-    products_s = ceiling.get("products_s_per_iteration")
-    if products_s is not None:  # absent from results recorded before it was measured
-        own_shapes = "each product at its own shape's measured time"
-        ceiling_sps[own_shapes] = steps / (env_s + products_s)
-        lines.append(
-            f"  ceiling, env {env_s * 1e3:.1f} ms + {own_shapes} (forward, kernel and "
-            f"input gradients) {products_s * 1e3:.1f} ms per iteration: "
-            f"{ceiling_sps[own_shapes]:,.0f} steps/s"
-        )
     if ours is not None and ours.steady is not None:
         sps = ours.steady[0]
         achieved = flops * sps / ceiling["steps_per_iteration"] / 1e9
