@@ -307,10 +307,8 @@ def _log1p(x: Array) -> Array:
     """``log1p(x)`` for ``x >= 0`` from ``log``, which XLA:CPU vectorises (it does not ``log1p``).
 
     ``log(w) * x / (w - 1)`` with ``w = 1 + x`` rounded cancels the rounding of ``w``.
-    ``w`` is written ``2 (0.5 + 0.5 x)`` (exact in binary floating point) because XLA
-    rewrites ``log(1 + x)`` back into ``log1p``.
     """
-    w = 2.0 * (0.5 + 0.5 * x)
+    w = 1.0 + x
     return jnp.where(w == 1.0, x, jnp.log(w) * x / jnp.where(w == 1.0, 1.0, w - 1.0))
 
 
