@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
+from nnx_ppo.algorithms import _train  # noqa: E402
 from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn  # noqa: E402
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig  # noqa: E402
 from nnx_ppo.algorithms.ppo import new_training_state, train_ppo, train_ppo_runs  # noqa: E402
@@ -87,9 +88,18 @@ def equivalence(directory: Path) -> dict[str, Any]:
 
     found: dict[str, Any] = {}
     runs = {}
+    dispatched_ahead = {"calls": 0}
+    dispatch_next = _train.dispatch_next
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        dispatched_ahead["calls"] += 1
+        return dispatch_next(*args, **kwargs)
+
+    _train.dispatch_next = counted
     for devices in (1, 4):
         networks = network()
         checkpoint_fn = make_checkpoint_fn(directory / f"on{devices}")
+        dispatched_ahead["calls"] = 0
         result = train_ppo(env, networks, config(devices, 2 * STEP), checkpoint_fn=checkpoint_fn)
         checkpoint_fn(result.training_state, result.total_steps)
         state = result.training_state
@@ -100,7 +110,9 @@ def equivalence(directory: Path) -> dict[str, Any]:
             "carry_specs": specs(state.network_states),
             "parameter_specs": specs(nnx.state(networks, nnx.Param)),
             "eval_return": result.eval_history[-1]["episode_reward_mean"],
+            "dispatched_ahead": dispatched_ahead["calls"],
         }
+    _train.dispatch_next = dispatch_next
     found["parameter_difference"] = largest_difference(runs[1], runs[4])
     found["moving_collectives"] = moving_collectives(env, state, config(4, STEP).ppo)
 

@@ -33,7 +33,7 @@ def run_script(tmp_path: Path, *args: str) -> dict[str, Any]:
         [sys.executable, str(SCRIPT), args[0], str(out), *args[1:]],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(out.read_text())
@@ -48,6 +48,10 @@ def test_four_devices_train_like_one_and_resume_on_another_count(tmp_path):
     assert "P('data',)" in four["env_state_specs"]
     assert four["carry_specs"] == ["P('data',)"]
     assert four["parameter_specs"] == ["P()"]
+    # One device dispatches the next call ahead; four CPU devices never have two
+    # programs in flight (their all-reduces can deadlock).
+    assert one["dispatched_ahead"] > 0
+    assert four["dispatched_ahead"] == 0
     # No rollout moves between devices: the step's only collectives are all-reduces.
     assert found["moving_collectives"] == []
     # Same seed and global batch: the same parameters, up to float reassociation.
@@ -157,7 +161,7 @@ def test_cli_trains_over_four_devices(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=300,
         env=environment,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]

@@ -556,7 +556,8 @@ def train_ppo(
     # The next call's steps are dispatched before this call's results are fetched, so
     # the device never waits for the host's logging, evaluation or checkpointing. They
     # start from this call's results on the device and are dropped unseen if this call
-    # diverged or the run stops.
+    # diverged or the run stops. Over several CPU devices each call finishes first.
+    ahead = sharding.programs_may_overlap(mesh)
     in_flight: InFlight | None = None
     while state.steps_taken < config.ppo.total_steps:
         start = time.perf_counter()
@@ -565,7 +566,7 @@ def train_ppo(
                 "train_ppo", env, state, config.ppo, steps_in_call(state.steps_taken)
             )
         current, in_flight = in_flight, None
-        if current.steps_after < config.ppo.total_steps:
+        if ahead and current.steps_after < config.ppo.total_steps:
             in_flight = dispatch_next(env, current, steps_in_call(current.steps_after))
         state, per_step = finish(current)
         fused = current.iterations

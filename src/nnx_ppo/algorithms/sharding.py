@@ -165,6 +165,19 @@ def mesh_of(training_state: TrainingState) -> Mesh | None:
     return None
 
 
+def programs_may_overlap(mesh: Mesh | None) -> bool:
+    """Whether a program over ``mesh`` may be dispatched while another still runs.
+
+    Not over several CPU devices: XLA:CPU's all-reduces meet in a rendezvous of
+    host threads, and a training call dispatched while the evaluation ran over the
+    same four CPU devices was seen to hang there ("waiting for all reduce
+    RendezvousKey ... may be stuck").
+    """
+    if mesh is None or mesh.devices.size == 1:
+        return True
+    return not any(device.platform == "cpu" for device in mesh.devices.flat)
+
+
 @contextlib.contextmanager
 def training_mesh(mesh: Mesh | None) -> Iterator[None]:
     """Trace and run the compiled step under ``mesh`` (part of jit's cache key)."""
