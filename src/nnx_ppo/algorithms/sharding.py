@@ -169,9 +169,9 @@ def programs_may_overlap(mesh: Mesh | None) -> bool:
     """Whether a program over ``mesh`` may be dispatched while another still runs.
 
     Not over several CPU devices: XLA:CPU's all-reduces meet in a rendezvous of
-    host threads, and a training call dispatched while the evaluation ran over the
-    same four CPU devices was seen to hang there ("waiting for all reduce
-    RendezvousKey ... may be stuck").
+    host threads, and a run over four CPU devices with its next call dispatched
+    ahead was seen to hang there for good ("waiting for all reduce RendezvousKey
+    ... may be stuck"), once in many runs.
     """
     if mesh is None or mesh.devices.size == 1:
         return True
