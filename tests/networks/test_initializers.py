@@ -48,3 +48,18 @@ def test_a_second_network_of_the_same_shapes_compiles_no_initialiser(caplog):
 
     assert initialiser_compiles(0)  # shapes no other test uses: the first build compiles
     assert not initialiser_compiles(1)
+
+
+def test_a_factory_builds_inside_nnx_jit_and_eval_shape():
+    # Traced, the initialiser takes no compiler options (only the outermost program
+    # may): the network built in a user's nnx.jit holds the eager build's values.
+    def build(rngs: nnx.Rngs):
+        return factories.make_mlp_actor_critic(5, 2, [8], [8], rngs)
+
+    eager = jax.tree.leaves(nnx.state(build(nnx.Rngs(4)), nnx.Param))
+    compiled = jax.tree.leaves(nnx.state(nnx.jit(build)(nnx.Rngs(4)), nnx.Param))
+    for a, b in zip(eager, compiled, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    abstract = nnx.eval_shape(lambda: build(nnx.Rngs(4)))
+    shapes = [leaf.shape for leaf in jax.tree.leaves(nnx.state(abstract, nnx.Param))]
+    assert shapes == [leaf.shape for leaf in eager]
