@@ -557,7 +557,7 @@ def train_ppo(
     # the device never waits for the host's logging, evaluation or checkpointing. They
     # start from this call's results on the device and are dropped unseen if this call
     # diverged or the run stops. Over several CPU devices each call finishes first.
-    ahead = sharding.programs_may_overlap(mesh)
+    ahead = sharding._programs_may_overlap(mesh)
     in_flight: InFlight | None = None
     while state.steps_taken < config.ppo.total_steps:
         start = time.perf_counter()

@@ -165,7 +165,7 @@ def mesh_of(training_state: TrainingState) -> Mesh | None:
     return None
 
 
-def programs_may_overlap(mesh: Mesh | None) -> bool:
+def _programs_may_overlap(mesh: Mesh | None) -> bool:
     """Whether a program over ``mesh`` may be dispatched while another still runs.
 
     Not over several CPU devices: XLA:CPU's all-reduces meet in a rendezvous of
