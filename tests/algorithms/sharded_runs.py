@@ -17,6 +17,7 @@ Modes:
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import re
@@ -24,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+THREADS_PER_DEVICE = 4
+HANG_REPORT_SECONDS = 250
 DEVICES = 2 if sys.argv[1] == "distributed" else 4
 # Forced devices are threads: on 2 busy cores one can reach an all-reduce more than
 # XLA's default 40 s after the others, which aborts the process. Wait longer.
@@ -32,6 +35,14 @@ os.environ["XLA_FLAGS"] = (
     "--xla_cpu_collective_timeout_seconds=900 "
     "--xla_cpu_collective_call_terminate_timeout_seconds=900"
 )
+# XLA:CPU sizes its thread pools at max(cores, devices) (NPROC overrides the cores):
+# on 2 cores, one thread per device. A program's thunks run concurrently on those
+# threads, and a thread that reaches an all-reduce blocks there until every device
+# arrives: with no thread to spare, a device's work can wait for a thread that never
+# frees. Runs here hung that way now and then under a busy test suite.
+os.environ["NPROC"] = str(THREADS_PER_DEVICE * DEVICES)
+# A run that hangs anyway prints where and exits before the test's own time limit.
+faulthandler.dump_traceback_later(HANG_REPORT_SECONDS, exit=True)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -168,10 +168,11 @@ def mesh_of(training_state: TrainingState) -> Mesh | None:
 def _programs_may_overlap(mesh: Mesh | None) -> bool:
     """Whether a program over ``mesh`` may be dispatched while another still runs.
 
-    Not over several CPU devices: XLA:CPU's all-reduces meet in a rendezvous of
-    host threads, and a run over four CPU devices with its next call dispatched
-    ahead was seen to hang there for good ("waiting for all reduce RendezvousKey
-    ... may be stuck"), once in many runs.
+    Not over several CPU devices, out of caution: XLA:CPU's all-reduces meet in a
+    rendezvous of host threads, and a run over four forced CPU devices on two cores
+    was seen to hang there for good ("waiting for all reduce RendezvousKey ... may
+    be stuck"), with and without its next call dispatched ahead. Spare host threads
+    (``NPROC``, see the scale-out docs) are the remedy found for that.
     """
     if mesh is None or mesh.devices.size == 1:
         return True
