@@ -9,7 +9,7 @@ import copy
 import functools
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +42,7 @@ from nnx_ppo.algorithms.metrics import (
     to_host,
 )
 from nnx_ppo.algorithms.types import (
+    EnvState,
     LoggingLevel,
     RLEnv,
     TrainingState,
@@ -118,6 +119,41 @@ def _require_seed(seed: Any) -> None:
         return
     # Any int seeds a key (TrainConfig.seed may be negative).
     require_int("new_training_state", "seed", seed, minimum=None)
+
+
+def _seed_argument(seed: int | Integer[Array, ""]) -> Integer[Array | np.ndarray, ""]:
+    """The seed as the start program takes it: an array, so every seed shares one program.
+
+    ``jax.random.key`` of a Python int keeps its low 32 bits (its high word is 0),
+    as ``key`` of this ``uint32`` does; an integer array is passed as it is.
+    """
+    if isinstance(seed, jax.Array | np.ndarray):
+        return seed
+    return np.asarray(int(seed) % 2**32, np.uint32)
+
+
+class _Start(NamedTuple):
+    """What the start program makes of a network and a seed."""
+
+    network_state: nnx.State
+    network_states: ModuleState
+    env_key: PRNGKeyArray
+    rng_key: PRNGKeyArray
+
+
+@training_jit(0, 1)
+def _compiled_start(
+    graphdef: nnx.GraphDef[StatefulModule],
+    n_envs: int,
+    network_state: nnx.State,
+    seed: Integer[Array | np.ndarray, ""],
+) -> _Start:
+    """A fresh run's keys and carries, one program per network and ``n_envs`` (op by op,
+    their programs cost about 0.2 s of compiling at start-up)."""
+    networks = nnx.merge(graphdef, network_state)
+    env_key, training_key, carry_key = jax.random.split(jax.random.key(seed), 3)
+    carries = _rekeyed(networks.initialize_state(n_envs), carry_key)
+    return _Start(nnx.state(networks), carries, env_key, training_key)
 
 
 def _rekeyed(carry: ModuleState, key: PRNGKeyArray) -> ModuleState:
@@ -200,13 +236,14 @@ def _new_training_state(
     optimizer: optax.GradientTransformation | None,
     while_reset_compiles: Callable[[TrainingState], None] | None = None,
 ) -> TrainingState:
-    """:func:`new_training_state`, running ``while_reset_compiles`` while the reset compiles.
+    """:func:`new_training_state`, running ``while_reset_compiles`` while the start compiles.
 
-    ``while_reset_compiles`` gets the state with abstract env states
-    (``jax.ShapeDtypeStruct`` leaves, placed as the real ones will be), to
-    compile a program that takes it. XLA compiles the initial reset (seconds for
-    a simulator) in a second thread meanwhile: compiling releases the GIL, so the
-    two overlap on a second core.
+    ``while_reset_compiles`` gets the state with abstract env states, carries,
+    key and optimizer (``jax.ShapeDtypeStruct`` leaves, placed as the real ones
+    will be), to compile a program that takes it. A second thread meanwhile
+    compiles and runs the start program (the reset in it takes seconds to compile
+    for a simulator) and makes the optimizer's state: compiling releases the GIL,
+    so the two overlap on a second core.
     """
     if isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs <= 0:
         raise ValueError(f"new_training_state: n_envs must be a positive int, got {n_envs!r}")
@@ -216,37 +253,72 @@ def _new_training_state(
             f"got a {type(networks).__name__}"
         )
     _require_seed(seed)
-    env_key, training_key, carry_key = jax.random.split(jax.random.key(seed), 3)
-    network_states = jax.jit(_rekeyed)(networks.initialize_state(n_envs), carry_key)
     if optimizer is None:
         optimizer = _default_optimizer(learning_rate, gradient_clipping, weight_decay)
-    state = TrainingState(
-        networks=networks,
-        network_states=_on_device(network_states),
-        env_states=None,
-        optimizer=nnx.Optimizer(networks, optimizer, wrt=nnx.Param),
-        rng_key=training_key,
-        steps_taken=0,
-    )
+    graphdef, network_state = nnx.split(networks)
+    static = (graphdef, n_envs)
+    dynamic = (network_state, _seed_argument(seed))
+
+    def start(
+        program: Callable[..., _Start], reset: Callable[..., EnvState]
+    ) -> tuple[_Start, EnvState, nnx.Optimizer]:
+        started = program(*dynamic)
+        # Optax's state is made op by op: a program per optimizer would compile again
+        # for each run of a learning-rate sweep, where the eager ops compile once.
+        optimizer_module = nnx.Optimizer(networks, optimizer, wrt=nnx.Param)
+        return started, reset(started.env_key), optimizer_module
+
     if while_reset_compiles is None:
-        env_states = _compiled_reset(_EnvArgument(env), env_key, n_envs)
-    else:
-        reset = _compiled_reset.lower(_EnvArgument(env), env_key, n_envs)
-        # The reset's outputs are placed as its key: committed to a device, or not.
-        placement = env_key.sharding if env_key.committed else None
-        abstract = jax.tree.map(
-            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=placement),
-            reset.out_info,
+        started, env_states, optimizer_module = start(
+            functools.partial(_compiled_start, *static),
+            functools.partial(_compiled_reset, _EnvArgument(env), n_envs=n_envs),
         )
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            compiling = pool.submit(reset.compile)
-            while_reset_compiles(
-                state.replace(env_states=abstract, running_episodes=_no_running_episodes(abstract))
+    else:
+        start_program = _compiled_start.lower(*static, *dynamic)
+        # The outputs are committed to a device if an input is, as JAX places them.
+        committed = [
+            leaf.sharding
+            for leaf in jax.tree.leaves(dynamic)
+            if isinstance(leaf, jax.Array) and leaf.committed
+        ]
+        placement = committed[0] if committed else None
+
+        def abstract(tree: Any) -> Any:
+            return jax.tree.map(
+                lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=placement),
+                tree,
             )
-            env_states = compiling.result()(env_key)
+
+        begun = abstract(start_program.out_info)
+        reset_program = _compiled_reset.lower(_EnvArgument(env), begun.env_key, n_envs)
+        abstract_env_states = abstract(reset_program.out_info)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            starting = pool.submit(lambda: start(start_program.compile(), reset_program.compile()))
+            while_reset_compiles(
+                TrainingState(
+                    networks=networks,
+                    network_states=begun.network_states,
+                    env_states=abstract_env_states,
+                    optimizer=nnx.eval_shape(
+                        lambda: nnx.Optimizer(networks, optimizer, wrt=nnx.Param)
+                    ),
+                    rng_key=begun.rng_key,
+                    steps_taken=0,
+                    running_episodes=_no_running_episodes(abstract_env_states),
+                )
+            )
+            started, env_states, optimizer_module = starting.result()
+    # initialize_state drew the carry's keys from the network's own nnx.Rngs.
+    nnx.update(networks, started.network_state)
     env_states = _on_device(env_states)
-    return state.replace(
-        env_states=env_states, running_episodes=_on_device(_no_running_episodes(env_states))
+    return TrainingState(
+        networks=networks,
+        network_states=_on_device(started.network_states),
+        env_states=env_states,
+        optimizer=optimizer_module,
+        rng_key=started.rng_key,
+        steps_taken=0,
+        running_episodes=_on_device(_no_running_episodes(env_states)),
     )
 
 
