@@ -271,7 +271,7 @@ def _new_training_state(
     if while_reset_compiles is None:
         started, env_states, optimizer_module = start(
             functools.partial(_compiled_start, *static),
-            functools.partial(_compiled_reset, _EnvArgument(env), n_envs=n_envs),
+            lambda key: _compiled_reset(_EnvArgument(env), key, n_envs),
         )
     else:
         start_program = _compiled_start.lower(*static, *dynamic)
