@@ -173,6 +173,23 @@ def test_resume_continues_counting(counting_env, scripted_network):
     assert second.total_iterations == 3
 
 
+def test_a_seed_keys_the_run_as_jax_random_key_does_and_seeds_share_one_start_program(
+    counting_env, scripted_network
+):
+    network = scripted_network()
+    programs = _train._compiled_start._jitted._cache_size
+    for seed in (5, -3, 2**40 + 7, np.int64(-9), jnp.int32(11)):
+        state = new_training_state(counting_env, network, N_ENVS, seed=seed)
+        expected = jax.random.split(jax.random.key(seed), 3)[1]
+        np.testing.assert_array_equal(
+            jax.random.key_data(state.rng_key), jax.random.key_data(expected)
+        )
+    before = programs()
+    for seed in (0, 1, -(2**33), 2**62):  # Python ints of any size and sign
+        new_training_state(counting_env, network, N_ENVS, seed=seed)
+    assert programs() == before
+
+
 def test_kl_early_stop_ends_the_epoch_loop(counting_env, scripted_network):
     config = ppo_config(n_epochs=4, learning_rate=1e-2, logging_level=LoggingLevel.ACTOR_EXTRA)
     state = new_training_state(counting_env, scripted_network(), N_ENVS, seed=0)
