@@ -63,6 +63,16 @@ def variance_scaling_uniform(scale: float) -> Initializer:
     return draw
 
 
+def zeros(key: Key[Array, ""], shape: Sequence[int], dtype: Any = jnp.float32) -> Array:
+    """``nnx.initializers.zeros``, made by NumPy and transferred: no program to compile.
+
+    ``jnp.zeros`` compiles a program per shape (10-20 ms apiece on CPU), as each
+    bias of a network is drawn. ``key`` is unused, as in flax.
+    """
+    del key
+    return jax.device_put(np.zeros(tuple(shape), jnp.dtype(dtype)))
+
+
 def _partitionable_bits() -> bool:
     return bool(jax.config.values["jax_threefry_partitionable"])
 

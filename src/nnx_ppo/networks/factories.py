@@ -8,7 +8,7 @@ from flax import nnx
 from jaxtyping import Array
 
 from nnx_ppo.contract.arguments import require_int, require_number
-from nnx_ppo.networks._initializers import variance_scaling_uniform
+from nnx_ppo.networks._initializers import variance_scaling_uniform, zeros
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.feedforward import Dense
@@ -247,6 +247,7 @@ def _mlp_actor_critic(
         activation,
         activation_last_layer=False,
         kernel_init=kernel_init,
+        bias_init=zeros,
     )
     critic = make_mlp(
         [width, *critic_hidden_sizes, 1],
@@ -254,6 +255,7 @@ def _mlp_actor_critic(
         activation,
         activation_last_layer=False,
         kernel_init=kernel_init,
+        bias_init=zeros,
     )
     adapter = PPOAdapter(action=Sequential([*actor, sampler]), value=critic)
     preprocessing: list[StatefulModule] = []
