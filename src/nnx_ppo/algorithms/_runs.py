@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,9 +43,9 @@ from nnx_ppo.algorithms._train import (
     _crossed,
     _evaluate,
     _key_at,
+    _new_training_state,
     _steps_until_host_needed,
     _with_overrides,
-    new_training_state,
 )
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, TrainResult, _linear_decay
 from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState
@@ -150,6 +151,13 @@ def _stack(trees: Sequence[Any], where: NamedSharding | None) -> Any:
     return _to_device(jax.tree.map(stack, *(_to_host(tree) for tree in trees)), where)
 
 
+def _stacked_like(runs: int, where: NamedSharding | None, tree: Any) -> Any:
+    """Abstract leaves shaped and placed as :func:`_stack` of ``runs`` trees like ``tree``."""
+    return jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct((runs, *leaf.shape), leaf.dtype, sharding=where), tree
+    )
+
+
 def _unstack(tree: Any, run: int) -> Any:
     """Run ``run``'s slice of every leaf of a stacked host tree."""
     return jax.tree.map(
@@ -211,26 +219,39 @@ def train_ppo_runs(
     where = None if mesh is None else NamedSharding(mesh, PartitionSpec(sharding.RUNS_AXIS))
     ppo = config.ppo
     eval_env = env if eval_env is None else eval_env
+    env_argument, config_argument = _step._EnvArgument(env), _step._ConfigArgument(ppo)
+    first_call = _steps_until_host_needed(0, config, checkpoint_fn is not None, False)
+
+    def compile_first_call(abstract: TrainingState) -> None:
+        # From run 0's shapes, while its start and reset compile in a second thread.
+        stacked_like_run_0 = functools.partial(_stacked_like, len(seeds), where)
+        graphdef, split = nnx.split((abstract.networks, abstract.optimizer))
+        _step._compiled_run_steps.lower(
+            env_argument,
+            config_argument,
+            graphdef,
+            stacked_like_run_0(split),
+            stacked_like_run_0(_step._carry_of(abstract)),
+            first_call,
+            mesh,
+        ).compile()
+
     states = []
     for run, seed in enumerate(seeds):
         networks = make_networks(seed)
         optimizer = None if rates is None else _run_optimizer(ppo, rates[run])
-        states.append(
-            _step._prepared(
-                "train_ppo_runs",
-                new_training_state(
-                    env,
-                    networks,
-                    ppo.n_envs,
-                    seed,
-                    ppo.optimizer_learning_rate(),
-                    ppo.gradient_clipping,
-                    ppo.weight_decay,
-                    optimizer=optimizer,
-                ),
-                ppo,
-            )
+        state = _new_training_state(
+            env,
+            networks,
+            ppo.n_envs,
+            seed,
+            ppo.optimizer_learning_rate(),
+            ppo.gradient_clipping,
+            ppo.weight_decay,
+            optimizer=optimizer,
+            while_reset_compiles=compile_first_call if run == 0 and ppo.total_steps else None,
         )
+        states.append(_step._prepared("train_ppo_runs", state, ppo))
     graphdef, first = nnx.split((states[0].networks, states[0].optimizer))
     splits = [first]
     for run, state in enumerate(states[1:], start=1):
@@ -246,7 +267,6 @@ def train_ppo_runs(
         splits.append(split)
     stacked = _stack(splits, where)
     carries = _stack([_step._carry_of(state) for state in states], where)
-    env_argument, config_argument = _step._EnvArgument(env), _step._ConfigArgument(ppo)
     timed = LoggingLevel.THROUGHPUT in ppo.logging_level
     histories: list[list[dict[str, float]]] = [[] for _ in seeds]
     last_metrics: list[dict[str, float]] = [{} for _ in seeds]
