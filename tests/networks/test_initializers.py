@@ -27,15 +27,20 @@ def test_compiled_variance_scaling_draws_flax_values(shape, scale):
 
 @pytest.mark.parametrize("shape", [(64, 2), (64, 64), (4097, 1)])
 def test_a_shared_draw_has_the_bits_of_a_program_for_its_own_shape(shape):
-    # Entry i of a counter-based draw is the same whatever the draw's size.
+    # Entry i of a counter-based draw is the same whatever the draw's size. Two programs
+    # may still round the scaling differently on another CPU, so float32 ulps, not bits;
+    # a draw that took other entries would be off by the kernel's whole range.
     key = jax.random.key(3)
     own_program = jax.jit(
         nnx.initializers.variance_scaling(0.7, "fan_in", "uniform"),
         static_argnums=(1, 2),
         compiler_options=fast_compile_options(),
     )
-    np.testing.assert_array_equal(
-        variance_scaling_uniform(0.7)(key, shape), own_program(key, shape, jnp.float32)
+    np.testing.assert_allclose(
+        variance_scaling_uniform(0.7)(key, shape),
+        own_program(key, shape, jnp.float32),
+        rtol=1e-6,
+        atol=1e-7,
     )
 
 

@@ -151,13 +151,6 @@ def _stack(trees: Sequence[Any], where: NamedSharding | None) -> Any:
     return _to_device(jax.tree.map(stack, *(_to_host(tree) for tree in trees)), where)
 
 
-def _stacked_like(runs: int, where: NamedSharding | None, tree: Any) -> Any:
-    """Abstract leaves shaped and placed as :func:`_stack` of ``runs`` trees like ``tree``."""
-    return jax.tree.map(
-        lambda leaf: jax.ShapeDtypeStruct((runs, *leaf.shape), leaf.dtype, sharding=where), tree
-    )
-
-
 def _unstack(tree: Any, run: int) -> Any:
     """Run ``run``'s slice of every leaf of a stacked host tree."""
     return jax.tree.map(
@@ -224,7 +217,9 @@ def train_ppo_runs(
 
     def compile_first_call(abstract: TrainingState) -> None:
         # From run 0's shapes, while its start and reset compile in a second thread.
-        stacked_like_run_0 = functools.partial(_stacked_like, len(seeds), where)
+        stacked_like_run_0 = functools.partial(
+            _step._abstract, sharding=where, leading=(len(seeds),)
+        )
         graphdef, split = nnx.split((abstract.networks, abstract.optimizer))
         _step._compiled_run_steps.lower(
             env_argument,
@@ -249,7 +244,7 @@ def train_ppo_runs(
             ppo.gradient_clipping,
             ppo.weight_decay,
             optimizer=optimizer,
-            while_reset_compiles=compile_first_call if run == 0 and ppo.total_steps else None,
+            while_start_compiles=compile_first_call if run == 0 and ppo.total_steps else None,
         )
         states.append(_step._prepared("train_ppo_runs", state, ppo))
     graphdef, first = nnx.split((states[0].networks, states[0].optimizer))

@@ -355,6 +355,16 @@ def _on_device(tree: Any) -> Any:
     return jax.tree.map(canonical, tree)
 
 
+def _abstract(tree: Any, sharding: Any, leading: tuple[int, ...] = ()) -> Any:
+    """``tree`` as strongly typed ``jax.ShapeDtypeStruct`` leaves placed on ``sharding``,
+    each with ``leading`` axes in front: what :func:`_on_device` (or a stack of
+    ``leading`` such trees) would hand a compiled program, for compiling it ahead."""
+    return jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct((*leading, *leaf.shape), leaf.dtype, sharding=sharding),
+        tree,
+    )
+
+
 def _no_running_episodes(env_states: Any) -> RunningEpisodes:
     # Zeros made by NumPy and transferred: jnp.zeros would compile a program per shape
     # and dtype at start-up (0.03-0.07 s apiece).

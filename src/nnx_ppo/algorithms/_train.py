@@ -22,6 +22,7 @@ from nnx_ppo._compile import training_jit
 from nnx_ppo.algorithms import rollout, sharding
 from nnx_ppo.algorithms._step import (
     InFlight,
+    _abstract,
     _compile_ahead,
     _compiled_reset,
     _EnvArgument,
@@ -148,8 +149,11 @@ def _compiled_start(
     network_state: nnx.State,
     seed: Integer[Array | np.ndarray, ""],
 ) -> _Start:
-    """A fresh run's keys and carries, one program per network and ``n_envs`` (op by op,
-    their programs cost about 0.2 s of compiling at start-up)."""
+    """A fresh run's keys and carries: one program per network and ``n_envs``.
+
+    Op by op, the key split, carry draw and rekeying were about ten programs,
+    0.2 s of compiling at start-up on CPU.
+    """
     networks = nnx.merge(graphdef, network_state)
     env_key, training_key, carry_key = jax.random.split(jax.random.key(seed), 3)
     carries = _rekeyed(networks.initialize_state(n_envs), carry_key)
@@ -234,16 +238,16 @@ def _new_training_state(
     weight_decay: float | bool | None,
     *,
     optimizer: optax.GradientTransformation | None,
-    while_reset_compiles: Callable[[TrainingState], None] | None = None,
+    while_start_compiles: Callable[[TrainingState], None] | None = None,
 ) -> TrainingState:
-    """:func:`new_training_state`, running ``while_reset_compiles`` while the start compiles.
+    """:func:`new_training_state`, running ``while_start_compiles`` while the start compiles.
 
-    ``while_reset_compiles`` gets the state with abstract env states, carries,
+    ``while_start_compiles`` gets the state with abstract env states, carries,
     key and optimizer (``jax.ShapeDtypeStruct`` leaves, placed as the real ones
     will be), to compile a program that takes it. A second thread meanwhile
-    compiles and runs the start program (the reset in it takes seconds to compile
-    for a simulator) and makes the optimizer's state: compiling releases the GIL,
-    so the two overlap on a second core.
+    compiles and runs the start program and the reset (seconds to compile for a
+    simulator) and makes the optimizer's state: compiling releases the GIL, so
+    the two overlap on a second core.
     """
     if isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs <= 0:
         raise ValueError(f"new_training_state: n_envs must be a positive int, got {n_envs!r}")
@@ -259,16 +263,18 @@ def _new_training_state(
     static = (graphdef, n_envs)
     dynamic = (network_state, _seed_argument(seed))
 
+    def new_optimizer() -> nnx.Optimizer:
+        return nnx.Optimizer(networks, optimizer, wrt=nnx.Param)
+
     def start(
         program: Callable[..., _Start], reset: Callable[..., EnvState]
     ) -> tuple[_Start, EnvState, nnx.Optimizer]:
         started = program(*dynamic)
         # Optax's state is made op by op: a program per optimizer would compile again
         # for each run of a learning-rate sweep, where the eager ops compile once.
-        optimizer_module = nnx.Optimizer(networks, optimizer, wrt=nnx.Param)
-        return started, reset(started.env_key), optimizer_module
+        return started, reset(started.env_key), new_optimizer()
 
-    if while_reset_compiles is None:
+    if while_start_compiles is None:
         started, env_states, optimizer_module = start(
             functools.partial(_compiled_start, *static),
             lambda key: _compiled_reset(_EnvArgument(env), key, n_envs),
@@ -282,26 +288,17 @@ def _new_training_state(
             if isinstance(leaf, jax.Array) and leaf.committed
         ]
         placement = committed[0] if committed else None
-
-        def abstract(tree: Any) -> Any:
-            return jax.tree.map(
-                lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=placement),
-                tree,
-            )
-
-        begun = abstract(start_program.out_info)
+        begun = _abstract(start_program.out_info, placement)
         reset_program = _compiled_reset.lower(_EnvArgument(env), begun.env_key, n_envs)
-        abstract_env_states = abstract(reset_program.out_info)
+        abstract_env_states = _abstract(reset_program.out_info, placement)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             starting = pool.submit(lambda: start(start_program.compile(), reset_program.compile()))
-            while_reset_compiles(
+            while_start_compiles(
                 TrainingState(
                     networks=networks,
                     network_states=begun.network_states,
                     env_states=abstract_env_states,
-                    optimizer=nnx.eval_shape(
-                        lambda: nnx.Optimizer(networks, optimizer, wrt=nnx.Param)
-                    ),
+                    optimizer=nnx.eval_shape(new_optimizer),
                     rng_key=begun.rng_key,
                     steps_taken=0,
                     running_episodes=_no_running_episodes(abstract_env_states),
@@ -577,7 +574,7 @@ def train_ppo(
             config.ppo.gradient_clipping,
             config.ppo.weight_decay,
             optimizer=None,
-            while_reset_compiles=compile_first_call if single_device else None,
+            while_start_compiles=compile_first_call if single_device else None,
         )
     else:
         state = initial_state
