@@ -8,6 +8,7 @@ from flax import nnx
 from jaxtyping import Array, Float
 
 from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.networks._matmul import dense_dot_general
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = ["Dense"]
@@ -25,7 +26,10 @@ class Dense(StatefulModule):
       rngs: the random streams that initialise the weights.
       activation: applied to the affine output; ``None`` leaves it linear.
       **linear_kwargs: passed on to :class:`flax.nnx.Linear` (``use_bias``,
-        ``kernel_init``, ``bias_init``, ``dtype``, ...).
+        ``kernel_init``, ``bias_init``, ``dtype``, ...). ``dot_general`` defaults
+        to one whose weight gradient XLA:CPU runs as a row-major product (same
+        forward values; the weight gradient's last bits may differ from
+        ``jax.lax.dot_general``'s).
 
     Example::
 
@@ -46,6 +50,7 @@ class Dense(StatefulModule):
             raise TypeError(f"Dense activation must be callable or None, got {activation!r}")
         self.in_features = in_features
         self.out_features = out_features
+        linear_kwargs.setdefault("dot_general", dense_dot_general)
         self.linear = nnx.Linear(in_features, out_features, rngs=rngs, **linear_kwargs)
         self.activation = activation
 
