@@ -35,11 +35,12 @@ def dense_dot_general(
     Reverse-mode autodiff of ``x @ w`` makes the weight gradient as
     ``dot_general(x, dy)`` contracted over the batch axis of both. XLA:CPU
     (jaxlib 0.10) runs that product in its own Eigen kernel; only products whose
-    left operand is contracted on its last axis go to YNNPACK. So the tangent here multiplies by ``x.T`` materialised
-    (behind ``lax.optimization_barrier``, which keeps XLA from folding the
-    transpose back into the product): transposed for reverse mode, that is
-    ``x.T @ dy`` with ``x.T`` row-major. Config A's PPO iteration took 8% less
-    time (``benchmarks/README.md``, "The weight gradients as row-major products").
+    left operand is contracted on its last axis go to YNNPACK. So the tangent
+    here multiplies by ``x.T`` materialised (behind ``lax.optimization_barrier``,
+    which keeps XLA from folding the transpose back into the product):
+    transposed for reverse mode, that is ``x.T @ dy`` with ``x.T`` row-major.
+    Config A's PPO iteration took 8% less time (``benchmarks/README.md``, "The
+    weight gradients as row-major products").
 
     The forward product and the input gradient are ``lax.dot_general``'s, bit
     for bit. The weight gradient is the same sum in another order, so its last
