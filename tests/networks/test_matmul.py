@@ -90,6 +90,18 @@ def test_other_products_are_lax_dot_general_itself(x, w, dimension_numbers):
     assert jaxpr(dense_dot_general) == jaxpr(lax.dot_general)
 
 
+def test_a_program_over_several_devices_gets_lax_dot_general():
+    x, w, _ = _operands(4, 16, 16)
+    mesh = jax.sharding.AbstractMesh((2,), ("runs",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+    def jaxpr(dot):
+        with jax.sharding.use_abstract_mesh(mesh):
+            return str(jax.make_jaxpr(jax.grad(lambda w: dot(x, w, ROW_TIMES_MATRIX).sum()))(w))
+
+    assert "custom_jvp" not in jaxpr(dense_dot_general)
+    assert jaxpr(dense_dot_general) == jaxpr(lax.dot_general)
+
+
 def test_dense_uses_it_unless_given_another():
     assert Dense(4, 16, nnx.Rngs(0)).linear.dot_general is dense_dot_general
     assert Dense(4, 16, nnx.Rngs(0), dot_general=lax.dot_general).linear.dot_general is (

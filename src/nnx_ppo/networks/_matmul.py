@@ -46,7 +46,8 @@ def dense_dot_general(
     for bit. The weight gradient is the same sum in another order, so its last
     bits may differ from XLA's. Layers narrower than :data:`NARROWEST_ROUTED`
     outputs (a value or action head), other ranks, dtypes and dimension numbers,
-    and other backends than CPU get ``lax.dot_general`` unchanged.
+    other backends than CPU, and programs traced under a mesh of several devices
+    get ``lax.dot_general`` unchanged.
     """
     routed = (
         lhs.ndim == 2
@@ -57,6 +58,7 @@ def dense_dot_general(
         and preferred_element_type is None
         and out_sharding is None
         and jax.default_backend() == "cpu"
+        and _one_device_program()
     )
     if not routed:
         return lax.dot_general(
@@ -68,6 +70,17 @@ def dense_dot_general(
             out_sharding=out_sharding,
         )
     return _routed_product(lhs, rhs, precision)
+
+
+def _one_device_program() -> bool:
+    """Whether the program being traced runs on one device (no mesh of several is set).
+
+    Partitioned over a mesh, ``x.T`` moves the sharded batch axis, which the
+    partitioner must then reshard; split over two processes, such a program
+    hung in its collectives.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    return mesh.empty or mesh.size == 1
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
