@@ -39,8 +39,8 @@ def dense_dot_general(
     here multiplies by ``x.T`` materialised (behind ``lax.optimization_barrier``,
     which keeps XLA from folding the transpose back into the product):
     transposed for reverse mode, that is ``x.T @ dy`` with ``x.T`` row-major.
-    Config A's PPO iteration took 8% less time (``benchmarks/README.md``, "The
-    weight gradients as row-major products").
+    Config A's PPO iteration took 8% less time (``benchmarks/README.md``,
+    "Dense's weight gradient as a row-major product").
 
     The forward product and the input gradient are ``lax.dot_general``'s, bit
     for bit. The weight gradient is the same sum in another order, so its last
