@@ -40,8 +40,10 @@ def test_values_and_gradients_are_lax_dot_generals(shape):
         gradients(dense_dot_general),
         gradients(lax.dot_general),
     )
-    # The input gradient is the same product; the weight gradient the same sum in another order.
-    assert (x_grad == x_reference).all()
+    # The input gradient is the same product, in another program, whose fusions XLA may
+    # choose differently on another CPU: float32 rounding, not bits. The weight gradient
+    # is the same sum in another order.
+    np.testing.assert_allclose(x_grad, x_reference, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(w_grad, w_reference, rtol=1e-5, atol=1e-4)
 
 

@@ -42,9 +42,10 @@ def dense_dot_general(
     Config A's PPO iteration took 8% less time (``benchmarks/README.md``,
     "Dense's weight gradient as a row-major product").
 
-    The forward product and the input gradient are ``lax.dot_general``'s, bit
-    for bit. The weight gradient is the same sum in another order, so its last
-    bits may differ from XLA's. Layers narrower than :data:`NARROWEST_ROUTED`
+    The forward product is ``lax.dot_general`` itself, and the input gradient
+    the same product as ``lax.dot_general``'s (the same bits on the machines
+    measured). The weight gradient is the same sum in another order, so its
+    last bits may differ from XLA's. Layers narrower than :data:`NARROWEST_ROUTED`
     outputs (a value or action head), other ranks, dtypes and dimension numbers,
     other backends than CPU, and programs traced under a mesh of several devices
     get ``lax.dot_general`` unchanged.
