@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import resource
+import sys
 import time
 from typing import Any
 
@@ -56,19 +57,21 @@ class Workload:
         return self.n_envs * self.rollout_length
 
 
+_CONFIG_A = Workload(
+    env="CartpoleBalance",
+    n_envs=256,
+    rollout_length=20,
+    n_epochs=4,
+    n_minibatches=4,
+    actor_sizes=(64, 64, 64, 64),
+    critic_sizes=(256, 256),
+    activation="swish",
+    learning_rate=1e-3,
+)
+
 WORKLOADS: dict[str, Workload] = {
     # Config A: a small continuous-control setting on Playground's MJX cart-pole.
-    "A": Workload(
-        env="CartpoleBalance",
-        n_envs=256,
-        rollout_length=20,
-        n_epochs=4,
-        n_minibatches=4,
-        actor_sizes=(64, 64, 64, 64),
-        critic_sizes=(256, 256),
-        activation="swish",
-        learning_rate=1e-3,
-    ),
+    "A": _CONFIG_A,
     # Config B: Playground's tuned CartpoleBalance settings (dm_control_suite_params),
     # scaled from 2048 to 256 envs; the networks are Brax's defaults, which that
     # config uses: policy 4x32, value 5x256, swish.
@@ -101,6 +104,8 @@ WORKLOADS: dict[str, Workload] = {
         episode_length=500,
         total_steps=500_000,
     ),
+    # Config A at 4,096 envs, for a GPU (gpu_compare.sh): 20,480-step minibatches.
+    "large": dataclasses.replace(_CONFIG_A, n_envs=4096, total_steps=40 * 4096 * 20),
     # The built-in memory task; the LSTM run uses one 64-wide LSTM after a 64-wide
     # encoder, the MLP run the sizes below.
     "memory": Workload(
@@ -151,9 +156,20 @@ class IterationClock:
 
 
 def emit(result: dict[str, Any]) -> None:
-    """Print the result line, with this process's peak resident memory."""
+    """Print the result line, with this process's peak resident memory and JAX's device.
+
+    On a GPU the device's own peak memory is added too (``device_peak_mb``), where
+    JAX reports it.
+    """
     result = {
         **result,
         "self_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+    jax = sys.modules.get("jax")  # imported by every timing script by now
+    if jax is not None:
+        device = jax.devices()[0]
+        result["device"] = f"{device.platform} ({device.device_kind})"
+        peak = (device.memory_stats() or {}).get("peak_bytes_in_use")
+        if peak is not None:
+            result["device_peak_mb"] = peak / 2**20
     print(RESULT_PREFIX + json.dumps(result), flush=True)

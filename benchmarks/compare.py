@@ -8,9 +8,11 @@ workload:
     python benchmarks/compare.py                      # every workload, full budgets
     python benchmarks/compare.py --quick              # every workload at 20k steps (smoke)
     python benchmarks/compare.py --workloads A,checks --repeats 3
+    python benchmarks/compare.py --platform cuda --workloads large   # on a GPU
 
 Workloads: ``A`` and ``B`` (Playground CartpoleBalance, MJX's JAX backend:
-this repo, nnx-ppo 0.3.0, Brax), ``small`` (CleanRL's CartPole config: this
+this repo, nnx-ppo 0.3.0, Brax), ``large`` (config A at 4,096 envs, for a
+GPU: ``gpu_compare.sh``), ``small`` (CleanRL's CartPole config: this
 repo's built-in cart-pole, the whole run in one call and one step per call,
 against rejax on gymnax), ``seeds`` (the small config, 8 seeds in one program,
 split over one CPU device per core and on one device, against one seed: steps/s
@@ -39,11 +41,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import RESULT_PREFIX, T0_ENV_VAR, WORKLOADS
-from peers import CACHE, PEERS, InstallRecord, Peer, ensure
+from peers import CACHE, PEERS, PLATFORMS, InstallRecord, Peer, ensure, peers_for
 
 HERE = Path(__file__).resolve().parent
-ALL_WORKLOADS = ("A", "B", "small", "seeds", "lstm", "checks", "checks-paired", "ceiling")
+ALL_WORKLOADS = ("A", "B", "large", "small", "seeds", "lstm", "checks", "checks-paired", "ceiling")
 SINGLE_RUN_WORKLOADS = ("checks-paired", "ceiling")
+DEFAULT_WORKLOADS = {
+    "cpu": tuple(w for w in ALL_WORKLOADS if w != "large"),
+    "cuda": ("large",),
+}
+"""What runs without ``--workloads``: on CPU, all but the GPU-sized config."""
 """Workloads whose one script run measures everything, so it runs once."""
 QUICK_STEPS = 20_000
 RUN_TIMEOUT_S = 3600
@@ -85,7 +92,7 @@ def _run_devices(runs: int) -> int:
 
 def variants_for(workload: str) -> list[Variant]:
     """The rows of ``workload``'s table; the first is the one ratios are taken to."""
-    if workload in ("A", "B"):
+    if workload in ("A", "B", "large"):
         args = ("--workload", workload)
         return [
             Variant("nnx-ppo (this repo)", "ours", args),
@@ -132,14 +139,20 @@ def variants_for(workload: str) -> list[Variant]:
     raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(ALL_WORKLOADS)}")
 
 
-def run_once(variant: Variant, peer: Peer, total_steps: int | None) -> Run:
-    """Run ``variant`` in a fresh process of its peer's venv and collect its result line."""
+def run_once(variant: Variant, peer: Peer, total_steps: int | None, platform: str = "cpu") -> Run:
+    """Run ``variant`` in a fresh process of its peer's venv and collect its result line.
+
+    On ``cuda`` the process may use nothing but the GPU (``JAX_PLATFORMS=cuda``):
+    a venv or machine without one fails the run instead of timing the CPU.
+    """
     script = HERE / (variant.script or peer.script)
     command = [str(peer.python), str(script), *variant.args]
     if total_steps is not None and variant.script is None:
         command += ["--total-steps", str(total_steps)]
     env = {**os.environ, **dict(variant.env)}
     env.pop("PYTHONPATH", None)
+    if platform != "cpu":
+        env["JAX_PLATFORMS"] = platform
     env[T0_ENV_VAR] = repr(time.time())
     start = time.perf_counter()
     process = subprocess.Popen(
@@ -167,6 +180,18 @@ def run_once(variant: Variant, peer: Peer, total_steps: int | None) -> Run:
     elif "unavailable" in result:
         error = result["unavailable"]
     return Run(variant, result, wall, rss, error)
+
+
+_SETTINGS_OF = {"seeds": "small", "lstm": "memory", "checks": "A", "checks-paired": "A"}
+"""The ``WORKLOADS`` entry whose settings a workload's runs use, where its name is not one."""
+
+
+def _devices(runs: list[Run]) -> str:
+    """``, on <device>`` from the runs' results (each names the device JAX ran on), or ``""``."""
+    devices = sorted(
+        {str(run.result["device"]) for run in runs if run.result and "device" in run.result}
+    )
+    return f", on {' / '.join(devices)}" if devices else ""
 
 
 def _children_max_rss_mb() -> float:
@@ -224,6 +249,10 @@ def summarise(label: str, runs: list[Run]) -> Row:
     if "compile_s" in r0:
         compile_s = statistics.median((run.result or {})["compile_s"] for run in good)
         row.note = f"whole loop in one jit: compile {compile_s:.1f} s; rates are its run"
+    device_peaks = [run.result["device_peak_mb"] for run in good if "device_peak_mb" in run.result]
+    if device_peaks:
+        peak = f"device peak memory {statistics.median(device_peaks):,.0f} MB"
+        row.note = f"{row.note}; {peak}" if row.note else peak
     return row
 
 
@@ -380,13 +409,15 @@ def versions_line(name: str, record: InstallRecord | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps, 1 repeat")
-    parser.add_argument("--workloads", default=",".join(ALL_WORKLOADS))
+    parser.add_argument("--platform", choices=PLATFORMS, default="cpu", help="where JAX runs")
+    parser.add_argument("--workloads", help="comma-separated (default: every one for the platform)")
     parser.add_argument("--repeats", type=int, help="runs per variant (default 3; 1 with --quick)")
     parser.add_argument("--total-steps", type=int, help="override every workload's budget")
     parser.add_argument("--peers", default=",".join(PEERS), help="peers to run (ours always)")
     parser.add_argument("--reinstall", action="store_true", help="rebuild the peer venvs")
     args = parser.parse_args()
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    chosen = args.workloads or ",".join(DEFAULT_WORKLOADS[args.platform])
+    workloads = [w.strip() for w in chosen.split(",") if w.strip()]
     for workload in workloads:
         try:
             variants_for(workload)  # fail fast on a typo
@@ -397,7 +428,8 @@ def main() -> None:
 
     selected = {"ours", *(p.strip() for p in args.peers.split(","))}
     needed = {v.peer for w in workloads for v in variants_for(w) if v.peer in selected}
-    records = {name: ensure(PEERS[name], args.reinstall) for name in PEERS if name in needed}
+    peers = peers_for(args.platform)
+    records = {name: ensure(peers[name], args.reinstall) for name in peers if name in needed}
     print("\nPinned versions:")
     for name, record in records.items():
         print("  " + versions_line(name, record))
@@ -420,15 +452,13 @@ def main() -> None:
                     runs[variant].append(Run(variant, None, 0, 0, f"install failed: {reason[0]}"))
                     continue
                 print(f"[run] {workload} {variant.label} ({repeat + 1}/{repeats})", flush=True)
-                run = run_once(variant, PEERS[variant.peer], total_steps)
+                run = run_once(variant, peers[variant.peer], total_steps, args.platform)
                 if run.error:
                     print(f"[run]   failed: {run.error[:300]}", flush=True)
                 runs[variant].append(run)
         all_runs[workload] = [run for rs in runs.values() for run in rs]
-        small = workload in ("small", "seeds")
-        budget = total_steps or (WORKLOADS["small"].total_steps if small else None)
-        budget = budget or (WORKLOADS["memory"].total_steps)
-        title = f"\n== {workload}: {budget:,} env steps per run" + (
+        budget = total_steps or WORKLOADS[_SETTINGS_OF.get(workload, workload)].total_steps
+        title = f"\n== {workload}: {budget:,} env steps per run{_devices(all_runs[workload])}" + (
             " (QUICK SMOKE BUDGET: not results)" if args.quick else ""
         )
         if workload == "checks-paired":

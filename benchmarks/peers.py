@@ -9,6 +9,10 @@ rebuilt when its requirement list changes. A failed install is remembered too
 
     python benchmarks/peers.py            # install or check every peer
     python benchmarks/peers.py brax       # one peer
+    python benchmarks/peers.py --platform cuda ours brax   # with CUDA JAX, for a GPU
+
+With ``--platform cuda`` each library gets a venv of its own beside the CPU one
+(``<name>-cuda``), its JAX installed with the ``cuda12`` extra.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -179,13 +184,39 @@ def ensure(peer: Peer, reinstall: bool = False, quiet: bool = False) -> InstallR
     return record
 
 
+PLATFORMS = ("cpu", "cuda")
+
+
+def _with_cuda_jax(requirement: str) -> str:
+    """``jax<0.10`` as ``jax[cuda12]<0.10``; any other requirement unchanged."""
+    match = re.fullmatch(r"jax([<>=!~].*)?", requirement)
+    return requirement if match is None else f"jax[cuda12]{match.group(1) or ''}"
+
+
+def peers_for(platform: str) -> dict[str, Peer]:
+    """The peers as installed for ``platform``: :data:`PEERS` on CPU; CUDA venvs of their own."""
+    if platform not in PLATFORMS:
+        raise ValueError(f"unknown platform {platform!r}; choose from {', '.join(PLATFORMS)}")
+    if platform == "cpu":
+        return PEERS
+    cuda = {}
+    for name, peer in PEERS.items():
+        requirements = tuple(_with_cuda_jax(r) for r in peer.requirements)
+        if requirements == peer.requirements:  # no JAX pin of its own: the latest with CUDA
+            requirements += ("jax[cuda12]",)
+        cuda[name] = dataclasses.replace(peer, name=f"{name}-cuda", requirements=requirements)
+    return cuda
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="install or check the benchmark's peer venvs")
     parser.add_argument("names", nargs="*", help=f"peers to install, of {', '.join(PEERS)}")
+    parser.add_argument("--platform", choices=PLATFORMS, default="cpu")
     parser.add_argument("--reinstall", action="store_true")
     args = parser.parse_args()
-    for name in args.names or list(PEERS):
-        record = ensure(PEERS[name], args.reinstall)
+    peers = peers_for(args.platform)
+    for name in args.names or list(peers):
+        record = ensure(peers[name], args.reinstall)
         status = "ok" if record.ok else f"FAILED:\n{record.reason}"
         print(f"{name}: {status}")
 
