@@ -25,7 +25,7 @@ from bench_common import WORKLOADS, IterationClock, emit
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="time one Brax PPO training run")
-    parser.add_argument("--workload", choices=["A", "B"], required=True)
+    parser.add_argument("--workload", choices=["A", "B", "large"], required=True)
     parser.add_argument("--total-steps", type=int)
     args = parser.parse_args()
     clock = IterationClock()

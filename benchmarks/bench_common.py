@@ -168,7 +168,8 @@ def emit(result: dict[str, Any]) -> None:
     jax = sys.modules.get("jax")  # imported by every timing script by now
     if jax is not None:
         device = jax.devices()[0]
-        result["device"] = f"{device.platform} ({device.device_kind})"
+        platform, kind = device.platform, device.device_kind  # kind: "cpu", or the GPU's model
+        result["device"] = platform if kind == platform else f"{platform} ({kind})"
         peak = (device.memory_stats() or {}).get("peak_bytes_in_use")
         if peak is not None:
             result["device_peak_mb"] = peak / 2**20
