@@ -46,12 +46,12 @@ from peers import CACHE, PEERS, PLATFORMS, InstallRecord, Peer, ensure, peers_fo
 HERE = Path(__file__).resolve().parent
 ALL_WORKLOADS = ("A", "B", "large", "small", "seeds", "lstm", "checks", "checks-paired", "ceiling")
 SINGLE_RUN_WORKLOADS = ("checks-paired", "ceiling")
+"""Workloads whose one script run measures everything, so it runs once."""
 DEFAULT_WORKLOADS = {
     "cpu": tuple(w for w in ALL_WORKLOADS if w != "large"),
     "cuda": ("large",),
 }
 """What runs without ``--workloads``: on CPU, all but the GPU-sized config."""
-"""Workloads whose one script run measures everything, so it runs once."""
 QUICK_STEPS = 20_000
 RUN_TIMEOUT_S = 3600
 VERSION_PACKAGES = {
@@ -182,7 +182,13 @@ def run_once(variant: Variant, peer: Peer, total_steps: int | None, platform: st
     return Run(variant, result, wall, rss, error)
 
 
-_SETTINGS_OF = {"seeds": "small", "lstm": "memory", "checks": "A", "checks-paired": "A"}
+_SETTINGS_OF = {
+    "seeds": "small",
+    "lstm": "memory",
+    "checks": "A",
+    "checks-paired": "A",
+    "ceiling": "A",
+}
 """The ``WORKLOADS`` entry whose settings a workload's runs use, where its name is not one."""
 
 
