@@ -1,4 +1,7 @@
-"""The loss replays a rollout in one flat batch when the carry cannot follow the parameters."""
+"""A rollout is replayed in one flat batch when the carry cannot follow the parameters.
+
+The loss replays it so; so does the rollout for its values.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nnx_ppo.algorithms import _loss
+from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.ppo import compute_advantages, ppo_loss
 from nnx_ppo.algorithms.rollout import reset_envs, unroll_env
@@ -28,7 +31,7 @@ def rollout_of(env, network):
 
 def loss_and_gradient(network, carry, transitions, monkeypatch, scan: bool):
     if scan:
-        monkeypatch.setattr(_loss, "_carry_follows_parameters", lambda *_: True)
+        monkeypatch.setattr(rollout, "_carry_follows_parameters", lambda *_: True)
     advantages, targets = compute_advantages(transitions, 0.95, 0.99)
     config = PPOConfig(n_envs=N_ENVS, n_minibatches=1)
     (loss, diagnostics), grads = nnx.value_and_grad(
@@ -45,7 +48,7 @@ def test_flat_replay_equals_the_scan_for_a_feedforward_policy(env_name, monkeypa
     carry, transitions = rollout_of(env, network)
     assert transitions.carries is not None  # per-env sampler keys only
     first = jax.tree.map(lambda x: x[0], transitions.obs)
-    assert not _loss._carry_follows_parameters(network, carry, first)
+    assert not rollout._carry_follows_parameters(network, carry, first)
     flat = loss_and_gradient(network, carry, transitions, monkeypatch, scan=False)
     scanned = loss_and_gradient(network, carry, transitions, monkeypatch, scan=True)
     np.testing.assert_allclose(flat[0], scanned[0], rtol=1e-5, atol=1e-6)
@@ -89,4 +92,40 @@ def test_the_data_flow_check_sees_a_parameter_reaching_the_carry(depends):
     x = jnp.ones((3, 2))
     if not depends:
         network.w = nnx.Variable(network.w[...])  # no longer a parameter
-    assert _loss._carry_follows_parameters(network, network.initialize_state(3), x) is depends
+    assert rollout._carry_follows_parameters(network, network.initialize_state(3), x) is depends
+
+
+def per_step_values(network, carry, transitions):
+    """The value of each step's observation, the network called step by step from the carries."""
+
+    def at(tree, t):
+        return jax.tree.map(lambda x: x[t], tree)
+
+    values = []
+    for t in range(STEPS):
+        if transitions.carries is None:  # a recurrent carry: stepped, reset where episodes ended
+            out = network(carry, at(transitions.obs, t))
+            ended = rollout.episode_ended(at(transitions.done, t))
+            carry = rollout.tree_where(ended, network.reset_state(out.next_state), out.next_state)
+        else:
+            out = network(at(transitions.carries, t), at(transitions.obs, t))
+        values.append(out.output.value_estimates)
+    return jnp.stack(values)
+
+
+@pytest.mark.parametrize("env_name", ["pendulum", "cartpole", "memory"])
+def test_the_rollout_values_are_each_steps_value(env_name):
+    """Flat-replayed (feedforward) or computed in the scan (LSTM), they are the step's own."""
+    env = make(env_name)
+    network = make_default_network(env, nnx.Rngs(0), hidden_sizes=(8,))
+    carry, transitions = rollout_of(env, network)
+    assert (transitions.carries is None) == (env_name == "memory")
+    expected = per_step_values(network, carry, transitions)
+    np.testing.assert_allclose(
+        transitions.network_output.value_estimates, expected, rtol=1e-5, atol=1e-6
+    )
+    ended = np.asarray(rollout.episode_ended(transitions.done))
+    following = np.asarray(transitions.next_value_estimates)[:-1][~ended[:-1]]
+    np.testing.assert_allclose(
+        following, np.asarray(expected)[1:][~ended[:-1]], rtol=1e-5, atol=1e-6
+    )

@@ -6,9 +6,7 @@ import functools
 from typing import Any
 
 import jax
-import jax.extend.core as jex_core
 import jax.numpy as jnp
-from flax import nnx
 from jaxtyping import Array, Float, PyTree
 
 from nnx_ppo.algorithms import rollout
@@ -30,25 +28,6 @@ from nnx_ppo.networks.types import (
 _EPSILON = 1e-8
 
 
-def _carry_follows_parameters(networks: StatefulModule, carry: Carry, obs: Any) -> bool:
-    """Whether the network's next carry depends on a parameter, read from the call's data flow.
-
-    Conservative: an operation with a parameter-dependent input taints all of its
-    outputs, so a carry is only called parameter-free when no path leads to it.
-    """
-    graphdef, parameters, rest = nnx.split(networks, nnx.Param, ...)
-
-    def next_carry(parameters: nnx.State) -> Any:
-        return nnx.merge(graphdef, parameters, rest)(carry, obs).next_state
-
-    jaxpr = jax.make_jaxpr(next_carry)(parameters).jaxpr
-    tainted = set(jaxpr.invars)
-    for equation in jaxpr.eqns:
-        if any(isinstance(v, jex_core.Var) and v in tainted for v in equation.invars):
-            tainted.update(equation.outvars)
-    return any(isinstance(v, jex_core.Var) and v in tainted for v in jaxpr.outvars)
-
-
 def _replay(
     networks: StatefulModule, network_state: ModuleState, rollout_data: Transition
 ) -> tuple[PPONetworkOutput, Float[Array, " T"]]:
@@ -63,8 +42,8 @@ def _replay(
     """
     if rollout_data.carries is not None:
         first_obs = jax.tree.map(lambda x: x[0], rollout_data.obs)
-        if not _carry_follows_parameters(networks, network_state, first_obs):
-            return _replay_flat(networks, rollout_data)
+        if not rollout._carry_follows_parameters(networks, network_state, first_obs):
+            return rollout._replay_flat(networks, rollout_data, "ppo_loss")
 
     def step(
         networks: StatefulModule, carry: ModuleState, inputs: tuple[Any, Any, Any, Any]
@@ -79,35 +58,6 @@ def _replay(
     inputs = (rollout_data.obs, ended, rollout_data.rollout_extras, rollout_data.rewards)
     _, (output, regularization) = rollout.scan_module(networks, step, network_state, inputs)
     return output, regularization
-
-
-def _replay_flat(
-    networks: StatefulModule, rollout_data: Transition
-) -> tuple[PPONetworkOutput, Float[Array, " T"]]:
-    """Every step of the rollout in one call over ``B * T`` rows, from the stored carries.
-
-    Rows are independent (a forward pass is per-sample pure), so this is the
-    scan's result, computed with a few large matrix products instead of ``T``
-    small ones. The rows go env by env (``B`` major): an env axis split over
-    devices then stays split, each device replaying its own envs.
-    """
-    time_steps, n_envs = jax.tree.leaves(rollout_data.rewards)[0].shape
-
-    def flat(x: Array) -> Array:
-        return jnp.swapaxes(x, 0, 1).reshape((-1, *x.shape[2:]))
-
-    def unflat(x: Array) -> Array:
-        return jnp.swapaxes(x.reshape((n_envs, time_steps, *x.shape[1:])), 0, 1)
-
-    out = networks(
-        jax.tree.map(flat, rollout_data.carries),
-        jax.tree.map(flat, rollout_data.obs),
-        jax.tree.map(flat, rollout_data.rollout_extras),
-    )
-    checked_ppo_output(out.output, "ppo_loss", jax.tree.map(flat, rollout_data.rewards))
-    output = jax.tree.map(unflat, out.output)
-    regularization = jnp.broadcast_to(out.regularization_loss, (n_envs * time_steps,))
-    return output, jnp.mean(regularization.reshape(n_envs, time_steps), axis=0)
 
 
 def _policy_advantages(advantages: Any, loglikelihoods: Any, combine: bool) -> Any:
