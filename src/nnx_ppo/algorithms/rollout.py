@@ -531,11 +531,11 @@ def unroll_env(
       stacked, leaves ``(T, B, ...)``, with ``next_obs`` the pre-reset
       observations and ``next_value_estimates`` their values (0 where an
       episode terminated: GAE does not bootstrap there); ``carries`` holds each
-      step's carry when it has no floating-point leaf. When it does, and the
-      parameters cannot change it (per-env keys, counters), the steps'
-      ``value_estimates`` are computed after the scan, in one call over all
-      ``B * T`` steps, rather than step by step (the same values, each from its
-      step's carry and observation).
+      step's carry when it has no floating-point leaf. When ``carries`` is
+      kept and the parameters cannot change the carry (per-env keys,
+      counters), the steps' ``value_estimates`` are computed after the scan,
+      in one call over all ``B * T`` steps, rather than step by step (the same
+      values, each from its step's carry and observation).
     """
     n_envs = n_envs_of(env_state, "unroll_env")
     fresh_states = reset_envs(env, jax.random.split(rng_key_for_env_reset, n_envs))
