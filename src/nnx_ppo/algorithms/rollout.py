@@ -466,7 +466,8 @@ def _rollout_values(
     The env never waits for a value, yet computed in the scan the critic's
     products run at ``n_envs`` rows beside the env's step, and on a CPU they
     contend with it for the cores: config A's rollout took 14.8 ms with its 2 x
-    256 critic against 8.4 ms with a critic of 8 units. When the rollout kept
+    256 critic against 8.4 ms with a critic of 8 units (``benchmarks/README.md``,
+    "The rollout's values from one flat replay"). When the rollout kept
     every step's carry and the parameters cannot change it, the values come from
     :func:`_replay_flat` instead, as the loss replays the rollout (its products at
     ``B * T`` rows), and XLA drops the scan's own value products, which nothing
