@@ -114,12 +114,23 @@ def per_step_values(network, carry, transitions):
 
 
 @pytest.mark.parametrize("env_name", ["pendulum", "cartpole", "memory"])
-def test_the_rollout_values_are_each_steps_value(env_name):
+def test_the_rollout_values_are_each_steps_value(env_name, monkeypatch):
     """Flat-replayed (feedforward) or computed in the scan (LSTM), they are the step's own."""
     env = make(env_name)
     network = make_default_network(env, nnx.Rngs(0), hidden_sizes=(8,))
+    callers = []
+    replay = rollout._replay_flat
+
+    def spy(networks, rollout_data, where):
+        callers.append(where)
+        return replay(networks, rollout_data, where)
+
+    monkeypatch.setattr(rollout, "_replay_flat", spy)
     carry, transitions = rollout_of(env, network)
-    assert (transitions.carries is None) == (env_name == "memory")
+    monkeypatch.undo()
+    recurrent = env_name == "memory"
+    assert (transitions.carries is None) == recurrent
+    assert callers == ([] if recurrent else ["unroll_env"])  # flat only where the carry allows
     expected = per_step_values(network, carry, transitions)
     np.testing.assert_allclose(
         transitions.network_output.value_estimates, expected, rtol=1e-5, atol=1e-6
