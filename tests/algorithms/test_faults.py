@@ -12,7 +12,7 @@ import optax
 import pytest
 from flax import nnx
 
-from nnx_ppo.algorithms import _train
+from nnx_ppo.algorithms import _step, _train
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import new_training_state, ppo_step, ppo_steps, train_ppo
 from nnx_ppo.algorithms.rollout import eval_rollout
@@ -271,3 +271,40 @@ def test_unused_checkpoint_and_video_cadences_do_not_stop_fusion(
     config.video.enabled, config.video.every_steps = True, STEP
     train_ppo(counting_env, scripted_network(), config)  # no checkpoint_fn, no video_fn
     assert calls == [4, 4]
+
+
+def _stacked_reports(loss_finite, parameters_finite) -> _step.StepReport:
+    """Three steps' host reports: two metrics, each step's loss and parameter health."""
+    return _step.StepReport(
+        metrics={
+            "losses/total": np.array([0.5, 0.25, 0.125], np.float32),
+            "losses/epochs_completed": np.array([2, 2, 1], np.int32),
+        },
+        episodes={},
+        health={
+            "loss_finite": np.array(loss_finite).reshape(3, 2, 2),
+            "parameters_finite": {"['w']": np.array(parameters_finite)},
+        },
+    )
+
+
+def test_host_metrics_give_each_step_its_own_values():
+    healthy = _stacked_reports([True] * 12, [True] * 3)
+    per_step = _step._host_metrics(healthy, 100, ppo_config(), 3)
+    assert per_step == [
+        {"losses/epochs_completed": 2.0, "losses/total": 0.5, "total_steps": 100.0 + STEP},
+        {"losses/epochs_completed": 2.0, "losses/total": 0.25, "total_steps": 100.0 + 2 * STEP},
+        {"losses/epochs_completed": 1.0, "losses/total": 0.125, "total_steps": 100.0 + 3 * STEP},
+    ]
+    assert all(type(value) is float for metrics in per_step for value in metrics.values())
+
+
+def test_host_metrics_name_the_first_step_that_diverged_in_any_way():
+    # Step 2's parameters and step 3's loss are not finite: step 2 is named.
+    loss_finite = [True] * 8 + [True, False, True, True]
+    reports = _stacked_reports(loss_finite, [True, False, False])
+    with pytest.raises(FloatingPointError, match=rf"env step {2 * STEP}: parameters .*'w'"):
+        _step._host_metrics(reports, 0, ppo_config(), 3)
+    reports = _stacked_reports(loss_finite, [True, True, True])
+    with pytest.raises(FloatingPointError, match=rf"env step {3 * STEP}: the loss .*minibatch 1"):
+        _step._host_metrics(reports, 0, ppo_config(), 3)

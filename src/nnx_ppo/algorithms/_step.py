@@ -33,7 +33,6 @@ from nnx_ppo.algorithms.metrics import (
     compute_metrics,
     episode_metrics,
     log_weight_stats,
-    to_host,
     track_episodes,
 )
 from nnx_ppo.algorithms.types import (
@@ -543,17 +542,37 @@ def _advanced(training_state: TrainingState, carry: StepCarry, steps_taken: int)
 def _host_metrics(
     reports: StepReport, steps_taken: int, config: PPOConfig, iterations: int
 ) -> list[dict[str, float]]:
-    """Each step's flat metrics, from reports fetched to the host; raises if one diverged."""
+    """Each step's flat metrics, from reports fetched to the host; raises if one diverged.
+
+    Each metric's column of ``iterations`` values is converted at once: a
+    conversion per step and metric took about 25 us a step, 0.2 s after a
+    whole-run call of 8 runs of the small config (977 steps each).
+    """
     steps = [steps_taken + (i + 1) * config.steps_per_iteration for i in range(iterations)]
-    for i, step in enumerate(steps):
-        _raise_if_diverged(_index(reports.health, i), step)
-    per_step = []
-    for i, step in enumerate(steps):
-        host_metrics = to_host(_index(reports.metrics, i)) | {"total_steps": float(step)}
-        if LoggingLevel.ROLLOUT_STATS in config.logging_level:
+    diverged = _first_diverged(reports.health, iterations)
+    if diverged is not None:
+        _raise_if_diverged(_index(reports.health, diverged), steps[diverged])
+    columns = {
+        name: np.asarray(values, np.float64).tolist()
+        for name, values in jax.device_get(dict(reports.metrics)).items()
+    }
+    per_step = [
+        {name: column[i] for name, column in columns.items()} | {"total_steps": float(step)}
+        for i, step in enumerate(steps)
+    ]
+    if LoggingLevel.ROLLOUT_STATS in config.logging_level:
+        for i, host_metrics in enumerate(per_step):
             host_metrics |= episode_metrics(_index(reports.episodes, i))
-        per_step.append(host_metrics)
     return per_step
+
+
+def _first_diverged(health: dict[str, Any], iterations: int) -> int | None:
+    """The first of ``iterations`` stacked steps whose loss or parameters are not finite."""
+    finite = np.asarray(health["loss_finite"]).reshape(iterations, -1).all(axis=1)
+    for flags in health["parameters_finite"].values():
+        finite &= np.asarray(flags).reshape(iterations)
+    bad = np.flatnonzero(~finite)
+    return int(bad[0]) if bad.size else None
 
 
 class _Split(NamedTuple):
