@@ -105,9 +105,8 @@ def test_networks_that_differ_between_runs_are_refused() -> None:
         train_ppo_runs(ENV, lambda seed: network(seed, width=16 + seed), config(), seeds=[0, 1])
 
 
-def test_the_truncation_pass_stays_a_branch_in_the_many_runs_program() -> None:
-    """Under vmap, a cond whose predicate differs between runs computes both branches;
-    the runs decide together, so the next-value pass still runs only at truncations."""
+def _many_runs_program() -> str:
+    """The jaxpr of two runs' PPO step in one program."""
     from nnx_ppo.algorithms import _step
     from nnx_ppo.algorithms._runs import _stack
     from nnx_ppo.algorithms.ppo import new_training_state
@@ -125,4 +124,16 @@ def test_the_truncation_pass_stays_a_branch_in_the_many_runs_program() -> None:
             _step._EnvArgument(ENV), _step._ConfigArgument(ppo), graphdef, s, c, 1
         )
     )(stacked, carries)
-    assert " cond[" in str(program)
+    return str(program)
+
+
+def test_the_truncation_pass_stays_a_branch_in_the_many_runs_program() -> None:
+    """Under vmap, a cond whose predicate differs between runs computes both branches;
+    the runs decide together, so the next-value pass still runs only at truncations."""
+    assert " cond[" in _many_runs_program()
+
+
+def test_the_many_runs_program_hashes_keys_without_jax_loop() -> None:
+    """On CPU, several runs' keys hash as straight-line code (``nnx_ppo._threefry``);
+    ``test_runs_in_one_program_equal_the_runs_one_by_one`` shows the numbers are the same."""
+    assert "key<fry_sl>" in _many_runs_program()

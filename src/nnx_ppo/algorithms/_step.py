@@ -22,6 +22,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from nnx_ppo._compile import TrainingProgram, training_jit
+from nnx_ppo._threefry import standard_keys, straight_line_keys
 from nnx_ppo.algorithms import rollout, sharding
 from nnx_ppo.algorithms._advantages import compute_advantages
 from nnx_ppo.algorithms._learn import _learn
@@ -331,8 +332,14 @@ def _compiled_run_steps(
         return _scan_steps(env, config, graphdef, state, carry, iterations)
 
     def runs(states: nnx.State, carries: StepCarry) -> tuple[nnx.State, StepCarry, StepReport]:
+        # On CPU, several runs' draws outgrow the loop JAX hashes its keys with
+        # (nnx_ppo._threefry): they hash the same numbers without it.
+        straight = jax.default_backend() == "cpu" and carries.key.shape[0] > 1
+        if straight:
+            states, carries = straight_line_keys((states, carries))
         with rollout._across_runs(_RUN_AXIS):
-            return jax.vmap(one_run, axis_name=_RUN_AXIS)(states, carries)
+            trained = jax.vmap(one_run, axis_name=_RUN_AXIS)(states, carries)
+        return standard_keys(trained) if straight else trained
 
     if mesh is None:
         return runs(states, carries)

@@ -15,6 +15,7 @@ from jax.core import Tracer
 from jaxtyping import Array, Float, Key
 
 from nnx_ppo._compile import fast_compile_options
+from nnx_ppo._threefry import partitionable_bits
 
 Initializer = Callable[..., Array]
 """``(key, shape, dtype) -> array``: flax's initialiser signature."""
@@ -50,7 +51,7 @@ def variance_scaling_uniform(scale: float) -> Initializer:
         if isinstance(key, Tracer):
             return initializer(key, shape, dtype)
         # Only counter-based bits (JAX's default) are the same for every draw size.
-        if len(shape) != 2 or dtype != jnp.float32 or not _partitionable_bits():
+        if len(shape) != 2 or dtype != jnp.float32 or not partitionable_bits():
             return per_shape(key, shape, dtype)
         entries = math.prod(shape)
         size = max(SMALLEST_DRAW, 1 << max(entries - 1, 0).bit_length())
@@ -71,10 +72,6 @@ def zeros(key: Key[Array, ""], shape: Sequence[int], dtype: Any = jnp.float32) -
     """
     del key
     return jax.device_put(np.zeros(tuple(shape), jnp.dtype(dtype)))
-
-
-def _partitionable_bits() -> bool:
-    return bool(jax.config.values["jax_threefry_partitionable"])
 
 
 def _flat_uniform(key: Key[Array, ""], variance: Float[Array, ""], size: int) -> Array:
