@@ -13,9 +13,10 @@ rounds written out so that XLA fuses them like any element-wise work.
 Keys enter and leave that program as JAX's own (:func:`straight_line_keys`,
 :func:`standard_keys`), so nothing outside sees the difference and every seeded
 result is unchanged. ``tests/test_threefry.py`` checks the equality draw by draw.
-One run's programs keep JAX's loop: in the small CartPole configuration's
-whole-run program, the straight-line hash ran the call 19% slower
-(``benchmarks/README.md``).
+One run's programs keep JAX's loop: through the library's path, the
+straight-line hash ran the small CartPole configuration's whole-run call about
+20% slower, although the same program timed alone ran faster
+(``benchmarks/README.md``, "Several runs' keys hashed without JAX's loop").
 """
 
 from __future__ import annotations
