@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 from bench_common import WORKLOADS, emit
-from bench_nnx_ppo import _config, _make_env, _make_network
+from bench_nnx_ppo import prepared_state
 
 
 def _bits(tree: Any) -> list[np.ndarray]:
@@ -37,21 +37,14 @@ def _bits(tree: Any) -> list[np.ndarray]:
 def main() -> None:
     parser = argparse.ArgumentParser(description="JAX's keys against straight-line keys, one run")
     parser.add_argument("--workload", choices=list(WORKLOADS), default="small")
-    parser.add_argument("--calls", type=int, default=4, help="calls of each program")
+    parser.add_argument("--calls", type=int, default=6, help="calls of each program")
     args = parser.parse_args()
     workload = WORKLOADS[args.workload]
 
     from nnx_ppo._threefry import standard_keys, straight_line_keys
     from nnx_ppo.algorithms import _step
-    from nnx_ppo.algorithms.ppo import new_training_state
 
-    env = _make_env(workload)
-    config = _config(workload, 1).ppo
-    state = _step._prepared(
-        "bench_keys",
-        new_training_state(env, _make_network(workload, env, "mlp", 0), config.n_envs, 0),
-        config,
-    )
+    env, config, state = prepared_state(workload, "bench_keys")
     split = _step._split((state.networks, state.optimizer))
     env_argument, config_argument, graphdef, module_state, carry = _step._program_arguments(
         env, config, split, state

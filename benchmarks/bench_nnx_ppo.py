@@ -113,7 +113,15 @@ def prepared_state(workload: Workload, owner: str, seed: int = 0) -> tuple[Any, 
     env = _make_env(workload)
     config = _config(workload, 1).ppo
     network = _make_network(workload, env, "mlp", seed)
-    state = new_training_state(env, network, config.n_envs, seed)
+    state = new_training_state(
+        env,
+        network,
+        config.n_envs,
+        seed,
+        config.optimizer_learning_rate(),  # the optimizer train_ppo builds from config
+        config.gradient_clipping,
+        config.weight_decay,
+    )
     return env, config, _step._prepared(owner, state, config)
 
 
