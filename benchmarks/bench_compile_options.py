@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 from bench_common import WORKLOADS
-from bench_nnx_ppo import prepared_state
+from bench_nnx_ppo import step_arguments
 
 PARTS = ("reset", "rollout", "learning")
 
@@ -39,9 +39,7 @@ def main() -> None:
     from nnx_ppo._compile import training_compile_options
     from nnx_ppo.algorithms import _step
 
-    env, config, state = prepared_state(workload, "bench_compile_options")
-    split = _step._split((state.networks, state.optimizer))
-    arguments = _step._program_arguments(env, config, split, state)
+    env, config, state, arguments = step_arguments(workload, "bench_compile_options")
     dynamic = arguments[3:]  # the compiled executables take the non-static arguments
     reset_static = (_step._EnvArgument(env), state.rng_key, config.n_envs)
     fresh = _step._fresh_env_states(env, state, config.n_envs)

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 from bench_common import WORKLOADS, emit
-from bench_nnx_ppo import prepared_state
+from bench_nnx_ppo import step_arguments
 
 
 def _bits(tree: Any) -> list[np.ndarray]:
@@ -44,11 +44,8 @@ def main() -> None:
     from nnx_ppo._threefry import standard_keys, straight_line_keys
     from nnx_ppo.algorithms import _step
 
-    env, config, state = prepared_state(workload, "bench_keys")
-    split = _step._split((state.networks, state.optimizer))
-    env_argument, config_argument, graphdef, module_state, carry = _step._program_arguments(
-        env, config, split, state
-    )
+    _, config, _, arguments = step_arguments(workload, "bench_keys")
+    env_argument, config_argument, graphdef, module_state, carry = arguments
     iterations = config.total_steps // config.steps_per_iteration
 
     def straight_keys(module_state: Any, carry: Any) -> Any:

@@ -125,6 +125,16 @@ def prepared_state(workload: Workload, owner: str, seed: int = 0) -> tuple[Any, 
     return env, config, _step._prepared(owner, state, config)
 
 
+def step_arguments(workload: Workload, owner: str) -> tuple[Any, Any, Any, tuple[Any, ...]]:
+    """:func:`prepared_state` and the leading arguments of its step programs
+    (``env, config, graphdef, module state, carry``, as the library passes them)."""
+    from nnx_ppo.algorithms import _step
+
+    env, config, state = prepared_state(workload, owner)
+    split = _step._split((state.networks, state.optimizer))
+    return env, config, state, _step._program_arguments(env, config, split, state)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="time one nnx-ppo training run")
     parser.add_argument("--workload", choices=list(WORKLOADS), required=True)
