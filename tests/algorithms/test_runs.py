@@ -11,7 +11,8 @@ from flax import nnx
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import train_ppo, train_ppo_runs
 from nnx_ppo.algorithms.types import TrainingState
-from nnx_ppo.envs import make
+from nnx_ppo.envs import CartPole, make
+from nnx_ppo.envs.state import State
 from nnx_ppo.networks.factories import make_default_network
 
 ENV = make("cartpole")
@@ -85,6 +86,48 @@ def test_runs_in_one_program_equal_the_runs_one_by_one() -> None:
         assert results[run].training_state.steps_taken == 4 * STEP
     final = [state for r, step, state in saved if step == 4 * STEP]
     assert [s.networks for s in final] == [r.training_state.networks for r in results]
+
+
+class KeyedCartPole(CartPole):
+    """CartPole that keeps a key in its state and draws observation noise from it each
+    step, as MuJoCo Playground's envs keep ``info["rng"]``."""
+
+    def reset(self, rng: jax.Array) -> State:
+        state = super().reset(rng)
+        return state.replace(info={**state.info, "rng": jax.random.fold_in(rng, 1)})
+
+    def step(self, state: State, action: jax.Array) -> State:
+        key, noise_key = jax.random.split(state.info["rng"])
+        stepped = super().step(state, action)
+        noise = 0.01 * jax.random.normal(noise_key, stepped.obs.shape)
+        return stepped.replace(obs=stepped.obs + noise, info={**stepped.info, "rng": key})
+
+
+def test_an_env_keeping_a_key_trains_in_one_program_as_alone() -> None:
+    """The env's keys stay JAX's own inside the many-runs program, whatever key type the
+    library draws with there: the env's state has the type its reset gave it."""
+    env = KeyedCartPole()
+    short = copy.deepcopy(config())
+    short.ppo.total_steps, short.eval.enabled = 2 * STEP, False
+    results = train_ppo_runs(
+        env,
+        lambda seed: make_default_network(env, nnx.Rngs(seed), hidden_sizes=[16]),
+        short,
+        seeds=[0, 1],
+    )
+    for seed, result in enumerate(results):
+        single = copy.deepcopy(short)
+        single.seed = seed
+        alone = make_default_network(env, nnx.Rngs(seed), hidden_sizes=[16])
+        trained = train_ppo(env, alone, single)
+        for got, want in zip(
+            parameters(result.training_state.networks), parameters(alone), strict=True
+        ):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        keys = result.training_state.env_states.info["rng"]
+        assert jax.random.key_impl(keys) == jax.random.key_impl(
+            trained.training_state.env_states.info["rng"]
+        )
 
 
 @pytest.mark.parametrize(

@@ -82,8 +82,13 @@ def _reset_key(key: PRNGKeyArray) -> PRNGKeyArray:
 
 
 def _reset_from(env: RLEnv, key: PRNGKeyArray, n_envs: int) -> EnvState:
-    """``n_envs`` reset env states, one per key of ``jax.random.split(key, n_envs)``."""
-    return rollout.reset_envs(env, jax.random.split(key, n_envs))
+    """``n_envs`` reset env states, one per key of ``jax.random.split(key, n_envs)``.
+
+    The env gets JAX's own keys even where the step draws with straight-line keys
+    (several runs on CPU): an env that keeps its key in its state (Playground's
+    ``info["rng"]``) must keep the key type its ``reset`` gave it outside the program.
+    """
+    return rollout.reset_envs(env, standard_keys(jax.random.split(key, n_envs)))
 
 
 class Collected(NamedTuple):
@@ -336,7 +341,10 @@ def _compiled_run_steps(
         # (nnx_ppo._threefry): they hash the same numbers without it.
         straight = jax.default_backend() == "cpu" and carries.key.shape[0] > 1
         if straight:
-            states, carries = straight_line_keys((states, carries))
+            # The env states keep JAX's keys: they are the env's own (see _reset_from).
+            env_states = carries.env_states
+            states, carries = straight_line_keys((states, carries._replace(env_states=None)))
+            carries = carries._replace(env_states=env_states)
         with rollout._across_runs(_RUN_AXIS):
             trained = jax.vmap(one_run, axis_name=_RUN_AXIS)(states, carries)
         return standard_keys(trained) if straight else trained
