@@ -49,12 +49,11 @@ def main() -> None:
     iterations = config.total_steps // config.steps_per_iteration
 
     def straight_keys(module_state: Any, carry: Any) -> Any:
+        # As the many-runs program does: the env states keep the env's own keys.
+        module_state, keyed = straight_line_keys((module_state, carry._replace(env_states=None)))
+        keyed = keyed._replace(env_states=carry.env_states)
         trained = _step._scan_steps(
-            env_argument,
-            config_argument,
-            graphdef,
-            *straight_line_keys((module_state, carry)),
-            iterations,
+            env_argument, config_argument, graphdef, module_state, keyed, iterations
         )
         return standard_keys(trained)
 
