@@ -39,7 +39,7 @@ def training_compile_options() -> dict[str, Any] | None:
     work around them, and whole element-wise graphs. Handing it each dot alone and
     fusing the rest with XLA's own emitters ran config A's PPO step (an MJX env,
     256 envs) 12% faster and its rollout 21% faster, with no change beyond noise on
-    smaller built-in envs (``benchmarks/README.md``, "XLA:CPU's YNNPACK fusions").
+    smaller built-in envs (``benchmarks/HISTORY.md``, "XLA:CPU's YNNPACK fusions").
     XLA's own kernels are then compiled for 512-bit vectors, which AVX-512 CPUs run
     the transcendental functions of activations and samplers with in about half
     the time. Other backends, and a jaxlib that lacks either option, keep their
