@@ -165,6 +165,32 @@ def test_envs_lists_the_built_ins(capsys: pytest.CaptureFixture[str]) -> None:
         assert name in listed
 
 
+def test_envs_keeps_what_envs_print_while_built_out_of_the_listing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Offline, Playground's robot envs print a failed download each; the listing shows
+    such an env as unavailable with the last line it printed, and nothing else of it."""
+    from nnx_ppo import envs
+
+    built_in = envs.make
+
+    def make(name: str) -> object:
+        print(f"{name}: fetching assets...")
+        if name == "offline":
+            print("Error downloading assets: no network", file=sys.stderr)
+            raise RuntimeError("git clone exited with 128")
+        return built_in("cartpole")
+
+    monkeypatch.setattr(envs, "names", lambda: ["chatty", "offline"])
+    monkeypatch.setattr(envs, "make", make)
+    monkeypatch.setenv("COLUMNS", "200")  # one table row per env
+    assert main(["envs"]) == 0
+    listed = " ".join(capsys.readouterr().out.split())
+    assert "fetching assets" not in listed
+    assert "unavailable: Error downloading assets: no network" in listed
+    assert re.search(r"chatty │ 4 │ 2 │ discrete", listed)
+
+
 def test_eval_reports_returns_of_the_latest_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

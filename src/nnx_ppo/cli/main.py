@@ -11,6 +11,8 @@ writes a checkpoint and exits cleanly.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
 import signal
@@ -466,16 +468,26 @@ def _evaluate(args: argparse.Namespace, console: Console) -> int:
 
 
 def _list_envs(console: Console) -> int:
+    """Print every env name with its spaces.
+
+    What an env prints while it is built stays out of the listing (offline, each of
+    Playground's robot envs prints its failed download of MuJoCo Menagerie). An env
+    that cannot be built is listed as unavailable, with the last line it printed,
+    which names the cause better than the exception, or else the exception.
+    """
     from nnx_ppo import envs
 
     table = Table(title="environments")
     for column in ("name", "observation", "action", "kind"):
         table.add_column(column)
     for name in envs.names():
+        printed = io.StringIO()
         try:
-            env = envs.make(name)
+            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+                env = envs.make(name)
         except Exception as error:  # a Playground env that fails to build is still listed
-            table.add_row(name, "?", "?", f"unavailable: {error}")
+            said = printed.getvalue().strip().splitlines()
+            table.add_row(name, "?", "?", f"unavailable: {said[-1] if said else error}")
             continue
         discrete = getattr(env, "discrete_actions", False)
         kind = "discrete" if discrete else "continuous"
