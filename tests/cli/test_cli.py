@@ -169,7 +169,7 @@ def test_envs_keeps_what_envs_print_while_built_out_of_the_listing(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Offline, Playground's robot envs print a failed download each; the listing shows
-    such an env as unavailable with the last line it printed, and nothing else of it."""
+    such an env as unavailable with the first line of its error, and nothing it printed."""
     from nnx_ppo import envs
 
     built_in = envs.make
@@ -178,7 +178,7 @@ def test_envs_keeps_what_envs_print_while_built_out_of_the_listing(
         print(f"{name}: fetching assets...")
         if name == "offline":
             print("Error downloading assets: no network", file=sys.stderr)
-            raise RuntimeError("git clone exited with 128")
+            raise OSError("offline needs its assets (git clone exited with 128).\nClone them.")
         return built_in("cartpole")
 
     monkeypatch.setattr(envs, "names", lambda: ["chatty", "offline"])
@@ -187,7 +187,9 @@ def test_envs_keeps_what_envs_print_while_built_out_of_the_listing(
     assert main(["envs"]) == 0
     listed = " ".join(capsys.readouterr().out.split())
     assert "fetching assets" not in listed
-    assert "unavailable: Error downloading assets: no network" in listed
+    assert "Error downloading" not in listed
+    assert "unavailable: offline needs its assets (git clone exited with 128)." in listed
+    assert "Clone them" not in listed
     assert re.search(r"chatty │ 4 │ 2 │ discrete", listed)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import subprocess
+from pathlib import Path
 
 import jax
 import pytest
@@ -69,3 +71,37 @@ def test_playground_options_through_set_and_unknown_fields_named():
     assert _simulator_backend(told) == "simulator backend impl=warp (set by env_kwargs.impl)"
     with pytest.raises(ValueError, match="flavour is not a field of its Playground config"):
         envs.make("CartpoleBalance", flavour=3)
+
+
+class OfflineRegistry:
+    """Playground's registry on a machine without internet access: its robot env's
+    load fails in the ``git clone`` of MuJoCo Menagerie, as Playground 0.2 raises it."""
+
+    ALL_ENVS = ("Go1Getup",)
+
+    @staticmethod
+    def get_default_config(name: str) -> dict:
+        return {"episode_length": 1000}
+
+    @staticmethod
+    def load(name: str, config: object = None, config_overrides: object = None) -> None:
+        raise subprocess.CalledProcessError(128, ["git", "clone"])
+
+
+def test_a_failed_menagerie_download_says_where_to_put_menagerie(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setattr(envs, "_playground_registry", lambda: OfflineRegistry)
+    with pytest.raises(OSError, match=r"Go1Getup needs MuJoCo Menagerie") as raised:
+        envs.make("Go1Getup")
+    message = str(raised.value)
+    assert "git clone exited with 128" in message
+    assert "clone https://github.com/google-deepmind/mujoco_menagerie into" in message
+    assert isinstance(raised.value.__cause__, subprocess.CalledProcessError)
+    # The CLI prints it as an error and exits 2, with no traceback.
+    from nnx_ppo.cli.main import main
+
+    run_dir = tmp_path / "run"
+    assert main(["train", "--env", "Go1Getup", "--steps", "64", "--run-dir", str(run_dir)]) == 2
+    shown = capsys.readouterr().out
+    assert "error: Go1Getup needs MuJoCo Menagerie" in " ".join(shown.split())

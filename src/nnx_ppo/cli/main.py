@@ -472,8 +472,7 @@ def _list_envs(console: Console) -> int:
 
     What an env prints while it is built stays out of the listing (offline, each of
     Playground's robot envs prints its failed download of MuJoCo Menagerie). An env
-    that cannot be built is listed as unavailable, with the last line it printed,
-    which names the cause better than the exception, or else the exception.
+    that cannot be built is listed as unavailable with the first line of its error.
     """
     from nnx_ppo import envs
 
@@ -481,13 +480,15 @@ def _list_envs(console: Console) -> int:
     for column in ("name", "observation", "action", "kind"):
         table.add_column(column)
     for name in envs.names():
-        printed = io.StringIO()
         try:
-            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
                 env = envs.make(name)
         except Exception as error:  # a Playground env that fails to build is still listed
-            said = printed.getvalue().strip().splitlines()
-            table.add_row(name, "?", "?", f"unavailable: {said[-1] if said else error}")
+            reason = next(iter(str(error).splitlines()), type(error).__name__)
+            table.add_row(name, "?", "?", f"unavailable: {reason}")
             continue
         discrete = getattr(env, "discrete_actions", False)
         kind = "discrete" if discrete else "continuous"

@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +91,9 @@ def make(name: str, **kwargs: Any) -> RLEnv:
     Raises:
       ValueError: ``name`` is none of the above (the message lists the names),
         or a Playground override names a field its config lacks.
+      OSError: a Playground robot env's models (MuJoCo Menagerie, which
+        Playground downloads the first time) could not be downloaded; the message
+        says where to put them.
     """
     if name in _BUILT_IN:
         return _BUILT_IN[name](**kwargs)
@@ -107,7 +112,10 @@ def make(name: str, **kwargs: Any) -> RLEnv:
             overrides["impl"] = playground_backend(name, defaults)
         if "impl" in overrides:
             _log.info("%s: simulator backend impl=%s", name, overrides["impl"])
-        return registry.load(name, config=config, config_overrides=overrides or None)
+        try:
+            return registry.load(name, config=config, config_overrides=overrides or None)
+        except subprocess.CalledProcessError as error:
+            raise OSError(_menagerie_missing(name, error)) from error
     built_in = ", ".join(_BUILT_IN)
     if registry is None:
         hint = (
@@ -116,6 +124,25 @@ def make(name: str, **kwargs: Any) -> RLEnv:
     else:
         hint = f"or one of the {len(registry.ALL_ENVS)} MuJoCo Playground envs in names()"
     raise ValueError(f"Unknown environment {name!r}. Built-in: {built_in}; {hint}.")
+
+
+def _menagerie_missing(name: str, error: subprocess.CalledProcessError) -> str:
+    """What to do when Playground's download of MuJoCo Menagerie failed.
+
+    Playground's robot envs take their models from Menagerie, which Playground clones
+    with ``git`` the first time one is loaded; its path and commit are private names
+    of Playground, so they are read where present.
+    """
+    playground_env = sys.modules.get("mujoco_playground._src.mjx_env")
+    path = getattr(playground_env, "MENAGERIE_PATH", "mujoco_playground/external_deps")
+    commit = getattr(playground_env, "MENAGERIE_COMMIT_SHA", None)
+    at_commit = f" and check out commit {commit}" if commit else ""
+    return (
+        f"{name} needs MuJoCo Menagerie, which MuJoCo Playground could not download "
+        f"({' '.join(map(str, error.cmd))} exited with {error.returncode}).\n"
+        "Load the env once on a machine with internet access, or clone "
+        f"https://github.com/google-deepmind/mujoco_menagerie into {path}{at_commit}."
+    )
 
 
 def playground_backend(name: str, config: Any = None) -> str | None:
