@@ -134,12 +134,17 @@ def _menagerie_missing(name: str, error: subprocess.CalledProcessError) -> str:
     of Playground, so they are read where present.
     """
     playground_env = sys.modules.get("mujoco_playground._src.mjx_env")
-    path = getattr(playground_env, "MENAGERIE_PATH", "mujoco_playground/external_deps")
+    path = getattr(
+        playground_env,
+        "MENAGERIE_PATH",
+        "mujoco_playground/external_deps/mujoco_menagerie in the installed package",
+    )
     commit = getattr(playground_env, "MENAGERIE_COMMIT_SHA", None)
     at_commit = f" and check out commit {commit}" if commit else ""
+    command = error.cmd if isinstance(error.cmd, str) else " ".join(map(str, error.cmd))
     return (
         f"{name} needs MuJoCo Menagerie, which MuJoCo Playground could not download "
-        f"({' '.join(map(str, error.cmd))} exited with {error.returncode}).\n"
+        f"({command} exited with {error.returncode}).\n"
         "Load the env once on a machine with internet access, or clone "
         f"https://github.com/google-deepmind/mujoco_menagerie into {path}{at_commit}."
     )
