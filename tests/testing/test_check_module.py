@@ -332,3 +332,50 @@ def test_the_pytest_plugin_serves_the_kit_and_reports_a_failure_in_a_few_lines(
     assert len(report) <= 20, "\n".join(report)
     assert sum(headline in line for line in report) == 1, "\n".join(report)
     assert not any("site-packages" in line or "nnx_ppo/" in line for line in report)
+
+
+WITHOUT_HYPOTHESIS_TESTS = """
+from nnx_ppo.envs import CartPole
+
+
+def test_an_env(check_env):
+    check_env(CartPole(), n_envs=2, steps=3)
+
+
+def test_a_module(check_module):
+    pass
+"""
+
+
+def test_pytest_runs_where_hypothesis_is_not_installed(tmp_path: Path) -> None:
+    """pytest imports the plugin in every session of an environment with nnx-ppo, so
+    the plugin must import without Hypothesis; check_env works there, and the
+    check_module fixture says how to install Hypothesis."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "test_user.py").write_text(WITHOUT_HYPOTHESIS_TESTS)
+    hidden = tmp_path / "no_hypothesis" / "hypothesis"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'hypothesis'\", name='hypothesis')\n"
+    )
+    installed = any(
+        entry.value == "nnx_ppo.testing.pytest_plugin"
+        for entry in importlib.metadata.entry_points(group="pytest11")
+    )
+    load = [] if installed else ["-p", "nnx_ppo.testing.pytest_plugin"]
+    command = [sys.executable, "-m", "pytest", *load, "-p", "no:hypothesispytest"]
+    command += ["-p", "no:cacheprovider", "-q", "--rootdir", str(project), "test_user.py"]
+    path = os.pathsep.join([str(hidden.parent), os.environ.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=project,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path},
+        timeout=300,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert "1 passed, 1 error" in output, output
+    assert "nnx_ppo.testing.check_module needs Hypothesis: pip install 'nnx-ppo[testing]'" in output

@@ -15,12 +15,35 @@
 * :mod:`nnx_ppo.testing.modules`: small leaf modules, one stateless, one with a
   carry, one that keeps running statistics, to nest your own module among.
 
-Install with ``pip install nnx-ppo[testing]`` (Hypothesis and pytest).
+Install with ``pip install nnx-ppo[testing]`` (Hypothesis and pytest). pytest
+imports the plugin in every session of an environment where nnx-ppo is installed,
+so this package imports without Hypothesis too: :func:`check_env`,
+:class:`ContractPropertyError` and :mod:`~nnx_ppo.testing.modules` work there,
+and the parts built on Hypothesis say how to install it when used.
 """
 
-from nnx_ppo.testing import modules, strategies
+from typing import Any
+
+from nnx_ppo.testing import modules
+from nnx_ppo.testing._harness import ContractPropertyError
 from nnx_ppo.testing.check_env import EnvProperty, check_env, random_action
-from nnx_ppo.testing.check_module import ContractPropertyError, ModuleProperty, check_module
+
+try:
+    from nnx_ppo.testing import strategies
+    from nnx_ppo.testing.check_module import ModuleProperty, check_module
+except ModuleNotFoundError as missing:
+    if missing.name != "hypothesis":
+        raise
+    _NEEDS_HYPOTHESIS = ("ModuleProperty", "check_module", "strategies")
+
+    def __getattr__(name: str) -> Any:
+        if name not in _NEEDS_HYPOTHESIS:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        raise ModuleNotFoundError(
+            f"nnx_ppo.testing.{name} needs Hypothesis: pip install 'nnx-ppo[testing]'",
+            name="hypothesis",
+        )
+
 
 __all__ = [
     "ContractPropertyError",

@@ -11,8 +11,13 @@ Installed with nnx-ppo (a ``pytest11`` entry point), so a test needs no import::
 ``pytest --nnx-ppo-max-examples=50`` raises the number of Hypothesis examples of
 every ``check_module`` call that does not set its own ``max_examples``, through the
 fixture or called directly (e.g. for a nightly job): it sets the environment
-variable ``NNX_PPO_MAX_EXAMPLES`` for the session. The kit, JAX and Hypothesis are
-imported when a fixture is first used (or, with the option, when pytest starts).
+variable ``NNX_PPO_MAX_EXAMPLES`` for the session.
+
+pytest imports this plugin in every session of an environment where nnx-ppo is
+installed, whatever the tests. Importing it imports ``nnx_ppo`` (and so JAX), but
+not the kit or Hypothesis: those load when a fixture is first used (or, with the
+option, when pytest starts). So pytest runs in an environment without the
+``testing`` extra, and ``check_module`` there says how to install Hypothesis.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture
 def check_module() -> Callable[..., None]:
     """:func:`nnx_ppo.testing.check_module`."""
-    from nnx_ppo.testing.check_module import check_module as check
+    from nnx_ppo.testing import check_module as check
 
     return check
 
@@ -80,6 +85,6 @@ def check_module() -> Callable[..., None]:
 @pytest.fixture
 def check_env() -> Callable[..., None]:
     """:func:`nnx_ppo.testing.check_env`."""
-    from nnx_ppo.testing.check_env import check_env as check
+    from nnx_ppo.testing import check_env as check
 
     return check
