@@ -41,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     workload = WORKLOADS[args.workload]
 
-    from nnx_ppo._threefry import standard_keys, straight_line_keys
+    from nnx_ppo._threefry import standard_keys
     from nnx_ppo.algorithms import _step
 
     _, config, _, arguments = step_arguments(workload, "bench_keys")
@@ -49,11 +49,12 @@ def main() -> None:
     iterations = config.total_steps // config.steps_per_iteration
 
     def straight_keys(module_state: Any, carry: Any) -> Any:
-        # As the many-runs program does: the env states keep the env's own keys.
-        module_state, keyed = straight_line_keys((module_state, carry._replace(env_states=None)))
-        keyed = keyed._replace(env_states=carry.env_states)
         trained = _step._scan_steps(
-            env_argument, config_argument, graphdef, module_state, keyed, iterations
+            env_argument,
+            config_argument,
+            graphdef,
+            *_step._with_straight_line_keys(module_state, carry),
+            iterations,
         )
         return standard_keys(trained)
 

@@ -341,10 +341,7 @@ def _compiled_run_steps(
         # (nnx_ppo._threefry): they hash the same numbers without it.
         straight = jax.default_backend() == "cpu" and carries.key.shape[0] > 1
         if straight:
-            # The env states keep JAX's keys: they are the env's own (see _reset_from).
-            env_states = carries.env_states
-            states, carries = straight_line_keys((states, carries._replace(env_states=None)))
-            carries = carries._replace(env_states=env_states)
+            states, carries = _with_straight_line_keys(states, carries)
         with rollout._across_runs(_RUN_AXIS):
             trained = jax.vmap(one_run, axis_name=_RUN_AXIS)(states, carries)
         return standard_keys(trained) if straight else trained
@@ -356,6 +353,14 @@ def _compiled_run_steps(
     return jax.shard_map(
         runs, mesh=mesh, in_specs=(split, split), out_specs=split, check_vma=False
     )(states, carries)
+
+
+def _with_straight_line_keys(state: nnx.State, carry: StepCarry) -> tuple[nnx.State, StepCarry]:
+    """``state`` and ``carry`` with the library's keys as straight-line keys
+    (``nnx_ppo._threefry``). The env states keep JAX's keys: they are the env's own
+    (see :func:`_reset_from`)."""
+    state, keyed = straight_line_keys((state, carry._replace(env_states=None)))
+    return state, keyed._replace(env_states=carry.env_states)
 
 
 def _on_device(tree: Any) -> Any:
