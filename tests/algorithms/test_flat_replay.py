@@ -23,10 +23,15 @@ N_ENVS, STEPS = 4, 6
 
 
 def rollout_of(env, network):
-    env_states = reset_envs(env, jax.random.split(jax.random.key(0), N_ENVS))
-    carry = network.initialize_state(N_ENVS)
-    _, _, transitions = unroll_env(env, env_states, network, carry, STEPS, jax.random.key(1))
-    return carry, transitions
+    # Compiled: run eagerly, a continuous policy's rollout compiles each op on its own.
+    @nnx.jit
+    def unrolled(network):
+        env_states = reset_envs(env, jax.random.split(jax.random.key(0), N_ENVS))
+        carry = network.initialize_state(N_ENVS)
+        _, _, transitions = unroll_env(env, env_states, network, carry, STEPS, jax.random.key(1))
+        return carry, transitions
+
+    return unrolled(network)
 
 
 def loss_and_gradient(network, carry, transitions, monkeypatch, scan: bool):
@@ -34,9 +39,16 @@ def loss_and_gradient(network, carry, transitions, monkeypatch, scan: bool):
         monkeypatch.setattr(rollout, "_carry_follows_parameters", lambda *_: True)
     advantages, targets = compute_advantages(transitions, 0.95, 0.99)
     config = PPOConfig(n_envs=N_ENVS, n_minibatches=1)
-    (loss, diagnostics), grads = nnx.value_and_grad(
-        lambda n: ppo_loss(n, carry, transitions, advantages, targets, config), has_aux=True
-    )(network)
+
+    @nnx.jit  # traced here, while the patch (if any) is in place
+    def value_and_gradient(network, carry, transitions, advantages, targets):
+        return nnx.value_and_grad(
+            lambda n: ppo_loss(n, carry, transitions, advantages, targets, config), has_aux=True
+        )(network)
+
+    (loss, diagnostics), grads = value_and_gradient(
+        network, carry, transitions, advantages, targets
+    )
     monkeypatch.undo()
     return loss, diagnostics, grads
 
