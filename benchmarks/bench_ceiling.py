@@ -18,6 +18,13 @@ own shape, was dropped: config A ran faster than it, because the program runs
 independent products side by side on the cores and a product timed alone does
 not; see ``benchmarks/README.md``.)
 
+The trainer's rate ``compare.py`` divides by comes from another process, minutes
+apart, on a machine whose speed can drift by a third in that time. So this script
+also times the parts side by side (:func:`paired_fractions`): rounds of this
+repo's PPO iteration (one per call, and several fused in one call), one
+iteration's env-only steps and one loop of products at the best network shape,
+and the median of the rounds' fractions.
+
     python benchmarks/bench_ceiling.py --workload A
 """
 
@@ -61,14 +68,10 @@ def best_seconds(run: Callable[[], Any], repeats: int) -> float:
     return best
 
 
-@functools.cache
-def product_seconds(
-    lhs_shape: tuple[int, int],
-    rhs_shape: tuple[int, int],
-    inner: int = 50,
-    repeats: int = 5,
-) -> float:
-    """Seconds of one fp32 product, the best of ``repeats`` loops of ``inner`` in one jit.
+def product_loop(
+    lhs_shape: tuple[int, int], rhs_shape: tuple[int, int], inner: int = 50
+) -> Callable[[], Any]:
+    """A jitted loop of ``inner`` fp32 products ``lhs @ rhs``; call it to run once.
 
     Each loop iteration takes a new left operand, so XLA cannot hoist the product,
     and writes its result over the last one, which it reads one element of to pick
@@ -86,8 +89,18 @@ def product_seconds(
         return product(lhs[i + (last[0, 0] == jnp.inf).astype(i.dtype)])  # i: results are finite
 
     shape = jax.eval_shape(product, lhs[0])
-    loop = jax.jit(lambda: jax.lax.fori_loop(0, inner, body, jnp.zeros(shape.shape, shape.dtype)))
-    return best_seconds(loop, repeats) / inner
+    return jax.jit(lambda: jax.lax.fori_loop(0, inner, body, jnp.zeros(shape.shape, shape.dtype)))
+
+
+@functools.cache
+def product_seconds(
+    lhs_shape: tuple[int, int],
+    rhs_shape: tuple[int, int],
+    inner: int = 50,
+    repeats: int = 5,
+) -> float:
+    """Seconds of one fp32 product, the best of ``repeats`` :func:`product_loop` calls."""
+    return best_seconds(product_loop(lhs_shape, rhs_shape, inner), repeats) / inner
 
 
 def matmul_gflops(m: int, k: int, n: int, inner: int = 50, repeats: int = 5) -> float:
@@ -95,10 +108,13 @@ def matmul_gflops(m: int, k: int, n: int, inner: int = 50, repeats: int = 5) -> 
     return 2 * m * k * n / product_seconds((m, k), (k, n), inner=inner, repeats=repeats) / 1e9
 
 
-def env_only_steps_per_second(workload: Workload, calls: int) -> float:
-    """Random-action env steps/s of the workload's env at its ``n_envs``."""
+def env_only_rollout(workload: Workload) -> Callable[[], Any]:
+    """One iteration's env steps, random actions, at the workload's ``n_envs``; call to run.
+
+    Each call continues from the env states the last one left (resets included).
+    """
     from mujoco_playground import registry
-    from train_throughput import random_rollout, steps_per_second
+    from train_throughput import random_rollout
 
     from nnx_ppo.algorithms.rollout import reset_envs
     from nnx_ppo.wrappers.episode_wrapper import EpisodeWrapper
@@ -107,22 +123,112 @@ def env_only_steps_per_second(workload: Workload, calls: int) -> float:
         registry.load(workload.env, config_overrides={"impl": "jax"}), workload.episode_length
     )
     state = {"s": reset_envs(env, jax.random.split(jax.random.key(1), workload.n_envs))}
-    keys = iter(jax.random.split(jax.random.key(2), calls + 2))
+    key = {"k": jax.random.key(2)}
 
     def step() -> Any:
-        state["s"] = random_rollout(env, state["s"], workload.rollout_length, next(keys))
+        key["k"], rollout_key = jax.random.split(key["k"])
+        state["s"] = random_rollout(env, state["s"], workload.rollout_length, rollout_key)
         return state["s"]
 
     # The first call's output state can differ in dtype or weak type from the reset
     # state it was given, so the second call may compile again: warm up on both.
     jax.block_until_ready(step())
-    return steps_per_second(step, calls, workload.steps_per_iteration)
+    jax.block_until_ready(step())
+    return step
+
+
+def env_only_steps_per_second(workload: Workload, calls: int) -> float:
+    """Random-action env steps/s of the workload's env at its ``n_envs``."""
+    from train_throughput import steps_per_second
+
+    return steps_per_second(env_only_rollout(workload), calls, workload.steps_per_iteration)
+
+
+def _seconds(run: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    return time.perf_counter() - start
+
+
+def paired_fractions(
+    workload: Workload,
+    flops: float,
+    best_shape: tuple[int, int, int],
+    rounds: int,
+    fused: int = 4,
+) -> dict[str, Any]:
+    """This repo's PPO iteration against the ceiling's parts, timed in turn in one process.
+
+    Each round times, once each so that every part of a round sees the machine in
+    the same state:
+
+    - one :func:`nnx_ppo.algorithms.ppo.ppo_step` (one iteration per call, its
+      metrics fetched to the host before the next is dispatched);
+    - one :func:`nnx_ppo.algorithms.ppo.ppo_steps` of ``fused`` iterations in one
+      call (what ``train_ppo`` runs while no log, evaluation or checkpoint is due),
+      counted per iteration;
+    - one iteration's env-only steps, and one loop of products at ``best_shape``
+      (``batch x in x out``).
+
+    A round's fraction is its ceiling time (env-only time plus ``flops`` at that
+    round's product rate) over its time per iteration.
+    """
+    from bench_nnx_ppo import prepared_state
+
+    from nnx_ppo.algorithms.ppo import ppo_step, ppo_steps
+
+    env, config, state = prepared_state(workload, "bench_ceiling")
+    trained = {"state": state}
+
+    def one_step() -> Any:
+        trained["state"], metrics = ppo_step(env, trained["state"], config)
+        return metrics
+
+    def fused_steps() -> Any:
+        trained["state"], metrics = ppo_steps(env, trained["state"], config, fused)
+        return metrics
+
+    batch, fan_in, fan_out = best_shape
+    inner = 50
+    products = product_loop((batch, fan_in), (fan_in, fan_out), inner)
+    env_rollout = env_only_rollout(workload)
+    for run in (one_step, one_step, fused_steps, fused_steps, products):  # compile, settle
+        jax.block_until_ready(run())
+    samples: dict[str, list[float]] = {
+        key: [] for key in ("one_step_s", "fused_step_s", "env_s", "gflops")
+    }
+    for _ in range(rounds):
+        samples["one_step_s"].append(_seconds(one_step))
+        samples["fused_step_s"].append(_seconds(fused_steps) / fused)
+        samples["env_s"].append(_seconds(env_rollout))
+        samples["gflops"].append(2 * batch * fan_in * fan_out * inner / _seconds(products) / 1e9)
+    ceiling_s = [
+        env_s + flops / gflops / 1e9
+        for env_s, gflops in zip(samples["env_s"], samples["gflops"], strict=True)
+    ]
+    fractions = {
+        f"fraction_{kind}": [
+            ceiling / step_s
+            for ceiling, step_s in zip(ceiling_s, samples[f"{kind}_s"], strict=True)
+        ]
+        for kind in ("one_step", "fused_step")
+    }
+    return {
+        "rounds": rounds,
+        "fused_iterations": fused,
+        "product_shape": f"{batch}x{fan_in}x{fan_out}",
+        **samples,
+        **fractions,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="matmul, network-FLOP and env-only ceilings")
     parser.add_argument("--workload", choices=["A", "B"], default="A")
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument(
+        "--paired-rounds", type=int, default=40, help="rounds of the paired measurement"
+    )
     args = parser.parse_args()
     workload = WORKLOADS[args.workload]
     from mujoco_playground import registry
@@ -137,16 +243,22 @@ def main() -> None:
         for batch in (workload.n_envs, minibatch)
         for a, b in sorted(set(shapes))
     }
+    flops = flops_per_iteration(workload, shapes)
+    best = max(network_gflops, key=network_gflops.__getitem__)
+    batch, fan_in, fan_out = (int(n) for n in best.split("x"))
     emit(
         {
             "library": "ceiling",
             "workload": args.workload,
             "layer_shapes": shapes,
-            "flops_per_iteration": flops_per_iteration(workload, shapes),
+            "flops_per_iteration": flops,
             "matmul_gflops_network_shapes": network_gflops,
             "matmul_gflops_large": matmul_gflops(2048, 2048, 2048, inner=2, repeats=3),
             "env_only_steps_per_s": env_only_steps_per_second(workload, args.calls),
             "steps_per_iteration": workload.steps_per_iteration,
+            "paired": paired_fractions(
+                workload, flops, (batch, fan_in, fan_out), args.paired_rounds
+            ),
         }
     )
 

@@ -370,7 +370,26 @@ def format_ceiling(ceiling: dict[str, Any] | None, ours: Row | None) -> str:
             f"    = {sps / rate:.1%} of the ceiling with the {name}"
             for name, rate in ceiling_sps.items()
         ]
+    paired = ceiling.get("paired")
+    if paired:
+        lines += [
+            f"  paired in one process, {paired['rounds']} rounds of this repo's iteration, "
+            f"the env-only steps and {paired['product_shape']} products (medians [min-max]):",
+            f"    env-only {_spread(paired['env_s'], 1e3)} ms, "
+            f"products {_spread(paired['gflops'])} GFLOP/s",
+            f"    one iteration per call (ppo_step) {_spread(paired['one_step_s'], 1e3)} ms: "
+            f"{_spread(paired['fraction_one_step'], 100)}% of the ceiling",
+            f"    {paired['fused_iterations']} iterations per call (ppo_steps), per iteration "
+            f"{_spread(paired['fused_step_s'], 1e3)} ms: "
+            f"{_spread(paired['fraction_fused_step'], 100)}% of the ceiling",
+        ]
     return "\n".join(lines)
+
+
+def _spread(values: list[float], scale: float = 1.0) -> str:
+    """``median [min-max]`` of ``values`` times ``scale``, one decimal."""
+    low, mid, high = (scale * v for v in (min(values), statistics.median(values), max(values)))
+    return f"{mid:.1f} [{low:.1f}-{high:.1f}]"
 
 
 def format_checks_paired(result: dict[str, Any] | None) -> str:
