@@ -76,8 +76,13 @@ class StepReport(NamedTuple):
     health: dict[str, Any]
 
 
+@jax.jit
 def _reset_key(key: PRNGKeyArray) -> PRNGKeyArray:
-    """The key of the fresh env states of the PPO step whose carry holds ``key``."""
+    """The key of the fresh env states of the PPO step whose carry holds ``key``.
+
+    Compiled: a one-step call derives it on the host before dispatching the reset,
+    where the split and the index, run op by op, took about a millisecond.
+    """
     return jax.random.split(key, 3)[0]
 
 
