@@ -238,14 +238,13 @@ def main() -> None:
     obs_size = int(obs if isinstance(obs, int) else obs["state"][0])
     shapes = layer_shapes(workload, obs_size, env.action_size)
     minibatch = workload.steps_per_iteration // workload.n_minibatches
-    network_gflops = {
-        f"{batch}x{a}x{b}": matmul_gflops(batch, a, b)
+    rates = {
+        (batch, a, b): matmul_gflops(batch, a, b)
         for batch in (workload.n_envs, minibatch)
         for a, b in sorted(set(shapes))
     }
+    network_gflops = {f"{m}x{k}x{n}": rate for (m, k, n), rate in rates.items()}
     flops = flops_per_iteration(workload, shapes)
-    best = max(network_gflops, key=network_gflops.__getitem__)
-    batch, fan_in, fan_out = (int(n) for n in best.split("x"))
     emit(
         {
             "library": "ceiling",
@@ -257,7 +256,7 @@ def main() -> None:
             "env_only_steps_per_s": env_only_steps_per_second(workload, args.calls),
             "steps_per_iteration": workload.steps_per_iteration,
             "paired": paired_fractions(
-                workload, flops, (batch, fan_in, fan_out), args.paired_rounds
+                workload, flops, max(rates, key=rates.__getitem__), args.paired_rounds
             ),
         }
     )

@@ -81,7 +81,7 @@ def _reset_key(key: PRNGKeyArray) -> PRNGKeyArray:
     """The key of the fresh env states of the PPO step whose carry holds ``key``.
 
     Compiled: a one-step call derives it on the host before dispatching the reset,
-    where the split and the index, run op by op, took about a millisecond.
+    where the split and the index, run op by op, took about 0.2 ms (compiled, 16 us).
     """
     return jax.random.split(key, 3)[0]
 
