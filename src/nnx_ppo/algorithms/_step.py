@@ -31,6 +31,7 @@ from nnx_ppo.algorithms.config import (
     PPOConfig,
 )
 from nnx_ppo.algorithms.metrics import (
+    _logged_rollout_metrics,
     compute_metrics,
     episode_metrics,
     log_weight_stats,
@@ -127,20 +128,21 @@ def _collect(
     """The step's rollout. It writes no variable of ``networks`` (forward passes never do).
 
     Ended episodes restart from ``fresh_env_states`` (:func:`_reset_from` the
-    :func:`_reset_key`), reset here when ``None``.
+    :func:`_reset_key`), reset here when ``None``. The transitions keep only the
+    metric groups ``config.logging_level`` logs.
     """
     if fresh_env_states is None:
         fresh_env_states = _reset_from(env, _reset_key(carry.key), config.n_envs)
-    return Collected(
-        *rollout._unroll_from(
-            env,
-            carry.env_states,
-            networks,
-            carry.network_states,
-            config.rollout_length,
-            fresh_env_states,
-        )
+    network_states, env_states, transitions = rollout._unroll_from(
+        env,
+        carry.env_states,
+        networks,
+        carry.network_states,
+        config.rollout_length,
+        fresh_env_states,
     )
+    logged = _logged_rollout_metrics(transitions.metrics, config.logging_level)
+    return Collected(network_states, env_states, transitions.replace(metrics=logged))
 
 
 def _learn_from(
