@@ -23,6 +23,36 @@ from typing import Any
 from bench_common import WORKLOADS, IterationClock, emit
 
 
+def _restore_device_put_replicated() -> None:
+    """Give JAX 0.10 and later back the ``jax.device_put_replicated`` Brax 0.14.2 calls.
+
+    Brax calls it once, to place the initial training state on its devices
+    before the first iteration; later JAX releases removed it. Where the
+    benchmark runs on the JAX a machine already has (a GPU image with no package
+    registry), this stands in for it: each leaf stacked once per device and
+    laid out one slice per device, which is what the removed function returned.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    try:
+        jax.device_put_replicated  # noqa: B018 (present on JAX < 0.10)
+        return
+    except AttributeError:
+        pass
+
+    def device_put_replicated(tree: Any, devices: list[Any]) -> Any:
+        sharding = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec("devices"))
+        return jax.tree.map(
+            lambda leaf: jax.device_put(jnp.stack([jnp.asarray(leaf)] * len(devices)), sharding),
+            tree,
+        )
+
+    jax.device_put_replicated = device_put_replicated  # pyright: ignore[reportAttributeAccessIssue]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="time one Brax PPO training run")
     parser.add_argument("--workload", choices=["A", "B", "large"], required=True)
@@ -30,6 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     clock = IterationClock()
 
+    _restore_device_put_replicated()
     import brax
     from brax.training.agents.ppo import networks as ppo_networks
     from brax.training.agents.ppo import train as ppo

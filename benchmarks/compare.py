@@ -9,6 +9,7 @@ workload:
     python benchmarks/compare.py --quick              # every workload at 20k steps (smoke)
     python benchmarks/compare.py --workloads A,checks --repeats 3
     python benchmarks/compare.py --platform cuda --workloads large   # on a GPU
+    python benchmarks/compare.py --platform cuda --wheelhouse .whl   # GPU image, no registry
 
 Workloads: ``A`` and ``B`` (Playground CartpoleBalance, MJX's JAX backend:
 this repo, nnx-ppo 0.3.0, Brax), ``large`` (config A at 4,096 envs, for a
@@ -440,6 +441,9 @@ def main() -> None:
     parser.add_argument("--total-steps", type=int, help="override every workload's budget")
     parser.add_argument("--peers", default=",".join(PEERS), help="peers to run (ours always)")
     parser.add_argument("--reinstall", action="store_true", help="rebuild the peer venvs")
+    parser.add_argument(
+        "--wheelhouse", type=Path, help="no registry: this Python's packages plus these wheels"
+    )
     args = parser.parse_args()
     chosen = args.workloads or ",".join(DEFAULT_WORKLOADS[args.platform])
     workloads = [w.strip() for w in chosen.split(",") if w.strip()]
@@ -453,7 +457,7 @@ def main() -> None:
 
     selected = {"ours", *(p.strip() for p in args.peers.split(","))}
     needed = {v.peer for w in workloads for v in variants_for(w) if v.peer in selected}
-    peers = peers_for(args.platform)
+    peers = peers_for(args.platform, args.wheelhouse)
     records = {name: ensure(peers[name], args.reinstall) for name in peers if name in needed}
     print("\nPinned versions:")
     for name, record in records.items():

@@ -13,6 +13,17 @@ rebuilt when its requirement list changes. A failed install is remembered too
 
 With ``--platform cuda`` each library gets a venv of its own beside the CPU one
 (``<name>-cuda``), its JAX installed with the ``cuda12`` extra.
+
+On a machine that cannot reach the registry but whose Python already holds JAX
+for its accelerator (a GPU image), ``--wheelhouse DIR`` builds each venv over
+that Python's packages and installs, without dependencies and without an
+index, every wheel in ``DIR``: the packages the image lacks.
+``DIR`` holds one ``nnx-ppo`` wheel, 0.3.0's; the other venvs leave it out, and
+this repo's venv puts ``src/`` on its path instead (an editable install would
+need the build backend from the registry). The image's own JAX,
+Flax and Optax versions are the ones timed, for every library::
+
+    python benchmarks/peers.py --platform cuda --wheelhouse .whl ours brax
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +58,8 @@ class Peer:
     script: str
     label: str
     editable: bool = False
+    wheelhouse: Path | None = None
+    """Where an offline venv's wheels come from; ``None`` for a venv from the registry."""
 
     @property
     def root(self) -> Path:
@@ -105,10 +119,14 @@ class InstallRecord:
 
         An editable install shows in ``pip freeze`` as a comment, ``# Editable ...
         (name==version)``, followed by ``-e <path>``; its version is marked editable.
+        A wheel installed from a file shows as ``name @ file:///.../name-version-...whl``.
         """
         key = package.lower().replace("_", "-")
         for line in self.freeze:
             text = line.strip("# ").split("(")[-1].rstrip(")") if "Editable" in line else line
+            from_wheel = re.fullmatch(r"(\S+) @ \S*/[^/-]+-([^-/]+)-[^/]*\.whl(#\S*)?", text)
+            if from_wheel:
+                text = f"{from_wheel.group(1)}=={from_wheel.group(2)}"
             name, _, version = text.partition("==")
             if name.strip().lower().replace("_", "-") == key:
                 return f"{version} (editable)" if "Editable" in line else version
@@ -134,10 +152,56 @@ def _pip_args(requirements: tuple[str, ...]) -> list[str]:
     return args
 
 
+def _registry_steps(peer: Peer) -> list[list[str]]:
+    """A fresh venv, then the peer's requirements from the package registry."""
+    pip_install = [str(peer.python), "-m", "pip", "install"]
+    return [
+        [sys.executable, "-m", "venv", str(peer.root / "venv")],
+        [*pip_install, "--upgrade", "pip"],
+        ["nice", "-n", "19", *pip_install, *_pip_args(peer.requirements)],
+    ]
+
+
+def _offline_wheels(peer: Peer) -> list[str]:
+    """The wheelhouse's wheels for ``peer``: all of them but another library's nnx-ppo."""
+    assert peer.wheelhouse is not None
+    wheels = sorted(str(path) for path in peer.wheelhouse.glob("*.whl"))
+    if peer.name.startswith("nnx-ppo-"):
+        return wheels
+    return [w for w in wheels if not Path(w).name.startswith("nnx_ppo-")]
+
+
+def _offline_steps(peer: Peer) -> list[list[str]]:
+    """A venv that sees this Python's packages, with the wheelhouse's wheels in front.
+
+    ``--system-site-packages`` would not do: it reaches the base interpreter's
+    packages, and a GPU image's Python is often a venv itself. A ``.pth`` file
+    puts this Python's site folders (and, for this repo, ``src/``) on the path
+    after the venv's own.
+    """
+    folders = [*site.getsitepackages(), *([str(REPO / "src")] if peer.editable else [])]
+    code = (
+        "import pathlib, sysconfig; "
+        "pathlib.Path(sysconfig.get_path('purelib'), 'nnx_ppo_bench.pth')"
+        f".write_text({chr(10).join(folders)!r})"
+    )
+    pip_install = [str(peer.python), "-m", "pip", "install"]
+    return [
+        # No pip of its own (an image's Python may lack ensurepip): the path reaches this one's.
+        [sys.executable, "-m", "venv", "--without-pip", str(peer.root / "venv")],
+        [str(peer.python), "-c", code],
+        [*pip_install, "--no-index", "--no-deps", *_offline_wheels(peer)],
+    ]
+
+
 def ensure(peer: Peer, reinstall: bool = False, quiet: bool = False) -> InstallRecord:
     """Install ``peer`` unless a matching venv (or a matching failure) is cached."""
     record = load_record(peer)
-    wanted = list(peer.requirements)
+    wanted = (
+        ["offline", *(Path(w).name for w in _offline_wheels(peer))]
+        if peer.wheelhouse
+        else list(peer.requirements)
+    )
     cached = record is not None and record.requirements == wanted and not reinstall
     if cached and record is not None and (not record.ok or peer.python.exists()):
         return record
@@ -148,20 +212,7 @@ def ensure(peer: Peer, reinstall: bool = False, quiet: bool = False) -> InstallR
     if not quiet:
         print(f"[install] {peer.name}: {' '.join(wanted)} (log: {log})", flush=True)
     with log.open("w") as out:
-        steps = [
-            [sys.executable, "-m", "venv", str(peer.root / "venv")],
-            [str(peer.python), "-m", "pip", "install", "--upgrade", "pip"],
-            [
-                "nice",
-                "-n",
-                "19",
-                str(peer.python),
-                "-m",
-                "pip",
-                "install",
-                *_pip_args(peer.requirements),
-            ],
-        ]
+        steps = _offline_steps(peer) if peer.wheelhouse else _registry_steps(peer)
         for command in steps:
             out.write(f"$ {' '.join(command)}\n")
             out.flush()
@@ -193,10 +244,24 @@ def _with_cuda_jax(requirement: str) -> str:
     return requirement if match is None else f"jax[cuda12]{match.group(1) or ''}"
 
 
-def peers_for(platform: str) -> dict[str, Peer]:
-    """The peers as installed for ``platform``: :data:`PEERS` on CPU; CUDA venvs of their own."""
+def peers_for(platform: str, wheelhouse: Path | None = None) -> dict[str, Peer]:
+    """The peers as installed for ``platform``: :data:`PEERS` on CPU; CUDA venvs of their own.
+
+    With ``wheelhouse``, offline venvs over this Python's own packages
+    (``<name>-<platform>-offline``), for every peer but rejax (no wheels for it).
+    """
     if platform not in PLATFORMS:
         raise ValueError(f"unknown platform {platform!r}; choose from {', '.join(PLATFORMS)}")
+    if wheelhouse is not None:
+        if not any(wheelhouse.glob("*.whl")):
+            raise ValueError(f"the wheelhouse {wheelhouse} holds no wheels")
+        return {
+            name: dataclasses.replace(
+                peer, name=f"{name}-{platform}-offline", wheelhouse=wheelhouse.resolve()
+            )
+            for name, peer in PEERS.items()
+            if name != "rejax"
+        }
     if platform == "cpu":
         return PEERS
     cuda = {}
@@ -213,8 +278,9 @@ def main() -> None:
     parser.add_argument("names", nargs="*", help=f"peers to install, of {', '.join(PEERS)}")
     parser.add_argument("--platform", choices=PLATFORMS, default="cpu")
     parser.add_argument("--reinstall", action="store_true")
+    parser.add_argument("--wheelhouse", type=Path, help="offline: this Python plus these wheels")
     args = parser.parse_args()
-    peers = peers_for(args.platform)
+    peers = peers_for(args.platform, args.wheelhouse)
     for name in args.names or list(peers):
         record = ensure(peers[name], args.reinstall)
         status = "ok" if record.ok else f"FAILED:\n{record.reason}"
