@@ -484,6 +484,15 @@ def main() -> None:
                 run = run_once(variant, peers[variant.peer], total_steps, args.platform)
                 if run.error:
                     print(f"[run]   failed: {run.error[:300]}", flush=True)
+                else:  # each run's figures as it ends, so a run cut short still shows them
+                    done = summarise(variant.label, [run])
+                    steady = f"{done.steady[0]:,.0f}" if done.steady else "?"
+                    first = f"{done.first_s:.1f}" if done.first_s is not None else "?"
+                    print(
+                        f"[run]   steady {steady} steps/s, first iteration {first} s, "
+                        f"wall {run.wall_s:.1f} s",
+                        flush=True,
+                    )
                 runs[variant].append(run)
         all_runs[workload] = [run for rs in runs.values() for run in rs]
         budget = total_steps or WORKLOADS[_SETTINGS_OF.get(workload, workload)].total_steps
