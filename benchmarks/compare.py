@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -422,6 +423,9 @@ def versions_line(name: str, record: InstallRecord | None) -> str:
         return f"{name}: not installed" + (f" ({record.reason.splitlines()[-1]})" if record else "")
     pins = ", ".join(f"{p}=={record.version_of(p)}" for p in VERSION_PACKAGES[name])
     if name == "ours":
+        # An offline venv runs src/ from the path, unknown to pip: the version is the project's.
+        project = tomllib.loads((HERE.parent / "pyproject.toml").read_text())["project"]
+        pins = pins.replace("nnx-ppo==?", f"nnx-ppo=={project['version']} (src)")
         commit = subprocess.run(
             ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
             capture_output=True,
