@@ -55,7 +55,11 @@ def main() -> None:
     env, config, state = prepared_state(workload, "bench_checks")
     graphdef, split = nnx.split((state.networks, state.optimizer))
     carry = _step._carry_of(state)
-    static = (_step._EnvArgument(env), _step._ConfigArgument(config), graphdef)
+    static = (
+        _step._EnvArgument(env),
+        _step._ConfigArgument(config),
+        _step._GraphArgument(graphdef),
+    )
 
     compiled: dict[str, Any] = {}
     texts: dict[str, str] = {}

@@ -45,14 +45,14 @@ def main() -> None:
     from nnx_ppo.algorithms import _step
 
     _, config, _, arguments = step_arguments(workload, "bench_keys")
-    env_argument, config_argument, graphdef, module_state, carry = arguments
+    env_argument, config_argument, graph, module_state, carry = arguments
     iterations = config.total_steps // config.steps_per_iteration
 
     def straight_keys(module_state: Any, carry: Any) -> Any:
         trained = _step._scan_steps(
             env_argument,
             config_argument,
-            graphdef,
+            graph,
             *_step._with_straight_line_keys(module_state, carry),
             iterations,
         )
@@ -63,7 +63,7 @@ def main() -> None:
     programs = {}
     start = time.perf_counter()
     programs["JAX keys (the library's program)"] = _step._compiled_steps.lower(
-        env_argument, config_argument, graphdef, module_state, carry, iterations
+        env_argument, config_argument, graph, module_state, carry, iterations
     ).compile()
     print(f"JAX keys: traced and compiled in {time.perf_counter() - start:.2f} s", flush=True)
     start = time.perf_counter()

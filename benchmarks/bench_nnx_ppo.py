@@ -127,7 +127,7 @@ def prepared_state(workload: Workload, owner: str, seed: int = 0) -> tuple[Any, 
 
 def step_arguments(workload: Workload, owner: str) -> tuple[Any, Any, Any, tuple[Any, ...]]:
     """:func:`prepared_state` and the leading arguments of its step programs
-    (``env, config, graphdef, module state, carry``, as the library passes them)."""
+    (``env, config, graph, module state, carry``, as the library passes them)."""
     from nnx_ppo.algorithms import _step
 
     env, config, state = prepared_state(workload, owner)

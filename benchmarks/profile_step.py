@@ -178,7 +178,11 @@ def main() -> None:
         ]
         whole_program = _step._compiled_run_steps
     collect_program, advantages_program, learn_program, env_program = programs
-    arguments = (_step._EnvArgument(env), _step._ConfigArgument(config), graphdef)
+    arguments = (
+        _step._EnvArgument(env),
+        _step._ConfigArgument(config),
+        _step._GraphArgument(graphdef),
+    )
 
     def whole() -> Any:
         return jax.device_get(whole_program(*arguments, split, carry, 1)[2])

@@ -160,7 +160,12 @@ def moving_collectives(env: Any, state: Any, ppo_config: PPOConfig) -> list[str]
     )
     with sharding.training_mesh(mesh):
         lowered = _step._compiled_steps.lower(
-            _step._EnvArgument(env), _step._ConfigArgument(ppo_config), graphdef, arrays, carry, 1
+            _step._EnvArgument(env),
+            _step._ConfigArgument(ppo_config),
+            _step._GraphArgument(graphdef),
+            arrays,
+            carry,
+            1,
         )
     text = lowered.compile().as_text()
     pattern = r"\b(all-gather|all-to-all|collective-permute|reduce-scatter)[-a-z]*\("
@@ -269,7 +274,7 @@ def runs() -> dict[str, Any]:
     lowered = _step._compiled_run_steps.lower(
         _step._EnvArgument(env),
         _step._ConfigArgument(config(2, STEP).ppo),
-        graphdef,
+        _step._GraphArgument(graphdef),
         _stack([arrays] * 4, where),
         _stack([_step._carry_of(state)] * 4, where),
         1,

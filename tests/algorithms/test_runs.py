@@ -166,7 +166,12 @@ def _many_runs_program() -> str:
     carries = _stack([_step._carry_of(s) for s in states], None)
     program = jax.make_jaxpr(
         lambda s, c: _step._compiled_run_steps(
-            _step._EnvArgument(ENV), _step._ConfigArgument(ppo), graphdef, s, c, 1
+            _step._EnvArgument(ENV),
+            _step._ConfigArgument(ppo),
+            _step._GraphArgument(graphdef),
+            s,
+            c,
+            1,
         )
     )(stacked, carries)
     return str(program)

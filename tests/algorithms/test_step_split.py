@@ -6,7 +6,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from nnx_ppo.algorithms._step import _split, _write_back
+from nnx_ppo.algorithms._step import _GraphArgument, _split, _write_back
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.ppo import new_training_state, ppo_step
 from nnx_ppo.envs import make
@@ -29,7 +29,7 @@ def pair(module: nnx.Module) -> tuple[nnx.Module, nnx.Optimizer]:
 
 def same_as_nnx_split(got, pair) -> None:
     graphdef, state = nnx.split(pair)
-    assert got.graphdef == graphdef
+    assert got.graph.graphdef == graphdef
     assert jax.tree.structure(got.state) == jax.tree.structure(state)
     for a, b in zip(jax.tree.leaves(got.state), jax.tree.leaves(state), strict=True):
         assert a is b
@@ -39,7 +39,7 @@ def test_a_structure_seen_before_reuses_its_graphdef_and_matches_nnx_split() -> 
     first, second = pair(Holder()), pair(Holder())
     split_first = _split(first)
     split_second = _split(second)
-    assert split_second.graphdef is split_first.graphdef  # no graph walk the second time
+    assert split_second.graph is split_first.graph  # no graph walk the second time
     same_as_nnx_split(split_second, second)
 
 
@@ -77,3 +77,21 @@ def test_write_back_reaches_a_variable_replaced_between_steps() -> None:
     state, _ = ppo_step(env, state, config)
     assert linear.bias is replaced
     assert np.any(np.asarray(replaced[...]) != 0.0)
+
+
+def test_the_graph_argument_hashes_its_graphdef_once(monkeypatch) -> None:
+    graphdef, _ = nnx.split(pair(Holder()))
+    other, _ = nnx.split(pair(Holder(shared=True)))
+    hash_graphdef = type(graphdef).__hash__
+    calls = []
+
+    def counted(self) -> int:
+        calls.append(self)
+        return hash_graphdef(self)
+
+    monkeypatch.setattr(type(graphdef), "__hash__", counted)
+    argument = _GraphArgument(graphdef)
+    assert hash(argument) == hash(argument) == hash_graphdef(graphdef)
+    assert len(calls) == 1
+    assert argument == _GraphArgument(graphdef)
+    assert argument != _GraphArgument(other)

@@ -224,7 +224,7 @@ def train_ppo_runs(
         _step._compiled_run_steps.lower(
             env_argument,
             config_argument,
-            graphdef,
+            _step._GraphArgument(graphdef),
             stacked_like_run_0(split),
             stacked_like_run_0(_step._carry_of(abstract)),
             first_call,
@@ -248,6 +248,7 @@ def train_ppo_runs(
         )
         states.append(_step._prepared("train_ppo_runs", state, ppo))
     graphdef, first = nnx.split((states[0].networks, states[0].optimizer))
+    graph = _step._GraphArgument(graphdef)
     splits = [first]
     for run, state in enumerate(states[1:], start=1):
         _, split = nnx.split((state.networks, state.optimizer))
@@ -313,7 +314,7 @@ def train_ppo_runs(
         start = time.perf_counter()
         fused = _steps_until_host_needed(steps_taken, config, checkpoint_fn is not None, False)
         new_stacked, new_carries, reports = _step._compiled_run_steps(
-            env_argument, config_argument, graphdef, stacked, carries, fused, mesh
+            env_argument, config_argument, graph, stacked, carries, fused, mesh
         )
         reports = jax.device_get(reports)
         per_run = []
