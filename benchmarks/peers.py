@@ -163,10 +163,10 @@ def _registry_steps(peer: Peer) -> list[list[str]]:
 
 
 def _offline_wheels(peer: Peer) -> list[str]:
-    """The wheelhouse's wheels for ``peer``: all of them but another library's nnx-ppo."""
+    """The wheelhouse's wheels for ``peer``: all, nnx-ppo's only for the peer that pins it."""
     assert peer.wheelhouse is not None
     wheels = sorted(str(path) for path in peer.wheelhouse.glob("*.whl"))
-    if peer.name.startswith("nnx-ppo-"):
+    if any(requirement.startswith("nnx-ppo==") for requirement in peer.requirements):
         return wheels
     return [w for w in wheels if not Path(w).name.startswith("nnx_ppo-")]
 
