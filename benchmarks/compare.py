@@ -13,7 +13,8 @@ workload:
 
 Workloads: ``A`` and ``B`` (Playground CartpoleBalance, MJX's JAX backend:
 this repo, nnx-ppo 0.3.0, Brax), ``large`` (config A at 4,096 envs, for a
-GPU: ``gpu_compare.sh``), ``small`` (CleanRL's CartPole config: this
+GPU: ``gpu_compare.sh``), ``large-calls`` (this repo alone on ``large``, one
+iteration per call against four), ``small`` (CleanRL's CartPole config: this
 repo's built-in cart-pole, the whole run in one call and one step per call,
 against rejax on gymnax), ``seeds`` (the small config, 8 seeds in one program,
 split over one CPU device per core and on one device, against one seed: steps/s
@@ -46,11 +47,22 @@ from bench_common import RESULT_PREFIX, T0_ENV_VAR, WORKLOADS
 from peers import CACHE, PEERS, PLATFORMS, InstallRecord, Peer, ensure, peers_for
 
 HERE = Path(__file__).resolve().parent
-ALL_WORKLOADS = ("A", "B", "large", "small", "seeds", "lstm", "checks", "checks-paired", "ceiling")
+ALL_WORKLOADS = (
+    "A",
+    "B",
+    "large",
+    "large-calls",
+    "small",
+    "seeds",
+    "lstm",
+    "checks",
+    "checks-paired",
+    "ceiling",
+)
 SINGLE_RUN_WORKLOADS = ("checks-paired", "ceiling")
 """Workloads whose one script run measures everything, so it runs once."""
 DEFAULT_WORKLOADS = {
-    "cpu": tuple(w for w in ALL_WORKLOADS if w != "large"),
+    "cpu": tuple(w for w in ALL_WORKLOADS if not w.startswith("large")),
     "cuda": ("large",),
 }
 """What runs without ``--workloads``: on CPU, all but the GPU-sized config."""
@@ -100,6 +112,16 @@ def variants_for(workload: str) -> list[Variant]:
             Variant("nnx-ppo (this repo)", "ours", args),
             Variant("nnx-ppo 0.3.0", "nnx-ppo-0.3.0", args),
             Variant("Brax PPO", "brax", args),
+        ]
+    if workload == "large-calls":
+        # Does the host's dispatch of one call per iteration leave the GPU waiting?
+        return [
+            Variant("one iteration per call", "ours", ("--workload", "large")),
+            Variant(
+                "four iterations per call",
+                "ours",
+                ("--workload", "large", "--iterations-per-call", "4"),
+            ),
         ]
     if workload == "small":
         # rejax compiles the whole run as one function; so does this repo with
@@ -185,6 +207,7 @@ def run_once(variant: Variant, peer: Peer, total_steps: int | None, platform: st
 
 
 _SETTINGS_OF = {
+    "large-calls": "large",
     "seeds": "small",
     "lstm": "memory",
     "checks": "A",
@@ -232,9 +255,18 @@ def summarise(label: str, runs: list[Run]) -> Row:
     wall_rates, firsts = [], []
     for run in good:
         r = run.result or {}
-        if r.get("iterations_per_call", 1) > 1:  # ticks arrive together: whole-run rate only
+        per_call = r.get("iterations_per_call", 1)
+        if per_call > 1 and len(r.get("iteration_s", ())) < per_call:
+            # One call for the whole run: its ticks arrive together, so only the
+            # whole run's rate, start-up and compile included, is known.
             rates.append(r["total_steps"] / r["wall_s"])
             wall_rates.append(r["total_steps"] / r["wall_s"])
+        elif per_call > 1:
+            call_rates, after_first = _per_call_rates(
+                r["iteration_steps"], r["iteration_s"], per_call
+            )
+            rates += call_rates
+            wall_rates.append(after_first)
         elif r.get("iteration_s"):
             rates += [s / t for s, t in zip(r["iteration_steps"], r["iteration_s"], strict=True)]
             wall_rates.append(sum(r["iteration_steps"]) / sum(r["iteration_s"]))
@@ -251,9 +283,16 @@ def summarise(label: str, runs: list[Run]) -> Row:
     row.wall_s = statistics.median(run.wall_s for run in good)
     row.rss_mb = statistics.median(run.max_rss_mb for run in good)
     r0 = good[0].result or {}
-    if r0.get("iterations_per_call", 1) > 1:
+    per_call = r0.get("iterations_per_call", 1)
+    if per_call > 1 and len(r0.get("iteration_s", ())) < per_call:
         row.first_s = None
-        row.note = "many steps per call: rates are the whole run's, start-up and compile included"
+        row.note = (
+            "the whole run in one call: rates are the whole run's, start-up and compile included"
+        )
+    elif per_call > 1:
+        row.note = (
+            f"{per_call} iterations per call: steady is per call, 1st iter is the first call's end"
+        )
     if "compile_s" in r0:
         compile_s = statistics.median((run.result or {})["compile_s"] for run in good)
         row.note = f"whole loop in one jit: compile {compile_s:.1f} s; rates are its run"
@@ -262,6 +301,25 @@ def summarise(label: str, runs: list[Run]) -> Row:
         peak = f"device peak memory {statistics.median(device_peaks):,.0f} MB"
         row.note = f"{row.note}; {peak}" if row.note else peak
     return row
+
+
+def _per_call_rates(
+    steps: list[int], seconds: list[float], per_call: int
+) -> tuple[list[float], float]:
+    """Each call's steps/s after the first call, and their pooled rate.
+
+    With ``per_call`` iterations per compiled call the host logs a call's
+    iterations together when it ends, so the ticks come in bursts of
+    ``per_call``: ``steps`` and ``seconds`` (between consecutive ticks) are
+    grouped from the first call's last tick on, one group per call.
+    """
+    start = per_call - 1  # the gaps before this are inside the first call
+    groups = [
+        (sum(steps[i : i + per_call]), sum(seconds[i : i + per_call]))
+        for i in range(start, len(steps), per_call)
+    ]
+    rates = [s / t for s, t in groups if t > 0]
+    return rates, sum(steps[start:]) / sum(seconds[start:])
 
 
 def _ratio(value: float | None, reference: float | None) -> str:

@@ -11,6 +11,9 @@ program on the same state (best of ``--repeats`` after a warm-up call):
 - ``learn``: every epoch's minibatch updates (``_learn``);
 - ``whole step``: the compiled PPO step as training runs it (one iteration,
   metrics and statistics included, its report fetched to the host);
+- ``N/call`` (with ``--per-call N``): the same program running N iterations
+  in one call, per iteration: what the host's dispatch of one call per
+  iteration costs is its difference from ``whole step``;
 - ``plain learn``: a reference outside this library, written in plain JAX and
   optax: the same layer shapes, activation, epochs, minibatches and optimizer
   (Adam, clipped as the config clips), each update the gradient of a squared
@@ -120,6 +123,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="runs vmapped in one program")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--trace", help="write a jax.profiler trace of 3 whole steps here")
+    parser.add_argument(
+        "--per-call",
+        type=int,
+        default=1,
+        help="also time the compiled step with this many iterations in one call (ms per iteration)",
+    )
     args = parser.parse_args()
     workload = WORKLOADS[args.workload]
 
@@ -184,8 +193,8 @@ def main() -> None:
         _step._GraphArgument(graphdef),
     )
 
-    def whole() -> Any:
-        return jax.device_get(whole_program(*arguments, split, carry, 1)[2])
+    def whole(iterations: int = 1) -> Any:
+        return jax.device_get(whole_program(*arguments, split, carry, iterations)[2])
 
     with rollout._across_runs(_step._RUN_AXIS) if args.runs > 1 else contextlib.nullcontext():
         transitions = collect_program(split, carry)
@@ -200,6 +209,9 @@ def main() -> None:
             "learn": best_seconds(lambda: learn_program(split, data), args.repeats),
             "whole step": best_seconds(whole, args.repeats),
         }
+        if args.per_call > 1:
+            many = best_seconds(lambda: whole(args.per_call), args.repeats)
+            times[f"{args.per_call}/call"] = many / args.per_call
         obs = env.observation_size
         if isinstance(obs, int):
             shapes = layer_shapes(workload, obs, env.action_size)
@@ -218,6 +230,7 @@ def main() -> None:
             "rollout": flops[0],
             "learn": flops[1],
             "whole step": sum(flops),
+            f"{args.per_call}/call": sum(flops),
             "plain learn": flops[1],
         }
     part_flops = {name: f * args.runs for name, f in part_flops.items()}
