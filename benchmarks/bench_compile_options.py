@@ -54,7 +54,7 @@ def main() -> None:
         for part, program, inputs in (
             ("reset", _step._compiled_reset, reset_static),
             ("rollout", _step._compiled_collect, (*arguments, fresh)),
-            ("learning", _step._compiled_learn, (*arguments, collected)),
+            ("learning", _step._compiled_learn, _step._learning_arguments(arguments, collected)),
         ):
             start = time.perf_counter()
             programs.append((program if library else program.plain).lower(*inputs).compile())
@@ -72,7 +72,7 @@ def main() -> None:
         out = jax.block_until_ready(collect(*dynamic, fresh))
         times["rollout"] = time.perf_counter() - start
         start = time.perf_counter()
-        jax.block_until_ready(learn(*dynamic, out))
+        jax.block_until_ready(learn(*_step._learning_arguments(arguments, out)[3:]))
         times["learning"] = time.perf_counter() - start
         return times
 
