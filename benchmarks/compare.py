@@ -256,9 +256,7 @@ def summarise(label: str, runs: list[Run]) -> Row:
     for run in good:
         r = run.result or {}
         per_call = r.get("iterations_per_call", 1)
-        if per_call > 1 and len(r.get("iteration_s", ())) < per_call:
-            # One call for the whole run: its ticks arrive together, so only the
-            # whole run's rate, start-up and compile included, is known.
+        if _one_call(r):  # its ticks arrive together: only the whole run's rate is known
             rates.append(r["total_steps"] / r["wall_s"])
             wall_rates.append(r["total_steps"] / r["wall_s"])
         elif per_call > 1:
@@ -284,7 +282,7 @@ def summarise(label: str, runs: list[Run]) -> Row:
     row.rss_mb = statistics.median(run.max_rss_mb for run in good)
     r0 = good[0].result or {}
     per_call = r0.get("iterations_per_call", 1)
-    if per_call > 1 and len(r0.get("iteration_s", ())) < per_call:
+    if _one_call(r0):
         row.first_s = None
         row.note = (
             "the whole run in one call: rates are the whole run's, start-up and compile included"
@@ -301,6 +299,12 @@ def summarise(label: str, runs: list[Run]) -> Row:
         peak = f"device peak memory {statistics.median(device_peaks):,.0f} MB"
         row.note = f"{row.note}; {peak}" if row.note else peak
     return row
+
+
+def _one_call(result: dict[str, Any]) -> bool:
+    """Whether a run of several iterations per call ran them all in its one call."""
+    per_call = result.get("iterations_per_call", 1)
+    return per_call > 1 and len(result.get("iteration_s", ())) < per_call
 
 
 def _per_call_rates(

@@ -230,9 +230,10 @@ def main() -> None:
             "rollout": flops[0],
             "learn": flops[1],
             "whole step": sum(flops),
-            f"{args.per_call}/call": sum(flops),
             "plain learn": flops[1],
         }
+        if args.per_call > 1:
+            part_flops[f"{args.per_call}/call"] = sum(flops)
     part_flops = {name: f * args.runs for name, f in part_flops.items()}
     steps = workload.steps_per_iteration * args.runs
     print(
