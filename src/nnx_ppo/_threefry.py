@@ -13,8 +13,10 @@ rounds written out so that XLA fuses them like any element-wise work.
 Keys enter and leave that program as JAX's own (:func:`straight_line_keys`,
 :func:`standard_keys`), so nothing outside sees the difference and every seeded
 result is unchanged; ``tests/test_threefry.py`` checks the equality draw by draw.
-The env's keys stay JAX's own inside the program too: an env that keeps its key
-in its state must find there the type its ``reset`` gave it. One run's programs
+The env states keep JAX's own keys inside the program too, and the env's
+``reset`` and ``step`` get theirs as straight-line keys, handing back JAX's own
+(``rollout._env_draws_straight_line``): an env that keeps its key in its state
+finds there the type its ``reset`` gave it. One run's programs
 keep JAX's loop: the straight-line hash ran the small CartPole configuration's
 whole-run call about 18% slower (``benchmarks/README.md``, "Several runs' keys
 hashed without JAX's loop").

@@ -4,6 +4,7 @@ import copy
 import functools
 
 import jax
+import jax.extend.core as jex_core
 import numpy as np
 import pytest
 from flax import nnx
@@ -152,6 +153,12 @@ def test_networks_that_differ_between_runs_are_refused() -> None:
 @functools.cache
 def _many_runs_program() -> str:
     """The jaxpr of two runs' PPO step in one program."""
+    return str(_many_runs_jaxpr())
+
+
+@functools.cache
+def _many_runs_jaxpr() -> jex_core.ClosedJaxpr:
+    """Two runs' PPO step in one program, traced."""
     from nnx_ppo.algorithms import _step
     from nnx_ppo.algorithms._runs import _stack
     from nnx_ppo.algorithms.ppo import new_training_state
@@ -174,7 +181,7 @@ def _many_runs_program() -> str:
             1,
         )
     )(stacked, carries)
-    return str(program)
+    return program
 
 
 def test_the_truncation_pass_stays_a_branch_in_the_many_runs_program() -> None:
@@ -188,3 +195,26 @@ def test_the_many_runs_program_hashes_keys_without_jax_loop() -> None:
     """On CPU, several runs' keys hash as straight-line code (``nnx_ppo._threefry``);
     ``test_runs_in_one_program_equal_the_runs_one_by_one`` shows the numbers are the same."""
     assert "key<fry_sl>" in _many_runs_program()
+
+
+def _key_types_drawn_from(jaxpr: jex_core.Jaxpr) -> set[str]:
+    """The key types of every draw, split and fold-in in ``jaxpr`` and the programs inside it."""
+    found = set()
+    for equation in jaxpr.eqns:
+        if equation.primitive.name in ("random_bits", "random_split", "random_fold_in"):
+            found.add(str(equation.invars[0].aval.dtype))
+        for param in equation.params.values():
+            for inner in param if isinstance(param, (tuple, list)) else (param,):
+                if isinstance(inner, jex_core.ClosedJaxpr):
+                    found |= _key_types_drawn_from(inner.jaxpr)
+                elif isinstance(inner, jex_core.Jaxpr):
+                    found |= _key_types_drawn_from(inner)
+    return found
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="only CPU hashes keys in a loop")
+def test_the_envs_draws_in_the_many_runs_program_hash_without_jax_loop() -> None:
+    """The env's reset and step draw with straight-line keys too (CartPole's reset draws
+    its initial state); ``test_an_env_keeping_a_key_trains_in_one_program_as_alone``
+    shows an env keeping a key still finds JAX's own in its state, with the same numbers."""
+    assert _key_types_drawn_from(_many_runs_jaxpr().jaxpr) == {"key<fry_sl>"}

@@ -90,9 +90,10 @@ def _reset_key(key: PRNGKeyArray) -> PRNGKeyArray:
 def _reset_from(env: RLEnv, key: PRNGKeyArray, n_envs: int) -> EnvState:
     """``n_envs`` reset env states, one per key of ``jax.random.split(key, n_envs)``.
 
-    The env gets JAX's own keys even where the step draws with straight-line keys
-    (several runs on CPU): an env that keeps its key in its state (Playground's
+    The env states keep JAX's own keys even where the step draws with straight-line
+    keys (several runs on CPU): an env that keeps its key in its state (Playground's
     ``info["rng"]``) must keep the key type its ``reset`` gave it outside the program.
+    Inside the env's own calls :func:`rollout._env_call` decides the key type.
     """
     return rollout.reset_envs(env, standard_keys(jax.random.split(key, n_envs)))
 
@@ -389,7 +390,7 @@ def _compiled_run_steps(
         straight = jax.default_backend() == "cpu" and carries.key.shape[0] > 1
         if straight:
             states, carries = _with_straight_line_keys(states, carries)
-        with rollout._across_runs(_RUN_AXIS):
+        with rollout._across_runs(_RUN_AXIS), rollout._env_draws_straight_line(straight):
             trained = jax.vmap(one_run, axis_name=_RUN_AXIS)(states, carries)
         return standard_keys(trained) if straight else trained
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Integer, Key, PRNGKeyArray, PyTree, Shaped
 
+from nnx_ppo._threefry import standard_keys, straight_line_keys
 from nnx_ppo.algorithms import sharding
 from nnx_ppo.algorithms.metrics import summarize
 from nnx_ppo.algorithms.recording import (
@@ -223,7 +224,7 @@ class _BatchedEnv:
 
     def reset(self, keys: Key[Array, " B"]) -> EnvState:
         def reset_one(key: PRNGKeyArray) -> EnvState:
-            state = self.env.reset(key)
+            state = _env_call(self.env.reset, key)
             check_env_state(state, where=f"{self.name}.reset", reference=self.reference)
             return state
 
@@ -239,7 +240,7 @@ class _BatchedEnv:
         check_action_tree(actions, self.env, where=where, batch_size=n_envs_of(state, where))
 
         def step_one(state: EnvState, action: Any) -> EnvState:
-            stepped = self.env.step(state, action)
+            stepped = _env_call(self.env.step, state, action)
             check_env_state(stepped, where=where, reference=self.reference)
             return stepped
 
@@ -372,6 +373,38 @@ def _in_any_run(flag: Bool[Array, ""]) -> Bool[Array, ""]:
     """``flag`` of this run, or of any stacked run under :func:`_across_runs`."""
     axis = _RUN_AXIS.get()
     return flag if axis is None else jax.lax.psum(flag.astype(jnp.int32), axis) > 0
+
+
+_STRAIGHT_LINE_ENV_KEYS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "straight_line_env_keys", default=False
+)
+"""Whether the env's ``reset`` and ``step`` being traced draw with straight-line keys."""
+
+
+@contextlib.contextmanager
+def _env_draws_straight_line(enabled: bool) -> Iterator[None]:
+    """While tracing, with ``enabled``: the env's ``reset`` and ``step`` get their keys as
+    straight-line keys (``nnx_ppo._threefry``) and hand back JAX's own.
+
+    The several-runs program on CPU hashes its own keys so; an env's draws (a reset's
+    initial state, noise from a key kept in the state) would otherwise keep JAX's
+    loop, which several runs outgrow: it then runs op by op and takes a large share of
+    the program's compile. The numbers are the same, and the env state keeps JAX's
+    keys outside the call, so the env sees one key type in all its calls.
+    """
+    token = _STRAIGHT_LINE_ENV_KEYS.set(enabled)
+    try:
+        yield
+    finally:
+        _STRAIGHT_LINE_ENV_KEYS.reset(token)
+
+
+def _env_call(call: Callable[..., EnvState], *arguments: Any) -> EnvState:
+    """``call(*arguments)``, an env's ``reset`` or ``step``, with the keys
+    :func:`_env_draws_straight_line` asks for."""
+    if not _STRAIGHT_LINE_ENV_KEYS.get():
+        return call(*arguments)
+    return standard_keys(call(*straight_line_keys(arguments)))
 
 
 def _values(networks: StatefulModule, carry: Carry, obs: Any) -> PyTree[Float[Array, " B"]]:
