@@ -90,12 +90,12 @@ def _reset_key(key: PRNGKeyArray) -> PRNGKeyArray:
 def _reset_from(env: RLEnv, key: PRNGKeyArray, n_envs: int) -> EnvState:
     """``n_envs`` reset env states, one per key of ``jax.random.split(key, n_envs)``.
 
-    The env states keep JAX's own keys even where the step draws with straight-line
-    keys (several runs on CPU): an env that keeps its key in its state (Playground's
-    ``info["rng"]``) must keep the key type its ``reset`` gave it outside the program.
-    Inside the env's own calls :func:`rollout._env_call` decides the key type.
+    Where the step draws with straight-line keys (several runs on CPU), so does the
+    env, and its states still hold JAX's own keys (:func:`rollout._env_call`): an env
+    that keeps its key in its state (Playground's ``info["rng"]``) must keep the key
+    type its ``reset`` gave it outside the program.
     """
-    return rollout.reset_envs(env, standard_keys(jax.random.split(key, n_envs)))
+    return rollout.reset_envs(env, jax.random.split(key, n_envs))
 
 
 class Collected(NamedTuple):
