@@ -33,8 +33,9 @@ with tempfile.TemporaryDirectory() as root:
     def log_fn(metrics, step):
         reached["step"] = step
 
-    # should_stop is polled after every PPO step (the CLI sets it from Ctrl-C); a final
-    # checkpoint of the state reached is written before train_ppo returns.
+    # should_stop is polled after every compiled call, here every PPO step (the CLI sets
+    # it from Ctrl-C); a final checkpoint of the state reached is written before
+    # train_ppo returns.
     stopped = train_ppo(
         env,
         fresh_network(),
@@ -46,8 +47,18 @@ with tempfile.TemporaryDirectory() as root:
     print("stopped early at", stopped.total_steps, "of", config.ppo.total_steps)
     print("steps on disk:", sorted(p.name for p in directory.iterdir()))
 
-    # Resume: a template of the same architecture and n_envs, filled in from the latest step.
-    template = new_training_state(env, fresh_network(), config.ppo.n_envs, config.seed)
+    # Resume: a template of the same architecture, n_envs and optimizer (built from the
+    # config as train_ppo builds it), filled in from the latest step.
+    ppo = config.ppo
+    template = new_training_state(
+        env,
+        fresh_network(),
+        ppo.n_envs,
+        config.seed,
+        ppo.optimizer_learning_rate(),
+        ppo.gradient_clipping,
+        ppo.weight_decay,
+    )
     loaded = load_checkpoint(directory, template)
     print("loaded step", loaded["step"], "and its config:", loaded["config"] == config)
     result = train_ppo(env, template.networks, config, initial_state=loaded["training_state"])

@@ -91,6 +91,8 @@ def test_logging_level_members_are_those_of_0_3_0():
         ({"value_clip_range": 0.0}, ValueError, "value_clip_range must be > 0"),
         ({"target_kl": -0.01}, ValueError, "target_kl must be > 0"),
         ({"advantage_normalization": "batch"}, ValueError, "'per_leaf' or 'global'"),
+        ({"normalize_advantages": "false"}, TypeError, "normalize_advantages must be a bool"),
+        ({"combine_advantages": None}, TypeError, "combine_advantages must be a bool"),
         ({"logging_level": 3}, TypeError, "logging_level must be a LoggingLevel"),
         ({"logging_percentiles": (50, 101)}, ValueError, r"entry must lie in \[0, 100\]"),
         ({"logging_percentiles": [50]}, TypeError, "logging_percentiles must be"),

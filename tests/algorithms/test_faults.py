@@ -269,7 +269,8 @@ def test_unused_checkpoint_and_video_cadences_do_not_stop_fusion(
     config = train_config(8 * STEP, iterations_per_call=4)
     config.checkpoint_every_steps = STEP
     config.video.enabled, config.video.every_steps = True, STEP
-    train_ppo(counting_env, scripted_network(), config)  # no checkpoint_fn, no video_fn
+    with pytest.warns(UserWarning, match="no video_fn is given"):
+        train_ppo(counting_env, scripted_network(), config)  # no checkpoint_fn, no video_fn
     assert calls == [4, 4]
 
 

@@ -85,6 +85,15 @@ def test_runs_in_one_program_equal_the_runs_one_by_one() -> None:
         ]
         assert [step for r, step, _ in saved if r == run] == [0, 2 * STEP, 4 * STEP]
         assert results[run].training_state.steps_taken == 4 * STEP
+        # A checkpointed run holds the optimizer state of a single run at its rate, so
+        # it loads into new_training_state(..., learning_rate=rate, ...).
+        checkpointed = nnx.state(saved[-2 + run][2].optimizer)
+        single_run = nnx.state(expected.training_state.optimizer)
+        assert jax.tree.structure(checkpointed) == jax.tree.structure(single_run)
+        for got, want in zip(
+            jax.tree.leaves(checkpointed), jax.tree.leaves(single_run), strict=True
+        ):
+            np.testing.assert_allclose(got, want, atol=1e-5)
     final = [state for r, step, state in saved if step == 4 * STEP]
     assert [s.networks for s in final] == [r.training_state.networks for r in results]
 
@@ -129,6 +138,13 @@ def test_an_env_keeping_a_key_trains_in_one_program_as_alone() -> None:
         assert jax.random.key_impl(keys) == jax.random.key_impl(
             trained.training_state.env_states.info["rng"]
         )
+
+
+def test_a_video_config_is_warned_of_since_several_runs_record_none() -> None:
+    short = copy.deepcopy(config())
+    short.ppo.total_steps, short.eval.enabled, short.video.enabled = STEP, False, True
+    with pytest.warns(UserWarning, match="train_ppo_runs records no videos"):
+        train_ppo_runs(ENV, network, short, seeds=[0, 1])
 
 
 @pytest.mark.parametrize(

@@ -191,6 +191,9 @@ def test_hooks_and_history(counting_env, scripted_network):
         assert {"eval/episode_reward/std", "eval/lifespan/mean", "eval/lifespan/p50"} <= set(entry)
     assert checkpoints == [(0, 0), (3 * STEP, 3 * STEP), (6 * STEP, 6 * STEP)]
     assert [step for step, _ in logged] == [0] + [k * STEP for k in range(1, 7)]
+    assert [metrics["total_steps"] for _, metrics in logged] == [0] + [
+        k * STEP for k in range(1, 7)
+    ]
     assert all(isinstance(v, float) for _, metrics in logged for v in metrics.values())
     assert logged[-1][1] == result.final_metrics
     assert "losses/actor/mean" in result.final_metrics
@@ -291,6 +294,16 @@ def test_config_and_state_must_agree_on_the_number_of_envs(counting_env, scripte
         ppo_step(counting_env, state, ppo_config())
 
 
+def test_a_config_field_changed_after_construction_is_checked_by_ppo_step(
+    counting_env, scripted_network
+):
+    config = ppo_config()
+    state = new_training_state(counting_env, scripted_network(), config.n_envs, seed=0)
+    config.clip_range = -1.0
+    with pytest.raises(ValueError, match="clip_range must be > 0"):
+        ppo_step(counting_env, state, config)
+
+
 def test_recurrent_sampling_policy_replays_its_rollout_exactly():
     # An LSTM policy whose sampler draws from per-env keys in carry, on episodes that
     # end mid-rollout: replaying minibatches of envs at unchanged parameters scores
@@ -335,6 +348,17 @@ def test_video_records_a_deterministic_episode(counting_env, scripted_network):
     assert counters[:horizon] == list(range(horizon))
     assert video.episode_reward == sum(range(1, horizon + 1))
     assert video.episode_length == 6
+
+
+def test_a_video_asked_for_by_only_the_config_or_only_a_video_fn_is_warned_of(
+    counting_env, scripted_network
+):
+    config = train_config(STEP)
+    with pytest.warns(UserWarning, match="video_fn is given but config.video.enabled is False"):
+        train_ppo(counting_env, scripted_network(), config, video_fn=print)
+    config.video = VideoConfig(enabled=True)
+    with pytest.warns(UserWarning, match="config.video.enabled is True but no video_fn"):
+        train_ppo(counting_env, scripted_network(), config)
 
 
 def test_config_types_are_checked(counting_env, scripted_network):

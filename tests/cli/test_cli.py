@@ -1,5 +1,6 @@
 """The nnx-ppo command end to end: run directory, resume, interruption, broken checkpoints."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from cli_runs import TINY, parameters, train
@@ -109,6 +111,15 @@ def test_a_different_architecture_is_refused_with_the_paths_that_differ(
     assert "network.hidden_sizes is [16] in the run, [16, 16] here" in shown
     assert "may not change on resume: env, episode_length, network.kind" in shown
 
+    # The checkpoint holds the run's keys: a new seed would reseed only the evaluations.
+    assert main(["train", "--resume", str(run_dir), "--seed", "5"]) == 2
+    assert "seed is 0 in the run, 5 here" in capsys.readouterr().out
+    # A resumed run writes into its own directory.
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "--resume", str(run_dir), "--run-dir", str(tmp_path / "elsewhere")])
+    assert exited.value.code == 2
+    assert "--run-dir: not allowed with argument --resume" in capsys.readouterr().err
+
 
 def test_broken_checkpoints_are_named(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
@@ -148,6 +159,54 @@ def test_a_new_run_refuses_a_directory_that_holds_one(
     capsys.readouterr()
     assert train(run_dir, 128) == 2
     assert f"{run_dir} already holds a run; continue it with --resume" in capsys.readouterr().out
+
+
+def test_a_checkpoint_directory_of_another_run_is_refused_not_mixed(tmp_path: Path) -> None:
+    from nnx_ppo.algorithms.checkpointing import make_checkpoint_fn
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+    from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
+
+    env = make("cartpole")
+    config = TrainConfig(
+        ppo=PPOConfig(n_envs=4, rollout_length=16, total_steps=128, n_minibatches=2),
+        eval=EvalConfig(enabled=False),
+        checkpoint_every_steps=64,
+    )
+
+    def network(seed: int) -> nnx.Module:
+        return make_default_network(env, nnx.Rngs(seed), hidden_sizes=[8])
+
+    directory = tmp_path / "checkpoints"
+    first = train_ppo(env, network(0), config, checkpoint_fn=make_checkpoint_fn(directory))
+    with pytest.raises(CheckpointError, match=r"already holds checkpoints up to step 128 of"):
+        train_ppo(env, network(1), config, checkpoint_fn=make_checkpoint_fn(directory))
+    assert find_checkpoint(directory)[1] == 128
+    restored = network(2)
+    load_checkpoint(directory, restored)
+    for kept, trained in zip(
+        jax.tree.leaves(nnx.state(restored, nnx.Param)),
+        jax.tree.leaves(nnx.state(first.training_state.networks, nnx.Param)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(kept), np.asarray(trained))
+
+    # The run's own directory, resumed from its latest step, takes its later checkpoints.
+    ppo = config.ppo
+    template = new_training_state(env, network(3), ppo.n_envs, config.seed, ppo.learning_rate)
+    state = load_checkpoint(directory, template)["training_state"]
+    longer = dataclasses.replace(config, ppo=dataclasses.replace(ppo, total_steps=192))
+    resumed = train_ppo(
+        env,
+        template.networks,
+        longer,
+        checkpoint_fn=make_checkpoint_fn(directory),
+        initial_state=state,
+    )
+    assert find_checkpoint(directory)[1] == 192
+    # Passing the latest step again is a no-op for the same state, refused for another.
+    make_checkpoint_fn(directory)(resumed.training_state, 192)
+    with pytest.raises(CheckpointError, match="checkpoint of step 192 holds other arrays"):
+        make_checkpoint_fn(directory)(state, 192)
 
 
 def test_checkpoints_store_a_train_config_only(tmp_path: Path) -> None:

@@ -260,6 +260,18 @@ def test_update_statistics_receiving_leaves_of_different_t_or_b(
     assert f"found:    shape {b_shape} float32" in message
 
 
+def test_update_statistics_given_one_step_instead_of_the_stacked_history() -> None:
+    recorder = StatsRecorder(3)
+    emitted = recorder((), _zeros(B, 3)).rollout_extras
+
+    message = _message(lambda: recorder.update_statistics(emitted))
+
+    assert "StatsRecorder.update_statistics: was given a history whose leaf" in message
+    assert "expected: (T, B, 3) float32: 3 axes, the T steps of the B envs" in message
+    assert "found:    shape (8, 3) float32: 2 axes, one step (B, *emitted)" in message
+    assert "T=8" not in message  # T and B cannot be read off the malformed leaf
+
+
 def test_regularization_loss_of_the_wrong_shape() -> None:
     message = _message(lambda: PerFeatureRegularization()(*_batch()))
 

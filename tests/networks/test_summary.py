@@ -167,6 +167,37 @@ def test_a_violation_ends_the_table_at_the_failing_module_and_marks_it() -> None
     assert f"found:    {result.error.found}" in text
 
 
+class Doubled(Dense):
+    """A subclass that calls its parent's ``__call__`` through ``super()``."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        out = super().__call__(state, x, rollout_extras)
+        return out.replace(output=2 * out.output)
+
+
+class DropsTheBatchTwice(DropsTheBatch):
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return super().__call__(state, 2 * x, rollout_extras)
+
+
+def test_a_call_through_super_is_one_row_and_its_violation_marks_it() -> None:
+    rngs = nnx.Rngs(0)
+    result = nnx_ppo.summary(Sequential([Dense(4, 3, rngs), Doubled(3, 2, rngs)]), jnp.zeros(4))
+    assert [(row.path, row.depth, row.module_class) for row in result.rows] == [
+        ("", 0, "Sequential"),
+        (".layers[0]", 1, "Dense"),
+        (".layers[1]", 1, "Doubled"),
+    ]
+
+    result = nnx_ppo.summary(Sequential([Dense(4, 3, rngs), DropsTheBatchTwice()]), jnp.zeros(4))
+    assert [row.module_class for row in result.rows] == [
+        "Sequential",
+        "Dense",
+        "DropsTheBatchTwice",
+    ]
+    assert result.rows[-1].error is result.error is not None
+
+
 class KeepsStatistics(StatefulModule):
     """Emits its input for update_statistics, which it does not route from anywhere."""
 
@@ -216,6 +247,18 @@ def test_print_summary_prints_and_returns_the_summary() -> None:
     assert "Sequential: 23 parameters" in printed
     assert "(B, 4)" in printed and "(B, 2)" in printed
     assert isinstance(result.rows[1], ModuleRow)
+
+
+def test_off_a_terminal_the_summary_is_not_folded_to_the_consoles_width() -> None:
+    env = envs.make("cartpole")
+    network = make_default_network(env, nnx.Rngs(0), hidden_sizes=[8])
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=80, color_system=None)  # a log file: no terminal
+    print_summary(network, jnp.zeros(4), console)
+    lines = buffer.getvalue().splitlines()
+    assert max(map(len, lines)) > 80 and console.width == 80
+    assert any(".layers[0] (Normalizer)" in line for line in lines)
+    assert any("[1]['action'][2] (B,) key<fry>" in line for line in lines)
 
 
 class StopsTraining(Exception):

@@ -145,6 +145,24 @@ class LastStepStatistics(StatefulModule):
         self.mean[...] = rollout_extras[-1].mean(axis=0)
 
 
+class CountsStepsNotSamples(StatefulModule):
+    """A running mean that weighs each history by its T steps, forgetting its B envs."""
+
+    def __init__(self) -> None:
+        self.mean = nnx.BatchStat(jnp.zeros(FEATURES))
+        self.count = nnx.BatchStat(jnp.zeros(()))
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return _out((), x - self.mean[...], x)
+
+    def update_statistics(self, rollout_extras: Array) -> None:
+        steps = rollout_extras.shape[0]
+        count = self.count[...] + steps
+        batch_mean = rollout_extras.mean(axis=(0, 1))
+        self.mean[...] = self.mean[...] + (batch_mean - self.mean[...]) * steps / count
+        self.count[...] = count
+
+
 class ReplaySkipsTheCarry(Leaky):
     """In replay, keeps the carry it was given instead of advancing it."""
 
@@ -376,6 +394,12 @@ MODULE_BUGS: dict[
         {},
         ModuleProperty.STATISTICS_ORDER,
         "LastStepStatistics.mean",
+    ),
+    "statistics that count the steps of a history, not its samples": (
+        CountsStepsNotSamples,
+        {"time_lengths": (4,)},
+        ModuleProperty.STATISTICS_ORDER,
+        "CountsStepsNotSamples.count",
     ),
     "replay that does not advance the carry": (
         ReplaySkipsTheCarry,

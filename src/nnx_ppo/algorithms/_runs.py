@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ from nnx_ppo.algorithms import _step, sharding
 from nnx_ppo.algorithms._train import (
     _adam_with_rate,
     _crossed,
+    _default_optimizer,
     _evaluate,
     _key_at,
     _new_training_state,
@@ -67,6 +69,42 @@ def _run_optimizer(config: PPOConfig, learning_rate: float) -> optax.GradientTra
     )
     rate = optax.chain(*decay, optax.inject_hyperparams(optax.scale)(step_size=-learning_rate))
     return _adam_with_rate(rate, config.gradient_clipping, config.weight_decay)
+
+
+def _as_single_run(state: TrainingState, config: PPOConfig, learning_rate: float) -> TrainingState:
+    """``state`` with its optimizer as :func:`train_ppo` builds it at ``learning_rate``.
+
+    A run of :func:`_run_optimizer` holds its learning rate in its optimizer state;
+    the state a checkpoint stores is the one a single run at that rate would hold,
+    so that it loads into ``new_training_state(..., learning_rate, ...)``. Both
+    optimizers are :func:`_adam_with_rate`'s chains, which differ in their last
+    transformation alone: the rate.
+    """
+    single = nnx.Optimizer(
+        state.networks,
+        _default_optimizer(
+            dataclasses.replace(config, learning_rate=learning_rate).optimizer_learning_rate(),
+            config.gradient_clipping,
+            config.weight_decay,
+        ),
+        wrt=nnx.Param,
+    )
+    runs = state.optimizer
+
+    def copy(source: Any, target: Any) -> None:
+        def variables(tree: Any) -> list[nnx.Variable[Any]]:
+            return jax.tree.leaves(tree, is_leaf=lambda leaf: isinstance(leaf, nnx.Variable))
+
+        for value, variable in zip(variables(source), variables(target), strict=True):
+            variable[...] = value[...]
+
+    *clipping, inner = runs.opt_state
+    *single_clipping, single_inner = single.opt_state
+    copy(runs.step, single.step)
+    copy((*clipping, *inner[:-1]), (*single_clipping, *single_inner[:-1]))
+    if config.learning_rate_schedule == "linear":  # the rate: (decay, injected scale)
+        copy(inner[-1][0], single_inner[-1])
+    return state.replace(optimizer=single)
 
 
 def _require_runs(
@@ -190,9 +228,11 @@ def train_ppo_runs(
         still applies to each).
       log_fn: called as ``log_fn(run, metrics, step)`` after every PPO step (and
         the initial evaluation) of every run, ``run`` its index.
-      checkpoint_fn: called as ``checkpoint_fn(run, training_state, step)`` at
-        ``config.checkpoint_every_steps`` and at the end; ``training_state`` is
-        run ``run``'s own, loadable into a single run.
+      checkpoint_fn: called as ``checkpoint_fn(run, training_state, step)`` at step
+        0, every ``config.checkpoint_every_steps`` and at the end, after that step's
+        ``log_fn``; ``training_state`` is run ``run``'s own, its optimizer state that
+        of a single run at its learning rate, so it loads into
+        ``new_training_state(..., learning_rate, ...)``.
       eval_env: the evaluation environment; ``env`` when ``None``.
 
     Returns:
@@ -207,6 +247,12 @@ def train_ppo_runs(
         named by run; no network is changed by that call.
     """
     config = _with_overrides(config, None, None, None)
+    if config.video.enabled:
+        warnings.warn(
+            "train_ppo_runs records no videos: config.video.enabled is ignored. Record a "
+            "run's video with train_ppo, or from its checkpoint.",
+            stacklevel=2,
+        )
     seeds, rates = _require_runs(seeds, learning_rates, config)
     mesh = sharding.runs_mesh(config.devices, len(seeds))
     where = None if mesh is None else NamedSharding(mesh, PartitionSpec(sharding.RUNS_AXIS))
@@ -281,34 +327,50 @@ def train_ppo_runs(
             for run, state in enumerate(states)
         ]
 
-    def host_work(checkpoint_due: bool) -> list[dict[str, float]]:
+    def evaluate(states: list[TrainingState]) -> list[dict[str, float]]:
+        """Every run's evaluation metrics when one is due, else empty dicts."""
         evaluations: list[dict[str, float]] = [{} for _ in seeds]
+        if not (
+            config.eval.enabled and _crossed(last["eval"], steps_taken, config.eval.every_steps)
+        ):
+            return evaluations
+        for run, (seed, state) in enumerate(zip(seeds, states, strict=True)):
+            key = _key_at(seed, steps_taken)
+            evaluations[run] = _evaluate(eval_env, state.networks, config.eval, key, timed, None)
+            headline = evaluations[run]["eval/episode_reward/mean"]
+            histories[run].append(
+                {"step": steps_taken, **evaluations[run], "episode_reward_mean": headline}
+            )
+        last["eval"] = steps_taken
+        return evaluations
+
+    def checkpoint(states: list[TrainingState]) -> None:
+        """Every run's checkpoint, as a single run at its learning rate would hold it."""
+        assert checkpoint_fn is not None
+        for run, state in enumerate(states):
+            checkpoint_fn(
+                run, state if rates is None else _as_single_run(state, ppo, rates[run]), steps_taken
+            )
+        last["checkpoint"] = steps_taken
+
+    def host_work(per_run: list[list[dict[str, float]]], checkpoint_due: bool) -> None:
+        """Evaluate, log every run's steps, then checkpoint, as ``train_ppo`` orders them."""
+        checkpointing = checkpoint_due and checkpoint_fn is not None
         eval_due = config.eval.enabled and _crossed(
             last["eval"], steps_taken, config.eval.every_steps
         )
-        if not (eval_due or (checkpoint_due and checkpoint_fn is not None)):
-            return evaluations
-        for run, (seed, state) in enumerate(zip(seeds, current(), strict=True)):
-            if eval_due:
-                key = _key_at(seed, steps_taken)
-                evaluations[run] = _evaluate(
-                    eval_env, state.networks, config.eval, key, timed, None
-                )
-                headline = evaluations[run]["eval/episode_reward/mean"]
-                histories[run].append(
-                    {"step": steps_taken, **evaluations[run], "episode_reward_mean": headline}
-                )
-            if checkpoint_due and checkpoint_fn is not None:
-                checkpoint_fn(run, state, steps_taken)
-        if eval_due:
-            last["eval"] = steps_taken
-        if checkpoint_due:
-            last["checkpoint"] = steps_taken
-        return evaluations
+        states = current() if eval_due or checkpointing else []
+        for run, evaluation in enumerate(evaluate(states)):
+            per_run[run][-1] |= evaluation
+            last_metrics[run] = per_run[run][-1]
+            if log_fn is not None:
+                for metrics in filter(None, per_run[run]):  # step 0 logs an evaluation only
+                    logged = {"total_steps": float(steps_taken)} | metrics
+                    log_fn(run, logged, int(logged["total_steps"]))
+        if checkpointing:
+            checkpoint(states)
 
-    for run, metrics in enumerate(host_work(checkpoint_due=True)):
-        if log_fn is not None and metrics:
-            log_fn(run, metrics, 0)
+    host_work([[{}] for _ in seeds], checkpoint_due=True)  # the initial evaluation and checkpoint
     iterations = 0
     while steps_taken < ppo.total_steps:
         start = time.perf_counter()
@@ -330,18 +392,12 @@ def train_ppo_runs(
         stacked, carries = new_stacked, new_carries
         steps_taken += fused * ppo.steps_per_iteration
         iterations += fused
-        elapsed = time.perf_counter() - start
+        if timed:
+            elapsed = time.perf_counter() - start
+            for metrics in (m for per_step in per_run for m in per_step):
+                metrics["throughput/train_sps"] = fused * ppo.steps_per_iteration / elapsed
         due = _crossed(last["checkpoint"], steps_taken, config.checkpoint_every_steps)
-        evaluations = host_work(checkpoint_due=due or steps_taken >= ppo.total_steps)
-        for run, per_step in enumerate(per_run):
-            if timed:
-                for metrics in per_step:
-                    metrics["throughput/train_sps"] = fused * ppo.steps_per_iteration / elapsed
-            per_step[-1] |= evaluations[run]
-            last_metrics[run] = per_step[-1]
-            if log_fn is not None:
-                for metrics in per_step:
-                    log_fn(run, metrics, int(metrics["total_steps"]))
+        host_work(per_run, checkpoint_due=due or steps_taken >= ppo.total_steps)
     return [
         TrainResult(state, last_metrics[run], histories[run], steps_taken, iterations)
         for run, state in enumerate(current())

@@ -520,6 +520,7 @@ def _prepared(owner: str, training_state: TrainingState, config: PPOConfig) -> T
     _require_training_state(owner, "training_state", training_state)
     if not isinstance(config, PPOConfig):
         raise TypeError(f"{owner}: config must be a PPOConfig, got a {type(config).__name__}")
+    config.validate()  # a field may have changed since the config was built
     n_envs = rollout.n_envs_of(training_state.env_states, owner)
     if n_envs != config.n_envs:
         raise ValueError(

@@ -38,6 +38,7 @@ from nnx_ppo.algorithms.config import (
     TrainConfig,
     TrainResult,
     VideoData,
+    _warn_unused_video,
 )
 from nnx_ppo.algorithms.metrics import (
     to_host,
@@ -519,13 +520,16 @@ def train_ppo(
       log_fn: called as ``log_fn(metrics, step)`` after every PPO step (and after
         the initial evaluation), ``metrics`` a flat ``str -> float`` dict.
       video_fn: receives a :class:`VideoData` per recording.
-      checkpoint_fn: called as ``checkpoint_fn(training_state, step)``.
+      checkpoint_fn: called as ``checkpoint_fn(training_state, step)`` at step 0,
+        every ``config.checkpoint_every_steps`` and at the last step, after that
+        step's ``log_fn``.
       eval_env: the evaluation environment; ``env`` when ``None``.
       initial_state: resume from this state (its optimizer included: the config's
         learning rate, clipping and decay then go unused) instead of a fresh one.
         It trains its own ``initial_state.networks``, so ``networks`` must be
         that same object.
-      should_stop: polled after every PPO step; when it returns ``True`` (e.g. a
+      should_stop: polled after every compiled call (every PPO step with
+        ``iterations_per_call=1``); when it returns ``True`` (e.g. a
         signal handler saw Ctrl-C), training stops early and ``checkpoint_fn``, if
         given, writes a final checkpoint of the state reached.
 
@@ -542,6 +546,7 @@ def train_ppo(
       FloatingPointError: the loss or a parameter became NaN or infinite.
     """
     config = _with_overrides(config, total_steps, seed, devices)
+    _warn_unused_video("train_ppo", config.video, video_fn)
     mesh = sharding.resolve_mesh(config.devices)
     eval_envs = config.eval.n_envs if config.eval.enabled else None
     sharding.require_divisible(
@@ -613,7 +618,7 @@ def train_ppo(
 
     metrics = evaluate_and_record(state)
     if log_fn is not None and metrics:
-        log_fn(metrics, state.steps_taken)
+        log_fn(metrics | {"total_steps": float(state.steps_taken)}, state.steps_taken)
     checkpoint(state, checkpoint_due(state.steps_taken))
 
     def steps_in_call(steps: int) -> int:
@@ -651,7 +656,8 @@ def train_ppo(
                 log_fn(logged, int(logged["total_steps"]))
             log_fn(metrics, state.steps_taken)
         stopping = should_stop is not None and should_stop()
-        checkpoint(state, stopping or checkpoint_due(state.steps_taken))
+        finished = state.steps_taken >= config.ppo.total_steps
+        checkpoint(state, stopping or finished or checkpoint_due(state.steps_taken))
         if stopping:
             break
     return TrainResult(state, metrics, history, state.steps_taken, iterations)

@@ -312,7 +312,10 @@ def make_checkpoint_fn(
       keep_last: how many of the newest checkpoints to keep.
 
     A step already on disk is not written again (a resumed run passes its
-    starting step first). In a run of several processes every process calls it
+    starting step first). A directory that held checkpoints before the first save
+    must be the run's own: a first save before its latest step, or at that step
+    with other arrays, raises :class:`CheckpointError` instead of mixing two runs'
+    checkpoints. In a run of several processes every process calls it
     (arrays split over processes are gathered) and process 0 alone writes. A
     write that fails (disk full, read-only directory) raises
     :class:`CheckpointError` naming the directory; Orbax writes into a temporary
@@ -332,6 +335,7 @@ def make_checkpoint_fn(
     root = Path(directory)
     config_json = config_to_dict(config) if config is not None else {}
     managers: list[Any] = []  # made at the first save: a run that fails before it leaves no dir
+    written: set[int] = set()  # by this function, or found to be the run's own
 
     def checkpoint_fn(training_state: TrainingState, step: int) -> None:
         import orbax.checkpoint as ocp
@@ -339,14 +343,21 @@ def make_checkpoint_fn(
         arrays, entries = _flatten(_snapshot(training_state))  # every process takes part
         if jax.process_index() != 0:
             return
+        step = int(step)
+        if step in written:
+            return  # a final save right after a periodic one
         if not managers:
             try:
                 managers.append(_manager(root, keep_last, create=True))
             except OSError as error:
-                raise CheckpointError(_write_failure(root, int(step), error)) from error
+                raise CheckpointError(_write_failure(root, step, error)) from error
+            found = managers[0].all_steps()
+            if found:
+                _require_own_directory(root, max(found), step, arrays, entries)
+                if step == max(found):
+                    written.add(step)
+                    return  # the step this run resumed from
         manager = managers[0]
-        if int(step) in manager.all_steps():
-            return  # resuming from it, or a final save right after a periodic one
         manifest = {
             "format": _FORMAT,
             "steps_taken": int(training_state.steps_taken),
@@ -354,7 +365,7 @@ def make_checkpoint_fn(
         }
         try:
             manager.save(
-                int(step),
+                step,
                 args=ocp.args.Composite(
                     arrays=ocp.args.StandardSave(arrays),
                     manifest=ocp.args.JsonSave(manifest),
@@ -364,9 +375,38 @@ def make_checkpoint_fn(
             )
             manager.wait_until_finished()
         except OSError as error:
-            raise CheckpointError(_write_failure(root, int(step), error)) from error
+            raise CheckpointError(_write_failure(root, step, error)) from error
+        written.add(step)
 
     return checkpoint_fn
+
+
+def _require_own_directory(
+    root: Path, latest: int, step: int, arrays: list[np.ndarray], entries: list[dict[str, Any]]
+) -> None:
+    """Raise unless the checkpoints up to ``latest`` under ``root`` can be this run's own:
+    its first save ``step`` comes after them, or is ``latest`` with the same arrays (the
+    step a resumed run starts from)."""
+    if step > latest:
+        return
+    if step == latest and _holds(root, latest, arrays, entries):
+        return
+    relation = "comes before it" if step < latest else "holds other arrays"
+    raise CheckpointError(
+        f"{root} already holds checkpoints up to step {latest} of another run, and this "
+        f"run's checkpoint of step {step} {relation}: the two runs' checkpoints would mix. "
+        "Write into a new directory, or load the checkpoint there (load_checkpoint) to "
+        "continue that run."
+    )
+
+
+def _holds(root: Path, step: int, arrays: list[np.ndarray], entries: list[dict[str, Any]]) -> bool:
+    """Whether the checkpoint of ``step`` under ``root`` stores exactly ``arrays``."""
+    if _read_json(step_directory(root, step), "manifest").get("leaves") != entries:
+        return False
+    abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+    stored = _restore_arrays(root, step, abstract)
+    return all(np.array_equal(np.asarray(a), b) for a, b in zip(stored, arrays, strict=True))
 
 
 def _write_failure(root: Path, step: int, error: OSError) -> str:
@@ -467,11 +507,21 @@ def _compare(saved: dict[str, dict[str, Any]], wanted: dict[str, dict[str, Any]]
                 f"{path} is {_describe(saved[path])} in the checkpoint but {_describe(entry)} here"
             )
             break
-    if problems:
-        raise CheckpointError(
-            "the checkpoint does not fit this network (a different architecture or env?):\n  "
-            + "\n  ".join(problems)
+    if not problems:
+        return
+    differing = [*missing, *unexpected] or [
+        p for p, e in wanted.items() if p in saved and saved[p]["shape"] != e["shape"]
+    ]
+    if all(path.startswith("['optimizer']") for path in differing):
+        cause = (
+            "its optimizer state does not fit this template's optimizer: build the template "
+            "with the run's optimizer settings, as train_ppo does from its config: "
+            "new_training_state(env, networks, ppo.n_envs, seed, "
+            "ppo.optimizer_learning_rate(), ppo.gradient_clipping, ppo.weight_decay)"
         )
+    else:
+        cause = "the checkpoint does not fit this network (a different architecture or env?)"
+    raise CheckpointError(cause + ":\n  " + "\n  ".join(problems))
 
 
 def load_checkpoint(

@@ -10,6 +10,7 @@ field changed after construction is checked too).
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -155,6 +156,9 @@ class PPOConfig:
                 f"PPOConfig.n_envs ({self.n_envs}) must be divisible by n_minibatches "
                 f"({self.n_minibatches}): a minibatch is a set of whole environments"
             )
+        for name in ("normalize_advantages", "combine_advantages"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"PPOConfig.{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("gae_lambda", "discounting_factor"):
             require_number(owner, name, getattr(self, name), minimum=0.0, maximum=1.0)
         require_number(owner, "clip_range", self.clip_range, minimum=0.0, strict=True)
@@ -305,12 +309,29 @@ class TrainConfig:
             require_int("TrainConfig", "devices", self.devices)
 
 
+def _warn_unused_video(owner: str, video: VideoConfig, video_fn: object) -> None:
+    """Warn when only one of ``video.enabled`` and ``video_fn`` asks for videos."""
+    if video.enabled and video_fn is None:
+        warnings.warn(
+            f"{owner}: config.video.enabled is True but no video_fn is given: nothing will be "
+            "recorded. Pass video_fn=... to receive each recording.",
+            stacklevel=3,
+        )
+    elif video_fn is not None and not video.enabled:
+        warnings.warn(
+            f"{owner}: a video_fn is given but config.video.enabled is False: it will never "
+            "be called. Set config.video.enabled = True to record.",
+            stacklevel=3,
+        )
+
+
 @dataclass
 class VideoData:
     """What ``video_fn`` receives after a recording.
 
     Attributes:
-      frames: ``(T, H, W, C)`` ``uint8`` frames.
+      frames: ``(episode_length + 1, H, W, C)`` ``uint8`` frames: the reset state's,
+        then one per step.
       step: the env step the recording was made at.
       episode_reward: the recorded episode's return (every reward leaf summed).
       episode_length: the steps recorded.

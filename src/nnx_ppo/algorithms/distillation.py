@@ -36,7 +36,13 @@ from jaxtyping import Array, Float, Integer, PRNGKeyArray
 
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn
-from nnx_ppo.algorithms.config import EvalConfig, VideoConfig, VideoData, _require_logging
+from nnx_ppo.algorithms.config import (
+    EvalConfig,
+    VideoConfig,
+    VideoData,
+    _require_logging,
+    _warn_unused_video,
+)
 from nnx_ppo.algorithms.metrics import compute_metrics, to_host
 from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState, Transition
@@ -884,6 +890,7 @@ def train_distillation(
         )
     eval_env = env if eval_env is None else eval_env
     evaluate = _evaluator(eval_env, config.eval, config.seed)
+    _warn_unused_video("train_distillation", config.video, video_fn)
     record = None
     if config.video.enabled and video_fn is not None:
         record = _recorder(eval_env, config.video, config.seed)

@@ -73,8 +73,10 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override one config value, e.g. --set ppo.n_envs=64 (repeatable)",
     )
-    train.add_argument("--run-dir", type=Path, help="where to write the run (default: runs/...)")
-    train.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue this run")
+    # A resumed run writes into its own directory: --run-dir would go unused.
+    where = train.add_mutually_exclusive_group()
+    where.add_argument("--run-dir", type=Path, help="where to write the run (default: runs/...)")
+    where.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue this run")
     train.add_argument("--quiet", action="store_true", help="skip the network summary at start")
     train.add_argument(
         "--devices",
@@ -203,7 +205,7 @@ def _override_key(config: dict[str, Any], assignment: str) -> str:
 
 
 class _StopFlag:
-    """Set by SIGINT/SIGTERM; training polls it after every PPO step."""
+    """Set by SIGINT/SIGTERM; training polls it after every compiled call."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
@@ -383,7 +385,6 @@ def _train_locked(
                 )
             except FloatingPointError as error:
                 raise _Diverged(str(error), run_dir) from error
-            checkpoint_fn(result.training_state, result.total_steps)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

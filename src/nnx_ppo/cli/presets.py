@@ -58,8 +58,11 @@ FIXED_ON_RESUME = (
     "train.ppo.n_envs",
     "train.ppo.gradient_clipping",
     "train.ppo.learning_rate_schedule",
+    "train.seed",
 )
-"""Settings that shape the saved state: a resumed run keeps them (clipping: on or off)."""
+"""Settings that shape the saved state or its random streams: a resumed run keeps them
+(clipping: on or off). The checkpoint holds the run's keys, so a new seed would reseed
+only its evaluations and leave ``config.json`` naming a seed the run never trained with."""
 
 _ON_OR_OFF = frozenset({"train.ppo.gradient_clipping"})
 """Of :data:`FIXED_ON_RESUME`, those whose value may change but not whether it is set."""

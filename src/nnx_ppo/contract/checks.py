@@ -926,13 +926,23 @@ def _check_emitted(site: _Site, name: str, history: Any, shared: _StatisticsCall
         if shape is None or (shape, dtype) == (given_shape, given_dtype):
             continue
         leaf = dict(named_leaves(name, history))[name + path]
+        stacked = f"(T, B{''.join(f', {d}' for d in shape)}) {dtype}"
+        if given_shape is None or len(given_shape) == len(shape):
+            expected, found = f"{stacked} with {axes}", describe_leaf(leaf)
+        else:  # T and B were read off this very leaf: naming them would mislead
+            expected = f"{stacked}: {len(shape) + 2} axes, the T steps of the B envs"
+            found = f"{describe_leaf(leaf)}: {leaf.ndim} axes" + (
+                ", one step (B, *emitted) rather than the stacked history?"
+                if leaf.ndim == len(shape) + 1
+                else ""
+            )
         raise _violation(
             site,
             f"was given a history whose leaf {name + path} is not what its __call__ emitted "
             f"(called by {caller}).",
             leaf=name + path,
-            expected=f"(T, B{''.join(f', {d}' for d in shape)}) {dtype} with {axes}",
-            found=describe_leaf(leaf),
+            expected=expected,
+            found=found,
             rule=_RULE_EMITTED,
         )
 

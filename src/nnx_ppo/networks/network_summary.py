@@ -49,6 +49,10 @@ _OUTSIDE_THE_GRAPH = "(not in the network's graph)"
 """The path of a module called in the step that ``nnx.iter_graph(network)`` does not reach."""
 
 
+_PLAIN_WIDTH = 160
+"""The columns a summary takes off a terminal (``str``, a log file, CI)."""
+
+
 @dataclass(frozen=True)
 class LeafShape:
     """The shape and dtype of one array leaf, its contract axes named.
@@ -224,7 +228,7 @@ class NetworkSummary:
     def __str__(self) -> str:
         """The table as plain text, 160 columns wide at most, and the error's message unwrapped."""
         buffer = io.StringIO()
-        Console(file=buffer, width=160, color_system=None).print(self.table())
+        Console(file=buffer, width=_PLAIN_WIDTH, color_system=None).print(self.table())
         lines = [line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines()]
         if self.error is not None:
             lines.append(_VIOLATION + str(self.error))
@@ -286,8 +290,17 @@ def print_summary(
     """:func:`summary` of ``network``, printed to ``console`` (default: a new one), returned."""
     result = summary(network, example_input)
     console = console or Console()
-    # Off a terminal (a log file, CI) nothing limits the width: do not wrap the paths.
-    console.print(result, width=None if console.is_terminal else max(console.width, 160))
+    if console.is_terminal:
+        console.print(result)
+        return result
+    # Off a terminal (a log file, CI) nothing limits the width: do not fold the paths.
+    # (print(width=...) cannot widen: rich caps it at the console's own width.)
+    width = console.width
+    console.width = max(width, _PLAIN_WIDTH)
+    try:
+        console.print(result)
+    finally:
+        console.width = width
     return result
 
 
@@ -306,10 +319,29 @@ class _Call:
     record: CallRecord
     children: list[_Call]
 
-    def preorder(self) -> Iterator[CallRecord]:
-        yield self.record
+    def preorder(self, depth: int) -> Iterator[tuple[CallRecord, int, list[CallRecord]]]:
+        """This call at ``depth`` with the records merged into it, then the calls below it
+        one level deeper."""
+        merged: list[CallRecord] = []
+        below = self._calls_below(merged)
+        yield self.record, depth, merged
+        for child in below:
+            yield from child.preorder(depth + 1)
+
+    def _calls_below(self, merged: list[CallRecord]) -> list[_Call]:
+        """The children, a subclass's call of its parent's method (``super()``) merged into
+        this call (its record added to ``merged``): one call of the module, one row."""
+        below = []
         for child in self.children:
-            yield from child.preorder()
+            if (
+                child.record.module is self.record.module
+                and child.record.method == self.record.method
+            ):
+                merged.append(child.record)
+                below += child._calls_below(merged)
+            else:
+                below.append(child)
+        return below
 
 
 def _trace_step(network: StatefulModule, x: BatchedTree) -> _Traced:
@@ -340,7 +372,7 @@ def _trace_step(network: StatefulModule, x: BatchedTree) -> _Traced:
     failed = None if error is None else next(r for r in records if r.error is error)
     batch = (("B", _BATCH),)
     rows = []
-    for record in _preorder(calls):
+    for record, depth, merged in _preorder(calls):
         module = record.module
         path = paths.get(id(module))
         returned = record.result if isinstance(record.result, StatefulModuleOutput) else None
@@ -350,7 +382,7 @@ def _trace_step(network: StatefulModule, x: BatchedTree) -> _Traced:
         rows.append(
             ModuleRow(
                 path=_OUTSIDE_THE_GRAPH if path is None else format_graph_path(network, path),
-                depth=record.depth - calls[-1].depth,  # the outermost call ends last
+                depth=depth,
                 module_class=type(module).__name__,
                 input=_leaf_shapes(record.arguments[1][1], batch) if called else None,
                 output=_leaf_shapes(returned.output, batch) if returned else None,
@@ -359,7 +391,9 @@ def _trace_step(network: StatefulModule, x: BatchedTree) -> _Traced:
                 parameters=_parameter_count(module),
                 keeps_statistics=is_stats_bearing(module),
                 history=None if history is None else _leaf_shapes(history, (("T", _TIME), *batch)),
-                error=error if failed is not None and _raised_in(failed, record) else None,
+                error=error
+                if failed is not None and any(_raised_in(failed, r) for r in (record, *merged))
+                else None,
             )
         )
     return _Traced(tuple(rows), error)
@@ -375,10 +409,17 @@ def _raised_in(failed: CallRecord, record: CallRecord) -> bool:
     return failed is record or (failed.method != record.method and failed.module is record.module)
 
 
-def _preorder(records: list[CallRecord]) -> list[CallRecord]:
-    """``records`` (innermost first, as observed) reordered outermost first, in call order."""
+def _preorder(records: list[CallRecord]) -> list[tuple[CallRecord, int, list[CallRecord]]]:
+    """``records`` (innermost first, as observed) reordered outermost first, in call order,
+    each with its depth below the outermost call (which ends last)."""
     pending: dict[int, list[_Call]] = {}
     for record in records:
         children = pending.pop(record.depth + 1, [])
         pending.setdefault(record.depth, []).append(_Call(record, children))
-    return [r for depth in sorted(pending) for call in pending[depth] for r in call.preorder()]
+    outermost = records[-1].depth
+    return [
+        row
+        for depth in sorted(pending)
+        for call in pending[depth]
+        for row in call.preorder(depth - outermost)
+    ]

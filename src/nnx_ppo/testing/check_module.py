@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -841,24 +842,27 @@ def _check_statistics(case: _Case) -> None:
 
 
 def _check_statistics_order(case: _Case) -> None:
+    """Fold the history's ``T * B`` samples shuffled, as one step of ``T * B`` envs."""
     ex, name = case.ex, case.kit.name
     samples = ex.batch_size * ex.time_length
     order = np.random.default_rng(samples).permutation(samples)
 
-    def shuffle(leaf: Shaped[Any, "T B ..."]) -> Shaped[Any, "T B ..."]:
-        return leaf.reshape((samples, *leaf.shape[2:]))[order].reshape(leaf.shape)
+    def as_one_batch(leaf: Shaped[Any, "T B ..."]) -> Shaped[Any, "1 TB ..."]:
+        return leaf.reshape((samples, *leaf.shape[2:]))[order][None]
 
     with _phase(ModuleProperty.STATISTICS, "update_statistics"):
-        shuffled = host(case.kit.fold(case.variables, jax.tree.map(shuffle, case.rollout.extras())))
+        one_batch = host(
+            case.kit.fold(case.variables, jax.tree.map(as_one_batch, case.rollout.extras()))
+        )
     case.compare(
         ModuleProperty.STATISTICS_ORDER,
         [[(f"{name}.{leaf}", value) for leaf, value in case.statistics.items()]],
-        [[(f"{name}.{leaf}", value) for leaf, value in shuffled.items()]],
+        [[(f"{name}.{leaf}", value) for leaf, value in one_batch.items()]],
         lambda m: (
             f"update_statistics gives a different {m.leaf} when the same T * B = {samples} "
-            "samples come in another order.",
-            "after the rollout's history",
-            "after the same samples shuffled",
+            f"samples come in another order, as one step of {samples} envs.",
+            f"after the rollout's history, T={ex.time_length} steps of B={ex.batch_size} envs",
+            f"after the same samples shuffled, T=1 step of B={samples} envs",
         ),
         lambda row: f"entry {row}",
     )
@@ -1105,9 +1109,11 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
     ),
     PropertyCheck(
         ModuleProperty.STATISTICS_ORDER,
-        "a module that aggregates folds T into B and treats the result as one batch, so "
-        "the order of the T * B samples does not matter",
-        "shuffling the ``T * B`` samples of the history changes no statistic",
+        "a module that aggregates folds T into B and treats the result as one batch: its "
+        "statistics are those of the T * B samples, whatever their order and whichever of "
+        "them came at the same step",
+        "the history's ``T * B`` samples, shuffled and folded as one step of ``T * B`` envs, "
+        "change no statistic",
         _check_statistics_order,
     ),
     PropertyCheck(
@@ -1169,6 +1175,15 @@ def _input_spec(example_input: Any) -> PyTree[jax.ShapeDtypeStruct]:
                 f"{type(leaf).__name__}; give one sample's input as arrays or "
                 "jax.ShapeDtypeStruct leaves, without a batch axis"
             )
+    if all(math.prod(leaf.shape) == 0 for _, leaf in flat):
+        shapes = ", ".join(
+            f"{jax.tree_util.keystr(path) or '(root)'} {tuple(leaf.shape)}"
+            for path, leaf in flat[:3]
+        )
+        raise ValueError(
+            f"check_module: example_input has no elements ({shapes}): the properties "
+            "compare the module on two different inputs, which takes at least one element"
+        )
     return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), example_input)
 
 

@@ -126,7 +126,6 @@ class StatsRecorder(StatefulModule):
     can check exactly what reached it:
 
     * ``updates``: how many times ``update_statistics`` was called;
-    * ``steps``: the sum of the ``T`` of those histories;
     * ``samples``: the sum of their ``T * B``;
     * ``total``: ``(features,)``, the sum of every sample's features.
     """
@@ -135,7 +134,6 @@ class StatsRecorder(StatefulModule):
         require_int("StatsRecorder", "features", features)
         self.features = features
         self.updates = nnx.BatchStat(jnp.zeros((), jnp.int32))
-        self.steps = nnx.BatchStat(jnp.zeros((), jnp.int32))
         self.samples = nnx.BatchStat(jnp.zeros((), jnp.int32))
         self.total = nnx.BatchStat(jnp.zeros((features,), jnp.float32))
 
@@ -150,10 +148,8 @@ class StatsRecorder(StatefulModule):
         return StatefulModuleOutput((), x - mean, jnp.zeros(()), {}, x)
 
     def update_statistics(self, rollout_extras: Float[Array, "T B features"]) -> None:
-        steps, batch = rollout_extras.shape[:2]
         self.updates[...] = self.updates[...] + 1
-        self.steps[...] = self.steps[...] + steps
-        self.samples[...] = self.samples[...] + steps * batch
+        self.samples[...] = self.samples[...] + rollout_extras.shape[0] * rollout_extras.shape[1]
         self.total[...] = self.total[...] + jnp.sum(rollout_extras, axis=(0, 1))
 
 
