@@ -17,6 +17,7 @@ from nnx_ppo.algorithms.distillation import (
     new_distillation_state,
     train_distillation,
 )
+from nnx_ppo.algorithms.types import LoggingLevel
 from nnx_ppo.envs import make
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Concat, Parallel, Sequential
@@ -191,6 +192,65 @@ def test_train_distillation_evaluates_logs_and_checkpoints(tmp_path):
         (0, (8, 1, 1, 3)),
         (96, (8, 1, 1, 3)),
     ]
+
+
+def test_train_distillation_resumes_without_repeating_its_start_and_saves_its_end():
+    config = DistillationTrainConfig(
+        distillation=DistillationConfig(
+            n_envs=STEP[0],
+            rollout_length=STEP[1],
+            total_steps=96,
+            learning_rate=LEARNING_RATE,
+            n_epochs=STEP[2],
+            n_minibatches=STEP[3],
+            logging_level=LoggingLevel.LOSSES | LoggingLevel.WEIGHTS | LoggingLevel.THROUGHPUT,
+        ),
+        eval=EvalConfig(every_steps=48, n_envs=4, max_episode_length=8),
+        checkpoint_every_steps=64,
+    )
+    events, states = [], {}
+
+    def checkpoint_fn(state, step):
+        events.append(("checkpoint", step))
+        states[step] = state
+
+    teacher = lstm_teacher(ENV)
+    first = train_distillation(
+        ENV,
+        teacher,
+        delay_student(ENV),
+        config,
+        log_fn=lambda metrics, step: events.append(("log", step, sorted(metrics))),
+        checkpoint_fn=checkpoint_fn,
+    )
+    # Each step is logged, then checkpointed; the last step (96) is saved too.
+    assert [e[:2] for e in events] == [
+        ("log", 0),
+        ("checkpoint", 0),
+        ("log", 48),
+        ("log", 96),
+        ("checkpoint", 96),
+    ]
+    step_keys = events[3][2]
+    assert "total_steps" in events[0][2] and "eval/episode_reward/mean" in events[0][2]
+    assert {"throughput/train_sps", "throughput/eval_sps", "weights/mean"} <= set(step_keys)
+
+    resumed = first.training_state
+    with pytest.raises(ValueError, match=r"student is not initial_state\.student"):
+        train_distillation(ENV, teacher, delay_student(ENV), config, initial_state=resumed)
+    events.clear()
+    config.distillation.total_steps = 144
+    result = train_distillation(
+        ENV,
+        teacher,
+        resumed.student,
+        config,
+        log_fn=lambda metrics, step: events.append(("log", step)),
+        checkpoint_fn=checkpoint_fn,
+        initial_state=resumed,
+    )
+    assert events == [("log", 144), ("checkpoint", 144)]
+    assert [entry["step"] for entry in result.eval_history] == [144]
 
 
 class DrawnMemory(Wrapper):

@@ -199,6 +199,34 @@ def test_eval_rollout_averages_env_metrics_over_each_episode(counting_env, scrip
     np.testing.assert_allclose(metrics["eval/env/t/mean"], np.mean((horizons + 1) / 2), rtol=1e-6)
 
 
+def test_evaluating_and_recording_leave_the_network_alone_and_repeat_with_a_key() -> None:
+    """A stochastic policy's carry keys come from ``key``, not the network's own nnx.Rngs."""
+    from nnx_ppo import envs
+    from nnx_ppo.algorithms.recording import record_activations_rollout
+    from nnx_ppo.networks.factories import make_default_network
+
+    env = envs.make("cartpole")
+    network = make_default_network(env, nnx.Rngs(0), hidden_sizes=[8])  # train mode: sampling
+
+    def snapshot() -> list[np.ndarray]:
+        keys_as_data = jax.tree.map(
+            lambda x: jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x,
+            nnx.state(network),
+        )
+        return [np.asarray(leaf) for leaf in jax.tree.leaves(keys_as_data)]
+
+    before = snapshot()
+    key = jax.random.key(3)
+    returns = [
+        float(eval_rollout(env, network, 4, 30, key)["eval/episode_reward/mean"]) for _ in "ab"
+    ]
+    actions = [record_activations_rollout(env, network, 4, 30, key)[0][""].actions for _ in "ab"]
+    assert returns[0] == returns[1]
+    np.testing.assert_array_equal(actions[0], actions[1])
+    for kept, now in zip(before, snapshot(), strict=True):
+        np.testing.assert_array_equal(kept, now)
+
+
 class DtypeChangingEnv:
     """Resets with a float ``done`` but steps with a bool one: breaks the scan carry."""
 

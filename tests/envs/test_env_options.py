@@ -44,6 +44,14 @@ def test_a_bad_env_option_is_named_by_the_env():
         _make_env(config)
 
 
+def test_an_option_a_built_in_env_lacks_is_named_with_those_it_has():
+    with pytest.raises(
+        ValueError,
+        match="make\\('memory'\\): dealy is not an option of this env; its options: n_cues, delay",
+    ):
+        envs.make("memory", dealy=3)
+
+
 def test_playground_backend_is_none_for_a_built_in_name():
     assert envs.playground_backend("cartpole") is None
 
@@ -60,6 +68,11 @@ def test_playground_gets_the_jax_backend_on_cpu_unless_told(caplog):
     assert (chosen._config.impl, chosen._config.episode_length) == ("warp", 500)
     overridden = envs.make("CartpoleBalance", config_overrides={"impl": "warp"})
     assert overridden._config.impl == "warp"
+    from mujoco_playground import registry
+
+    config = registry.get_default_config("CartpoleBalance")
+    config.impl = "warp"
+    assert envs.make("CartpoleBalance", config=config)._config.impl == "warp"
 
 
 @needs_playground

@@ -70,6 +70,32 @@ def test_episode_wrapper_keeps_the_wrapped_envs_own_truncation() -> None:
     assert np.asarray(states.done).tolist() == [0.0, 1.0]
 
 
+class PerAgentEnds:
+    """Two agents with a ``done`` each and one ``info["truncated"]`` flag for both."""
+
+    def reset(self, key: jax.Array) -> envs.State:
+        del key
+        zero = jnp.zeros(())
+        return envs.State(
+            jnp.zeros(1), {"a": zero, "b": zero}, {"a": zero, "b": zero}, {},
+            {"truncated": jnp.zeros((), bool)}, {"t": jnp.zeros((), jnp.int32)},
+        )  # fmt: skip
+
+    def step(self, state: envs.State, action: jax.Array) -> envs.State:
+        t = state.data["t"] + 1
+        done = {"a": (t >= 2).astype(jnp.float32), "b": jnp.zeros(())}
+        return state.replace(done=done, data={"t": t})
+
+
+def test_episode_wrapper_spreads_one_truncation_flag_over_per_agent_ends() -> None:
+    wrapped = EpisodeWrapper(PerAgentEnds(), max_len=3)
+    _, states = rollout(wrapped, jax.random.key(0), jnp.zeros((3, 1)))
+    assert np.asarray(states.done["a"]).tolist() == [0.0, 1.0, 1.0]  # terminated at 2
+    assert np.asarray(states.done["b"]).tolist() == [0.0, 0.0, 1.0]  # truncated at 3
+    assert np.asarray(states.info["truncated"]["a"]).tolist() == [False, False, False]
+    assert np.asarray(states.info["truncated"]["b"]).tolist() == [False, False, True]
+
+
 def test_episode_wrapper_randomises_the_counter_only_when_asked() -> None:
     env = envs.CartPole()
     keys = jax.random.split(jax.random.key(0), 64)

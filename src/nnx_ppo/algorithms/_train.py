@@ -157,27 +157,8 @@ def _compiled_start(
     """
     networks = nnx.merge(graphdef, network_state)
     env_key, training_key, carry_key = jax.random.split(jax.random.key(seed), 3)
-    carries = _rekeyed(networks.initialize_state(n_envs), carry_key)
+    carries = rollout._rekeyed(networks.initialize_state(n_envs), carry_key)
     return _Start(nnx.state(networks), carries, env_key, training_key)
-
-
-def _rekeyed(carry: ModuleState, key: PRNGKeyArray) -> ModuleState:
-    """``carry`` with every typed PRNG-key leaf drawn afresh from ``key``.
-
-    Leaf ``i`` (in tree order) gets keys seeded by ``bits(fold_in(key, i))``, one
-    per entry and in the leaf's own key implementation; every other leaf is kept.
-    """
-    leaves, structure = jax.tree.flatten(carry)
-
-    def fresh(index: int, leaf: Any) -> Any:
-        if not jnp.issubdtype(getattr(leaf, "dtype", jnp.float32), jax.dtypes.prng_key):
-            return leaf
-        impl = jax.random.key_impl(leaf)
-        seeds = jax.random.bits(jax.random.fold_in(key, index), (leaf.size,), jnp.uint32)
-        keys = jax.vmap(lambda s: jax.random.key(s, impl=impl))(seeds)
-        return keys.reshape(leaf.shape)
-
-    return jax.tree.unflatten(structure, [fresh(i, leaf) for i, leaf in enumerate(leaves)])
 
 
 def new_training_state(

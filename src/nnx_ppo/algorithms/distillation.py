@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,7 @@ from nnx_ppo.algorithms.config import (
     _require_logging,
     _warn_unused_video,
 )
-from nnx_ppo.algorithms.metrics import compute_metrics, to_host
+from nnx_ppo.algorithms.metrics import compute_metrics, log_weight_stats, to_host
 from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState, Transition
 from nnx_ppo.contract.arguments import require_int, require_number
@@ -471,6 +472,8 @@ def _step(
     metrics = compute_metrics(
         diagnostics, transitions, config.logging_level, config.logging_percentiles
     )
+    if LoggingLevel.WEIGHTS in config.logging_level:
+        log_weight_stats(metrics, pair.student, config.logging_percentiles)
     return (final_states, final_env_states, next_key), metrics
 
 
@@ -762,9 +765,11 @@ def _with_overrides(
 
 
 def _evaluator(
-    env: RLEnv, config: EvalConfig, seed: int
+    env: RLEnv, config: EvalConfig, seed: int, timed: bool
 ) -> Callable[[StatefulModule, int], dict[str, float]]:
-    """Evaluates a deterministic copy of a network; compiled once per network structure."""
+    """Evaluates a deterministic copy of a network; compiled once per network structure.
+
+    ``timed`` adds ``throughput/eval_sps``."""
 
     @functools.partial(jax.jit, static_argnums=0)
     def run(graphdef: nnx.GraphDef[Any], state: nnx.State, key: PRNGKeyArray) -> Any:
@@ -779,8 +784,13 @@ def _evaluator(
         )
 
     def evaluate(network: StatefulModule, steps: int) -> dict[str, float]:
+        start = time.perf_counter()
         graphdef, state = nnx.split(_deterministic_copy(network))
-        return to_host(run(graphdef, state, _key_at(seed, steps)))
+        metrics = to_host(run(graphdef, state, _key_at(seed, steps)))
+        if timed:
+            elapsed = time.perf_counter() - start
+            metrics["throughput/eval_sps"] = config.n_envs * config.max_episode_length / elapsed
+        return metrics
 
     return evaluate
 
@@ -882,6 +892,12 @@ def train_distillation(
             settings.weight_decay,
         )
     elif isinstance(initial_state, DistillationState):
+        if initial_state.student is not student:
+            raise ValueError(
+                "train_distillation: student is not initial_state.student; a resumed state "
+                "trains the student it holds, so pass train_distillation(env, teacher, "
+                "initial_state.student, ..., initial_state=initial_state)"
+            )
         state = initial_state
     else:
         raise TypeError(
@@ -889,15 +905,22 @@ def train_distillation(
             f"{type(initial_state).__name__}"
         )
     eval_env = env if eval_env is None else eval_env
-    evaluate = _evaluator(eval_env, config.eval, config.seed)
+    timed = LoggingLevel.THROUGHPUT in settings.logging_level
+    evaluate = _evaluator(eval_env, config.eval, config.seed, timed)
     _warn_unused_video("train_distillation", config.video, video_fn)
     record = None
     if config.video.enabled and video_fn is not None:
         record = _recorder(eval_env, config.video, config.seed)
     history: list[dict[str, float]] = []
-    last: dict[str, int | None] = {"eval": None, "video": None, "checkpoint": None}
+    # A resumed run evaluated, recorded and checkpointed the step it resumes from.
+    resumed_at = state.steps_taken if state.steps_taken > 0 else None
+    last: dict[str, int | None] = {
+        "eval": resumed_at,
+        "video": resumed_at,
+        "checkpoint": resumed_at,
+    }
 
-    def periodic(state: DistillationState) -> dict[str, float]:
+    def evaluate_and_record(state: DistillationState) -> dict[str, float]:
         steps, metrics = state.steps_taken, {}
         if config.eval.enabled and _due(last["eval"], steps, config.eval.every_steps):
             metrics = evaluate(state.student, steps)
@@ -907,18 +930,22 @@ def train_distillation(
         if record is not None and video_fn is not None and video_due:
             video_fn(record(state.student, steps))
             last["video"] = steps
-        if checkpoint_fn is not None and _due(
-            last["checkpoint"], steps, config.checkpoint_every_steps
-        ):
-            checkpoint_fn(state, steps)
-            last["checkpoint"] = steps
         return metrics
 
-    metrics = periodic(state)
+    def checkpoint(state: DistillationState, finished: bool) -> None:
+        steps = state.steps_taken
+        due = finished or _due(last["checkpoint"], steps, config.checkpoint_every_steps)
+        if checkpoint_fn is not None and due and last["checkpoint"] != steps:
+            checkpoint_fn(state, steps)
+            last["checkpoint"] = steps
+
+    metrics = evaluate_and_record(state)
     if log_fn is not None and metrics:
-        log_fn(metrics, state.steps_taken)
+        log_fn(metrics | {"total_steps": float(state.steps_taken)}, state.steps_taken)
+    checkpoint(state, finished=False)
     iterations = 0
     while state.steps_taken < settings.total_steps:
+        start = time.perf_counter()
         state, metrics = distillation_step(
             env,
             teacher,
@@ -930,8 +957,13 @@ def train_distillation(
             settings.logging_level,
             settings.logging_percentiles,
         )
+        if timed:
+            metrics["throughput/train_sps"] = settings.steps_per_iteration / (
+                time.perf_counter() - start
+            )
         iterations += 1
-        metrics |= periodic(state)
+        metrics |= evaluate_and_record(state)
         if log_fn is not None:
             log_fn(metrics, state.steps_taken)
+        checkpoint(state, finished=state.steps_taken >= settings.total_steps)
     return DistillationTrainResult(state, metrics, history, state.steps_taken, iterations)

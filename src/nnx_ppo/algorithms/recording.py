@@ -82,7 +82,7 @@ def record_activations_rollout(
             finished,
         )
 
-    init = (recorder.initialize_state(n_envs), env_state, jnp.zeros(n_envs, bool))
+    init = (rollout._initial_carry(recorder, n_envs, key), env_state, jnp.zeros(n_envs, bool))
     _, (activations, finished) = rollout.scan_module(
         recorder, step, init, length=max_episode_length
     )

@@ -666,6 +666,43 @@ def _masked(alive: Mask, leaf: Batched) -> Array:
 
 
 @typechecked
+def _rekeyed(carry: Carry, key: PRNGKeyArray) -> Carry:
+    """``carry`` with every typed PRNG-key leaf drawn afresh from ``key``.
+
+    Leaf ``i`` (in tree order) gets keys seeded by ``bits(fold_in(key, i))``, one
+    per entry and in the leaf's own key implementation; every other leaf is kept.
+    """
+    leaves, structure = jax.tree.flatten(carry)
+
+    def fresh(index: int, leaf: Any) -> Any:
+        if not jnp.issubdtype(getattr(leaf, "dtype", jnp.float32), jax.dtypes.prng_key):
+            return leaf
+        impl = jax.random.key_impl(leaf)
+        seeds = jax.random.bits(jax.random.fold_in(key, index), (leaf.size,), jnp.uint32)
+        keys = jax.vmap(lambda s: jax.random.key(s, impl=impl))(seeds)
+        return keys.reshape(leaf.shape)
+
+    return jax.tree.unflatten(structure, [fresh(i, leaf) for i, leaf in enumerate(leaves)])
+
+
+_CARRY_STREAM = 0x63617272
+"""Folded into an evaluation's ``key`` for the network's carry keys (its envs reset from
+``split(key, n_envs)``)."""
+
+
+def _initial_carry(networks: StatefulModule, n_envs: int, key: PRNGKeyArray) -> Carry:
+    """``networks.initialize_state(n_envs)`` with its keys drawn from ``key`` (:func:`_rekeyed`).
+
+    The keys ``initialize_state`` drew from the network's own ``nnx.Rngs`` are
+    replaced and those ``nnx.Rngs`` put back as they were: an evaluation leaves the
+    network unchanged, and the same ``key`` gives the same episodes.
+    """
+    rngs = jax.tree.map(lambda value: value, nnx.state(networks, nnx.RngState))  # a copy
+    carry = networks.initialize_state(n_envs)
+    nnx.update(networks, rngs)
+    return _rekeyed(carry, jax.random.fold_in(key, _CARRY_STREAM))
+
+
 def eval_rollout(
     env: RLEnv,
     networks: StatefulModule,
@@ -692,7 +729,8 @@ def eval_rollout(
     """
     batched = _BatchedEnv(env)
     env_states, network_state = sharding.constrain_envs(
-        (batched.reset(jax.random.split(key, n_envs)), networks.initialize_state(n_envs)), n_envs
+        (batched.reset(jax.random.split(key, n_envs)), _initial_carry(networks, n_envs, key)),
+        n_envs,
     )
     log_env = LoggingLevel.ENV_METRICS in logging_level
     log_net = LoggingLevel.NETWORK_METRICS in logging_level
@@ -743,7 +781,10 @@ def record_episode(
 
     Returns:
       The ``episode_length + 1`` states visited, stacked (leaves ``(T + 1, ...)``,
-      no env axis), and the return of the first episode (reward leaves summed).
+      no env axis): the state each step started from, then the last one reached.
+      As in nnx-ppo 0.3.0, an episode's last state (``done`` set) is not among
+      them: the state after its last step is the restarted episode's reset state.
+      Also the return of the first episode (reward leaves summed).
     """
     batched = _BatchedEnv(env)
     start_key, fresh_key = jax.random.split(key)
@@ -766,7 +807,7 @@ def record_episode(
         return carry, env_state
 
     init = (
-        networks.initialize_state(1),
+        _initial_carry(networks, 1, key),
         batched.reset(start_key[None]),
         jnp.zeros(1, bool),
         jnp.zeros(1),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import logging
 import subprocess
 import sys
@@ -83,19 +84,28 @@ def make(name: str, **kwargs: Any) -> RLEnv:
         ``episode_length=500``).
 
     A Playground env whose config has an ``impl`` (its simulator backend) gets
-    the fastest one for the platform JAX runs on unless ``impl`` is given:
+    the fastest one for the platform JAX runs on unless ``impl`` is given (as a
+    keyword, or in a whole ``config``):
     ``"jax"`` (MJX) on CPU, where MuJoCo Warp is several times slower per step,
     Playground's own default elsewhere. The choice is logged to the
     ``nnx_ppo.envs`` logger, and :func:`playground_backend` reports it.
 
     Raises:
-      ValueError: ``name`` is none of the above (the message lists the names),
-        or a Playground override names a field its config lacks.
+      ValueError: ``name`` is none of the above (the message lists the names), a
+        built-in env is given an option it does not have, or a Playground
+        override names a field its config lacks (the message lists the options).
       OSError: a Playground robot env's models (MuJoCo Menagerie, which
         Playground downloads the first time) could not be downloaded; the message
         says where to put them.
     """
     if name in _BUILT_IN:
+        options = inspect.signature(_BUILT_IN[name]).parameters
+        unknown = sorted(key for key in kwargs if key not in options)
+        if unknown:
+            raise ValueError(
+                f"make({name!r}): {', '.join(unknown)} is not an option of this env; its "
+                f"options: {', '.join(options) or 'none'}"
+            )
         return _BUILT_IN[name](**kwargs)
     registry = _playground_registry()
     if registry is not None and name in registry.ALL_ENVS:
@@ -108,7 +118,7 @@ def make(name: str, **kwargs: Any) -> RLEnv:
                 f"make({name!r}): {', '.join(unknown)} is not a field of its Playground config; "
                 f"its fields: {', '.join(sorted(defaults))}"
             )
-        if "impl" in defaults and "impl" not in overrides:
+        if "impl" in defaults and "impl" not in overrides and config is None:
             overrides["impl"] = playground_backend(name, defaults)
         if "impl" in overrides:
             _log.info("%s: simulator backend impl=%s", name, overrides["impl"])

@@ -66,6 +66,8 @@ class EpisodeWrapper(Wrapper):
         inner = next_state.info.get("truncated")
         if inner is None:
             inner = jax.tree.map(lambda d: jnp.zeros(jnp.shape(d), bool), next_state.done)
+        elif hasattr(inner, "shape"):  # one flag for a tree of per-agent ``done``
+            inner = jax.tree.map(lambda _, flag=inner: flag, next_state.done)
         truncated = jax.tree.map(
             lambda d, t: jnp.logical_or(
                 jnp.asarray(t, bool), jnp.logical_and(time_up, jnp.logical_not(d))
