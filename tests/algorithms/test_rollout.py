@@ -332,3 +332,19 @@ def test_shared_state_passes_unbatched_through_reset_step_and_unroll(
     trajectory, _ = record_episode(env, network, 4, jax.random.key(3))
     np.testing.assert_array_equal(trajectory.info["clock"].value, np.arange(5))
     assert trajectory.data["t"].shape == (5,)
+
+
+class KeyedClockEnv(ClockEnv):
+    """Starts its shared clock at a value drawn from each env's reset key: not shared."""
+
+    def reset(self, key):
+        state = self.inner.reset(key)
+        start = jax.random.randint(key, (), 0, 10)
+        return state.replace(info=state.info | {"clock": Shared(start)})
+
+
+def test_a_shared_value_that_depends_on_the_env_is_named(counting_env):
+    with pytest.raises(ContractError) as caught:
+        reset_envs(KeyedClockEnv(counting_env), jax.random.split(jax.random.key(0), 3))
+    assert caught.value.leaf == "state.info['clock']"
+    assert "a Shared value of the state env.reset returns differs between envs" in str(caught.value)

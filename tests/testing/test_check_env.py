@@ -155,6 +155,7 @@ class TracesCounted(envs.CartPole):
     freezes a different count."""
 
     traces = 0
+    observation_size = 4 + 64
 
     def reset(self, rng: Any) -> State:
         TracesCounted.traces += 1

@@ -16,6 +16,7 @@ from flax import nnx
 from jaxtyping import Array
 
 from nnx_ppo import envs
+from nnx_ppo.envs.state import Shared
 from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalSampler
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
@@ -508,6 +509,8 @@ class BatchedRewardEnv(envs.CartPole):
 class ObsStructureChangesEnv(envs.CartPole):
     """Adds a velocity entry to the observation after the first step."""
 
+    observation_size: ClassVar[dict[str, int]] = {"position": 4}
+
     def reset(self, rng: Any) -> envs.State:
         state = super().reset(rng)
         return state.replace(obs={"position": state.obs})
@@ -560,6 +563,30 @@ class PythonBranchEnv(envs.CartPole):
         return stepped
 
 
+class BatchedObsEnv(envs.CartPole):
+    """Returns 8 copies of its observation: a batch where one env's obs belongs."""
+
+    def reset(self, rng: Any) -> envs.State:
+        state = super().reset(rng)
+        return state.replace(obs=jnp.broadcast_to(state.obs, (8, 4)))
+
+    def step(self, state: envs.State, action: Any) -> envs.State:
+        stepped = super().step(state.replace(obs=state.obs[0]), action)
+        return stepped.replace(obs=jnp.broadcast_to(stepped.obs, (8, 4)))
+
+
+class KeyedSharedTableEnv(envs.CartPole):
+    """Keeps a lookup table in a ``Shared`` node, but draws it from the reset key."""
+
+    def reset(self, rng: Any) -> envs.State:
+        state = super().reset(rng)
+        return state.replace(data={**state.data, "table": Shared(jax.random.normal(rng, (3,)))})
+
+    def step(self, state: envs.State, action: Any) -> envs.State:
+        stepped = super().step(state, action)
+        return stepped.replace(data={**stepped.data, "table": state.data["table"]})
+
+
 ENV_BUGS: dict[str, tuple[Any, EnvProperty, str]] = {
     # name: (env, the property reported, a leaf it names)
     "env that returns a batched reward": (BatchedRewardEnv(), EnvProperty.RESET, "state.reward"),
@@ -583,6 +610,16 @@ ENV_BUGS: dict[str, tuple[Any, EnvProperty, str]] = {
         PythonBranchEnv(),
         EnvProperty.STEP,
         None,
+    ),
+    "observation not shaped as observation_size declares": (
+        BatchedObsEnv(),
+        EnvProperty.RESET,
+        "state.obs",
+    ),
+    "Shared value drawn from the reset key": (
+        KeyedSharedTableEnv(),
+        EnvProperty.VMAP_JIT,
+        "state.data['table']",
     ),
 }
 

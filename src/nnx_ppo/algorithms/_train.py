@@ -446,6 +446,13 @@ def _crossed(previous: int | None, steps: int, every: int) -> bool:
     return previous is None or steps // every > previous // every
 
 
+def _done_last_at(steps_taken: int) -> dict[str, int | None]:
+    """The step the evaluation, the video and the checkpoint were last done at, for a run
+    starting at ``steps_taken``: a resumed run did all three at the step it resumes from."""
+    resumed_at = steps_taken if steps_taken > 0 else None
+    return {"eval": resumed_at, "video": resumed_at, "checkpoint": resumed_at}
+
+
 def _with_overrides(
     config: TrainConfig | None, total_steps: int | None, seed: int | None, devices: int | None
 ) -> TrainConfig:
@@ -568,12 +575,7 @@ def train_ppo(
         state = sharding.shard_training_state(state, mesh)
     timed = LoggingLevel.THROUGHPUT in config.ppo.logging_level
     history: list[dict[str, float]] = []
-    resumed_at = state.steps_taken if state.steps_taken > 0 else None
-    last: dict[str, int | None] = {
-        "eval": resumed_at,
-        "video": resumed_at,
-        "checkpoint": resumed_at,
-    }
+    last = _done_last_at(state.steps_taken)
 
     def evaluate_and_record(state: TrainingState) -> dict[str, float]:
         steps, metrics = state.steps_taken, {}

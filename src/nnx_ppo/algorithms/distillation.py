@@ -36,6 +36,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Integer, PRNGKeyArray
 
 from nnx_ppo.algorithms import rollout
+from nnx_ppo.algorithms._train import _crossed, _done_last_at, _key_at
 from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn
 from nnx_ppo.algorithms.config import (
     EvalConfig,
@@ -795,11 +796,6 @@ def _evaluator(
     return evaluate
 
 
-def _key_at(seed: int, steps: int) -> PRNGKeyArray:
-    """The key of the evaluation or recording at ``steps``."""
-    return jax.random.fold_in(jax.random.key(seed), steps % (2**31))
-
-
 def _recorder(
     env: RLEnv, config: VideoConfig, seed: int
 ) -> Callable[[StatefulModule, int], VideoData]:
@@ -826,11 +822,6 @@ def _recorder(
         return VideoData(frames, steps, float(reward), config.episode_length)
 
     return record
-
-
-def _due(last: int | None, steps: int, every: int) -> bool:
-    """At the start, and whenever ``steps`` reaches a new multiple of ``every``."""
-    return last is None or steps // every != last // every
 
 
 def train_distillation(
@@ -912,21 +903,15 @@ def train_distillation(
     if config.video.enabled and video_fn is not None:
         record = _recorder(eval_env, config.video, config.seed)
     history: list[dict[str, float]] = []
-    # A resumed run evaluated, recorded and checkpointed the step it resumes from.
-    resumed_at = state.steps_taken if state.steps_taken > 0 else None
-    last: dict[str, int | None] = {
-        "eval": resumed_at,
-        "video": resumed_at,
-        "checkpoint": resumed_at,
-    }
+    last = _done_last_at(state.steps_taken)
 
     def evaluate_and_record(state: DistillationState) -> dict[str, float]:
         steps, metrics = state.steps_taken, {}
-        if config.eval.enabled and _due(last["eval"], steps, config.eval.every_steps):
+        if config.eval.enabled and _crossed(last["eval"], steps, config.eval.every_steps):
             metrics = evaluate(state.student, steps)
             history.append({"step": steps, **metrics})
             last["eval"] = steps
-        video_due = _due(last["video"], steps, config.video.every_steps)
+        video_due = _crossed(last["video"], steps, config.video.every_steps)
         if record is not None and video_fn is not None and video_due:
             video_fn(record(state.student, steps))
             last["video"] = steps
@@ -934,7 +919,7 @@ def train_distillation(
 
     def checkpoint(state: DistillationState, finished: bool) -> None:
         steps = state.steps_taken
-        due = finished or _due(last["checkpoint"], steps, config.checkpoint_every_steps)
+        due = finished or _crossed(last["checkpoint"], steps, config.checkpoint_every_steps)
         if checkpoint_fn is not None and due and last["checkpoint"] != steps:
             checkpoint_fn(state, steps)
             last["checkpoint"] = steps

@@ -43,6 +43,7 @@ from nnx_ppo.contract.axes import (
 from nnx_ppo.contract.checks import typechecked
 from nnx_ppo.contract.env_checks import check_action_tree, check_env_state, check_env_unbatched
 from nnx_ppo.contract.errors import rule_text
+from nnx_ppo.envs.state import _holds_shared, _is_shared, _vmap_reset, _vmap_step
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule, checked_ppo_output
 
 __all__ = [
@@ -80,7 +81,7 @@ def tree_where(
     The rule is explicit: every array leaf leads with the env axis ``B`` and is
     selected along it, except two kinds of leaves that carry no env axis and pass
     through as ``on_false`` has them (the stepped state keeps its shared handles):
-    those in a :class:`~nnx_ppo.algorithms.types.Shared` node, and those whose
+    those in a :class:`~nnx_ppo.envs.state.Shared` node, and those whose
     path (``jax.tree_util.keystr``) is in ``unmapped``: the env's vmap left them
     unbatched (e.g. MJX's model-wide fields; see :func:`unmapped_state_paths`).
     Any other leaf that does not lead with ``B`` is an error, never silently
@@ -103,7 +104,7 @@ def tree_where(
                 found="not an array" if shape is None else f"shape {tuple(shape)}",
                 rule=rule_text(
                     "every per-env leaf leads with B; wrap leaves that carry no env axis in "
-                    "nnx_ppo.algorithms.types.Shared",
+                    "nnx_ppo.envs.state.Shared",
                     "the-contract",
                     "environments",
                 ),
@@ -165,33 +166,10 @@ def episode_ended(done: PyTree[Bool[Array, "..."]]) -> Bool[Array, "..."]:
     return jax.tree.reduce(jnp.logical_and, done)
 
 
-def _is_shared(node: Any) -> bool:
-    return isinstance(node, Shared)
-
-
-def _split_shared(state: Tree) -> tuple[Tree, Tree]:
-    """``(per-env part, shared part)``: two trees shaped like ``state``.
-
-    The per-env part holds ``Shared(None)`` (no leaves) in place of every
-    :class:`~nnx_ppo.algorithms.types.Shared` node, the shared part ``None`` in
-    place of every other leaf, so ``vmap`` maps the first and broadcasts the second.
-    """
-    per_env = jax.tree.map(
-        lambda n: Shared(None) if _is_shared(n) else n, state, is_leaf=_is_shared
-    )
-    shared = jax.tree.map(lambda n: n if _is_shared(n) else None, state, is_leaf=_is_shared)
-    return per_env, shared
-
-
-def _join_shared(per_env: Tree, shared: Tree) -> Tree:
-    """The inverse of :func:`_split_shared`."""
-    return jax.tree.map(lambda p, s: s if _is_shared(p) else p, per_env, shared, is_leaf=_is_shared)
-
-
 class _BatchedEnv:
     """``env.reset`` and ``env.step`` vmapped over envs, checked while JAX traces.
 
-    :class:`~nnx_ppo.algorithms.types.Shared` nodes of the state are not
+    :class:`~nnx_ppo.envs.state.Shared` nodes of the state are not
     vmapped (``in_axes``/``out_axes`` ``None``): they enter ``step`` and leave
     ``reset`` and ``step`` as one unbatched value. An env whose ``Shared`` value
     depends on the env (e.g. on the reset key) fails in ``vmap``.
@@ -202,11 +180,7 @@ class _BatchedEnv:
         self.name = type(env).__name__
         self.single_state = _single_state_shapes(env)
         self.reference = self.single_state if checks_enabled() else None
-        # Split only states that hold Shared nodes: simulators' own state types (MJX's
-        # Data) carry custom vmap rules that a tree of None placeholders would break.
-        self.has_shared = any(
-            map(_is_shared, jax.tree.leaves(self.single_state, is_leaf=_is_shared))
-        )
+        self.has_shared = _holds_shared(self.single_state)
         self._unmapped: frozenset[str] | None = frozenset() if self.has_shared else None
 
     @property
@@ -228,12 +202,10 @@ class _BatchedEnv:
             check_env_state(state, where=f"{self.name}.reset", reference=self.reference)
             return state
 
+        states = _vmap_reset(reset_one, self.has_shared)(keys)
         if not self.has_shared:
-            states = jax.vmap(reset_one)(keys)
             self._unmapped = _unmapped_paths(self.single_state, states)
-            return states
-        split = jax.vmap(lambda key: _split_shared(reset_one(key)), out_axes=(0, None))(keys)
-        return _join_shared(*split)
+        return states
 
     def step(self, state: EnvState, actions: Any) -> EnvState:
         where = f"{self.name}.step"
@@ -244,17 +216,7 @@ class _BatchedEnv:
             check_env_state(stepped, where=where, reference=self.reference)
             return stepped
 
-        if not self.has_shared:
-            return jax.vmap(step_one)(state, actions)
-
-        def step_split(per_env: EnvState, shared: EnvState, action: Any) -> tuple[Any, Any]:
-            return _split_shared(step_one(_join_shared(per_env, shared), action))
-
-        per_env, shared = _split_shared(state)
-        stepped = jax.vmap(step_split, in_axes=(0, None, 0), out_axes=(0, None))(
-            per_env, shared, actions
-        )
-        return _join_shared(*stepped)
+        return _vmap_step(step_one, self.has_shared)(state, actions)
 
 
 def unmapped_state_paths(env: RLEnv) -> frozenset[str]:
@@ -311,7 +273,7 @@ def _single_state_shapes(env: RLEnv) -> EnvState:
 def reset_envs(env: RLEnv, keys: PerEnvKeys) -> EnvState:
     """``env.reset`` vmapped over ``keys``, one env per key, checked while JAX traces.
 
-    :class:`~nnx_ppo.algorithms.types.Shared` nodes of the state stay unbatched.
+    :class:`~nnx_ppo.envs.state.Shared` nodes of the state stay unbatched.
     """
     return _BatchedEnv(env).reset(keys)
 

@@ -16,7 +16,7 @@ import jax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo.contract.axes import Carry
-from nnx_ppo.envs.state import EnvState, RLEnv
+from nnx_ppo.envs.state import EnvState, RLEnv, Shared
 from nnx_ppo.networks.types import PPONetworkOutput, Replaceable
 
 __all__ = [
@@ -41,32 +41,6 @@ def __getattr__(name: str) -> Any:
 
         return distillation.DistillationState
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@jax.tree_util.register_pytree_node_class
-class Shared:
-    """Marks a part of an env state that carries no per-env axis.
-
-    The library's vmapped ``reset`` and ``step`` do not map a ``Shared`` node
-    (``in_axes``/``out_axes`` ``None``): every env sees the one value, and the
-    batched state holds it once, unbroadcast. Its value must therefore not
-    depend on the env (a reset key, an env's action). Where finished
-    environments are swapped for fresh ones,
-    :func:`nnx_ppo.algorithms.rollout.tree_where` keeps the stepped state's
-    ``Shared`` value. Wrap shared model handles or buffers in it, e.g.
-    ``info={"model": Shared(handle)}``.
-    """
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def tree_flatten(self) -> tuple[tuple[Any], None]:
-        return (self.value,), None
-
-    @classmethod
-    def tree_unflatten(cls, aux: None, children: tuple[Any]) -> Shared:
-        del aux
-        return cls(children[0])
 
 
 @jax.tree_util.register_dataclass

@@ -22,7 +22,9 @@ Conventions shared by the built-in environments:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 import jax
@@ -30,8 +32,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from nnx_ppo.contract.axes import Scalar, Unbatched
+from nnx_ppo.contract.errors import ContractError, rule_text
 
-__all__ = ["EnvState", "RLEnv", "State", "time_limit"]
+__all__ = ["EnvState", "RLEnv", "Shared", "State", "time_limit"]
 
 
 @jax.tree_util.register_dataclass
@@ -119,3 +122,133 @@ def time_limit(
     """
     truncated = jnp.logical_and(steps_taken >= max_steps, jnp.logical_not(terminated))
     return jnp.logical_or(terminated, truncated).astype(jnp.float32), truncated
+
+
+@jax.tree_util.register_pytree_node_class
+class Shared:
+    """Marks a part of an env state that carries no per-env axis.
+
+    The library's vmapped ``reset`` and ``step`` do not map a ``Shared`` node
+    (``in_axes``/``out_axes`` ``None``): every env sees the one value, and the
+    batched state holds it once, unbroadcast. Its value must therefore not
+    depend on the env (a reset key, an env's action). Where finished
+    environments are swapped for fresh ones,
+    ``nnx_ppo.algorithms.rollout.tree_where`` keeps the stepped state's
+    ``Shared`` value. Wrap shared model handles or buffers in it, e.g.
+    ``info={"model": Shared(handle)}``.
+    """
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def tree_flatten(self) -> tuple[tuple[Any], None]:
+        return (self.value,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux: None, children: tuple[Any]) -> Shared:
+        del aux
+        return cls(children[0])
+
+
+def _is_shared(node: Any) -> bool:
+    return isinstance(node, Shared)
+
+
+def _holds_shared(state: Any) -> bool:
+    """Whether an env state holds a :class:`Shared` node."""
+    return any(map(_is_shared, jax.tree.leaves(state, is_leaf=_is_shared)))
+
+
+def _split_shared(state: Any) -> tuple[Any, Any]:
+    """``(per-env part, shared part)``: two trees shaped like ``state``.
+
+    The per-env part holds ``Shared(None)`` (no leaves) in place of every
+    :class:`Shared` node, the shared part ``None`` in place of every other leaf, so
+    ``vmap`` maps the first and broadcasts the second.
+    """
+    per_env = jax.tree.map(
+        lambda n: Shared(None) if _is_shared(n) else n, state, is_leaf=_is_shared
+    )
+    shared = jax.tree.map(lambda n: n if _is_shared(n) else None, state, is_leaf=_is_shared)
+    return per_env, shared
+
+
+def _join_shared(per_env: Any, shared: Any) -> Any:
+    """The inverse of :func:`_split_shared`."""
+    return jax.tree.map(lambda p, s: s if _is_shared(p) else p, per_env, shared, is_leaf=_is_shared)
+
+
+def _vmap_reset(reset_one: Callable[[Any], Any], shared: bool) -> Callable[[Any], Any]:
+    """``jax.vmap(reset_one)`` over keys; with ``shared``, :class:`Shared` nodes leave
+    unbatched (``out_axes`` ``None``).
+
+    Only states that hold ``Shared`` nodes are split: simulators' own state types
+    (MJX's ``Data``) carry custom vmap rules that a tree of ``None`` placeholders
+    would break.
+    """
+    if not shared:
+        return jax.vmap(reset_one)
+
+    def reset(keys: Any) -> Any:
+        with _shared_values_checked("reset", lambda: jax.eval_shape(reset_one, keys[0])):
+            split = jax.vmap(lambda key: _split_shared(reset_one(key)), out_axes=(0, None))(keys)
+        return _join_shared(*split)
+
+    return reset
+
+
+def _vmap_step(step_one: Callable[[Any, Any], Any], shared: bool) -> Callable[[Any, Any], Any]:
+    """``jax.vmap(step_one)`` over states and actions; with ``shared``, :class:`Shared`
+    nodes enter and leave unbatched (``in_axes``/``out_axes`` ``None``)."""
+    if not shared:
+        return jax.vmap(step_one)
+
+    def step(states: Any, actions: Any) -> Any:
+        def step_split(per_env: Any, shared_part: Any, action: Any) -> tuple[Any, Any]:
+            return _split_shared(step_one(_join_shared(per_env, shared_part), action))
+
+        per_env, shared_part = _split_shared(states)
+        with _shared_values_checked("step", lambda: states):
+            stepped = jax.vmap(step_split, in_axes=(0, None, 0), out_axes=(0, None))(
+                per_env, shared_part, actions
+            )
+        return _join_shared(*stepped)
+
+    return step
+
+
+@contextlib.contextmanager
+def _shared_values_checked(method: str, state_like: Callable[[], Any]) -> Iterator[None]:
+    """Turn ``vmap``'s error for an unbatched output that varies across envs into a
+    :class:`~nnx_ppo.contract.ContractError` naming the ``Shared`` nodes of
+    ``state_like()`` (a state, or its shapes) and the rule. (``vmap``'s own message
+    names a leaf of the other, batched part.)"""
+    try:
+        yield
+    except ValueError as error:
+        if "axis spec None" not in str(error):  # JAX's words for an unmapped output that varies
+            raise
+        shared = [
+            "state" + jax.tree_util.keystr(path)
+            for path, node in jax.tree_util.tree_flatten_with_path(
+                state_like(), is_leaf=_is_shared
+            )[0]
+            if _is_shared(node)
+        ]
+        raise ContractError.violation(
+            f"env.{method}",
+            f"a Shared value of the state env.{method} returns differs between envs: it "
+            "depends on the env's reset key, state or action.",
+            leaf=shared[0] if len(shared) == 1 else "one of " + ", ".join(shared),
+            expected="a Shared value that is the same for every env",
+            found=f"a value that varies between the envs of jax.vmap(env.{method})",
+            rule=_RULE_SHARED,
+        ) from error
+
+
+_RULE_SHARED = rule_text(
+    "a Shared node of the env state holds one value for every env (a model handle, a "
+    "lookup table): the library keeps it unbatched, so it must not depend on the env",
+    "the-contract",
+    "environments",
+)

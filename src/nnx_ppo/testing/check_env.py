@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -36,6 +36,7 @@ from nnx_ppo.contract.env_checks import (
     check_env_unbatched,
     is_size,
 )
+from nnx_ppo.envs.state import _holds_shared, _vmap_reset, _vmap_step
 from nnx_ppo.testing._harness import (
     ContractPropertyError,
     PropertyCheck,
@@ -141,6 +142,20 @@ class _EnvKit:
             self.reference = check_env_unbatched(self.env, jax.random.split(self.key)[0])
         except Exception as error:
             raise self.failed_call(EnvProperty.RESET, "env.reset on one key", error) from None
+        size = getattr(self.env, "observation_size", None)
+        if size is None:
+            return
+        mismatch = _observation_mismatch(self.reference.obs, size, "state.obs")
+        if mismatch is not None:
+            leaf, expected, found = mismatch
+            raise self.fail(
+                EnvProperty.RESET,
+                f"env.reset's observation does not have the shape env.observation_size "
+                f"declares ({size!r}): the preset networks are built from observation_size.",
+                leaf=leaf,
+                expected=expected,
+                found=found,
+            )
 
     def check_step(self) -> None:
         try:
@@ -160,6 +175,8 @@ class _EnvKit:
         Each call of this method traces anew, so two rollouts compare two traces.
         """
         env, reference, name = self.env, self.reference, self.name
+        # Batched as training batches it: Shared nodes stay unbatched.
+        shared = _holds_shared(reference)
 
         def reset_one(key: PRNGKeyArray) -> Any:
             state = env.reset(key)
@@ -174,13 +191,13 @@ class _EnvKit:
         def step_all(states: Any, keys: PRNGKeyArray) -> tuple[Any, Any]:
             actions = jax.vmap(self.action_fn)(keys)
             check_action_tree(actions, env, where=f"{name}.step", batch_size=self.n_envs)
-            stepped = jax.vmap(step_one)(states, actions)
+            stepped = _vmap_step(step_one, shared)(states, actions)
             return stepped, stepped
 
         def run(key: PRNGKeyArray) -> tuple[Any, Any]:
             reset_keys = jax.random.split(jax.random.fold_in(key, 0), self.n_envs)
             action_keys = jax.random.split(jax.random.fold_in(key, 1), (self.steps, self.n_envs))
-            states = jax.vmap(reset_one)(reset_keys)
+            states = _vmap_reset(reset_one, shared)(reset_keys)
             _, trajectory = jax.lax.scan(step_all, states, action_keys)
             return states, trajectory
 
@@ -298,12 +315,12 @@ ENV_PROPERTIES: tuple[PropertyCheck[_EnvKit], ...] = (
     PropertyCheck(
         EnvProperty.RESET,
         "env.reset(key) takes one key and returns one environment's state: scalar done, a "
-        "scalar or pytree of scalars for reward, obs a pytree of arrays, metrics and info "
-        "dicts",
+        "scalar or pytree of scalars for reward, obs a pytree of arrays (shaped as "
+        "env.observation_size declares), metrics and info dicts",
         "``env.reset`` on one key returns one environment's state: ``done`` a scalar (or "
         "one per reward leaf), ``reward`` a scalar or a pytree of scalars, ``obs`` a "
-        "pytree of arrays, ``metrics`` and ``info`` dicts (traced with ``jax.eval_shape``, "
-        "nothing computed)",
+        "pytree of arrays shaped as ``env.observation_size`` says (where the env has one), "
+        "``metrics`` and ``info`` dicts (traced with ``jax.eval_shape``, nothing computed)",
         _EnvKit.check_reset,
     ),
     PropertyCheck(
@@ -344,6 +361,28 @@ ENV_PROPERTIES: tuple[PropertyCheck[_EnvKit], ...] = (
 """The properties :func:`check_env` checks, in the order it checks them."""
 
 _RULES: dict[str, str] = {row.property: row.rule for row in ENV_PROPERTIES}
+
+
+def _observation_mismatch(obs: Any, size: Any, name: str) -> tuple[str, str, str] | None:
+    """``(leaf, expected, found)`` where ``obs`` (shapes) differs from ``observation_size``
+    ``size``: an ``int`` width, a shape, or a dict of those for a dict observation."""
+    if isinstance(size, Mapping):
+        if not isinstance(obs, Mapping) or set(obs) != set(size):
+            keys = sorted(obs) if isinstance(obs, Mapping) else type(obs).__name__
+            return name, f"a dict with the keys {sorted(size)}", f"{keys}"
+        for key in size:
+            mismatch = _observation_mismatch(obs[key], size[key], f"{name}[{key!r}]")
+            if mismatch is not None:
+                return mismatch
+        return None
+    if not is_size(size):
+        return None  # not a size this kit reads
+    if not hasattr(obs, "shape"):
+        return name, "an array", type(obs).__name__
+    expected = _shape(size)
+    if tuple(obs.shape) != expected:
+        return name, f"shape {expected}", f"shape {tuple(obs.shape)}"
+    return None
 
 
 def _same_run(a: np.ndarray, b: np.ndarray) -> bool:
