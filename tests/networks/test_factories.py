@@ -1,6 +1,6 @@
 """Factories: MLP layers, MLP actor-critics (continuous, discrete, dict observations)."""
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -119,6 +119,51 @@ def test_dict_observations_are_normalised_per_entry_then_flattened():
         sizes, ACTIONS, [8], [8], nnx.Rngs(0), normalize_obs=False
     )
     assert isinstance(unnormalised, Sequential) and isinstance(unnormalised[0], Flattener)
+
+
+class AsymmetricEnv:
+    """Playground's asymmetric observation: ``state`` for the policy, ``privileged_state``."""
+
+    observation_size: ClassVar[dict[str, tuple[int, ...]]] = {
+        "state": (3,),
+        "privileged_state": (5,),
+    }
+    action_size = ACTIONS
+
+
+def test_the_preset_actor_reads_state_and_the_critic_privileged_state_alone():
+    net = factories.make_default_network(AsymmetricEnv(), nnx.Rngs(0), hidden_sizes=[8])
+    net.eval()
+    assert _adapter(net).action[2].in_features == 3 and _adapter(net).value[2].in_features == 5
+    state = jax.random.normal(jax.random.key(1), (B, 3))
+    privileged = jax.random.normal(jax.random.key(2), (B, 5))
+
+    def output(state: jax.Array, privileged: jax.Array) -> PPONetworkOutput:
+        obs = {"state": state, "privileged_state": privileged}
+        return _call(net, net.initialize_state(B), obs).output
+
+    base = output(state, privileged)
+    other_privileged, other_state = output(state, 2 * privileged), output(2 * state, privileged)
+    np.testing.assert_array_equal(base.actions, other_privileged.actions)
+    np.testing.assert_array_equal(base.value_estimates, other_state.value_estimates)
+    assert not np.array_equal(base.actions, other_state.actions)
+    assert not np.array_equal(base.value_estimates, other_privileged.value_estimates)
+
+
+@pytest.mark.parametrize(
+    ("keys", "error", "match"),
+    [
+        ({"actor_obs_keys": ("pos", "acc")}, ValueError, r"actor_obs_keys names \['acc'\]"),
+        ({"critic_obs_keys": "pos"}, TypeError, "critic_obs_keys must be a non-empty sequence"),
+    ],
+)
+def test_bad_obs_keys_are_named(keys: dict[str, Any], error: type, match: str):
+    with pytest.raises(error, match=match):
+        factories.make_mlp_actor_critic(
+            {"pos": 3, "vel": 2}, ACTIONS, [8], [8], nnx.Rngs(0), **keys
+        )
+    with pytest.raises(ValueError, match="needs a dict obs_size"):
+        factories.make_mlp_actor_critic(OBS, ACTIONS, [8], [8], nnx.Rngs(0), actor_obs_keys=("a",))
 
 
 def test_discrete_actor_critic_samples_class_indices():

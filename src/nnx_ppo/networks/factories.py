@@ -16,7 +16,7 @@ from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.recurrent import LSTM
 from nnx_ppo.networks.sampling_layers import ActionSampler, CategoricalSampler, NormalTanhSampler
 from nnx_ppo.networks.types import StatefulModule
-from nnx_ppo.networks.utils import Flattener, Map
+from nnx_ppo.networks.utils import Filter, Flattener, Map
 
 __all__ = [
     "ACTIVATIONS",
@@ -102,6 +102,9 @@ def make_mlp_actor_critic(
     entropy_weight: float = 1e-2,
     min_std: float = 1e-1,
     std_scale: float = 1.0,
+    *,
+    actor_obs_keys: Sequence[str] | None = None,
+    critic_obs_keys: Sequence[str] | None = None,
 ) -> StatefulModule:
     """An MLP actor and an MLP critic for continuous actions in ``(-1, 1)``.
 
@@ -134,6 +137,12 @@ def make_mlp_actor_critic(
         initialisation of every kernel.
       entropy_weight, min_std, std_scale: passed to
         :class:`~nnx_ppo.networks.sampling_layers.NormalTanhSampler`.
+      actor_obs_keys, critic_obs_keys: for dict observations, the entries the actor
+        and the critic each read (all of them when ``None``): e.g. ``("state",)``
+        and ``("privileged_state",)`` for MuJoCo Playground's asymmetric envs,
+        whose critic alone may see the simulator's privileged state. Each side then
+        starts with a :class:`~nnx_ppo.networks.utils.Filter` of its entries and a
+        :class:`~nnx_ppo.networks.utils.Flattener`.
     """
     require_int("make_mlp_actor_critic", "action_size", action_size)
     sampler = NormalTanhSampler(
@@ -150,6 +159,7 @@ def make_mlp_actor_critic(
         activation,
         normalize_obs,
         initializer_scale,
+        (actor_obs_keys, critic_obs_keys),
     )
 
 
@@ -163,6 +173,9 @@ def make_discrete_mlp_actor_critic(
     normalize_obs: bool = True,
     initializer_scale: float = 1.0,
     entropy_weight: float = 1e-2,
+    *,
+    actor_obs_keys: Sequence[str] | None = None,
+    critic_obs_keys: Sequence[str] | None = None,
 ) -> StatefulModule:
     """An MLP actor and an MLP critic for a discrete action out of ``n_actions``.
 
@@ -180,6 +193,8 @@ def make_discrete_mlp_actor_critic(
       normalize_obs: put a :class:`~nnx_ppo.networks.normalizer.Normalizer` first.
       initializer_scale: the scale of the kernels' variance-scaling initialisation.
       entropy_weight: passed to the sampler.
+      actor_obs_keys, critic_obs_keys: the dict observation's entries each side
+        reads, as for :func:`make_mlp_actor_critic`.
     """
     require_int("make_discrete_mlp_actor_critic", "n_actions", n_actions)
     if n_actions < 2:
@@ -195,6 +210,7 @@ def make_discrete_mlp_actor_critic(
         activation,
         normalize_obs,
         initializer_scale,
+        (actor_obs_keys, critic_obs_keys),
     )
 
 
@@ -222,6 +238,29 @@ def _observation_width(owner: str, obs_size: int | Mapping[str, int]) -> int:
     return obs_size
 
 
+def _obs_selection(
+    owner: str, obs_size: int | Mapping[str, int], keys: Sequence[str] | None, side: str
+) -> tuple[int | None, list[StatefulModule]]:
+    """The input width and first layers of a side reading only ``keys`` of a dict
+    observation: ``(None, [])`` when it reads the whole observation."""
+    if keys is None:
+        return None, []
+    if isinstance(keys, str) or not keys:
+        raise TypeError(
+            f"{owner}: {side}_obs_keys must be a non-empty sequence of keys, got {keys!r}"
+        )
+    if not isinstance(obs_size, Mapping):
+        raise ValueError(f"{owner}: {side}_obs_keys needs a dict obs_size, got {obs_size!r}")
+    missing = [key for key in keys if key not in obs_size]
+    if missing:
+        raise ValueError(
+            f"{owner}: {side}_obs_keys names {missing}, which obs_size lacks "
+            f"(its keys: {sorted(obs_size)})"
+        )
+    width = sum(int(obs_size[key]) for key in keys)
+    return width, [Filter({key: key for key in keys}), Flattener()]
+
+
 def _mlp_actor_critic(
     owner: str,
     obs_size: int | Mapping[str, int],
@@ -233,6 +272,7 @@ def _mlp_actor_critic(
     activation: Activation | str,
     normalize_obs: bool,
     initializer_scale: float,
+    obs_keys: tuple[Sequence[str] | None, Sequence[str] | None] = (None, None),
 ) -> StatefulModule:
     activation = _resolve_activation(owner, activation)
     require_number(owner, "initializer_scale", initializer_scale, minimum=0.0, strict=True)
@@ -240,30 +280,37 @@ def _mlp_actor_critic(
         for size in sizes:
             require_int(owner, f"{name}_hidden_sizes entry", size)
     width = _observation_width(owner, obs_size)
+    (actor_width, actor_input), (critic_width, critic_input) = (
+        _obs_selection(owner, obs_size, keys, side)
+        for keys, side in zip(obs_keys, ("actor", "critic"), strict=True)
+    )
     kernel_init = variance_scaling_uniform(float(initializer_scale))
     actor = make_mlp_layers(
-        [width, *actor_hidden_sizes, actor_output_size],
+        [actor_width or width, *actor_hidden_sizes, actor_output_size],
         rngs,
         activation,
         activation_last_layer=False,
         kernel_init=kernel_init,
         bias_init=zeros,
     )
-    critic = make_mlp(
-        [width, *critic_hidden_sizes, 1],
+    critic = make_mlp_layers(
+        [critic_width or width, *critic_hidden_sizes, 1],
         rngs,
         activation,
         activation_last_layer=False,
         kernel_init=kernel_init,
         bias_init=zeros,
     )
-    adapter = PPOAdapter(action=Sequential([*actor, sampler]), value=critic)
+    adapter = PPOAdapter(
+        action=Sequential([*actor_input, *actor, sampler]),
+        value=Sequential([*critic_input, *critic]),
+    )
     preprocessing: list[StatefulModule] = []
     if normalize_obs:
         preprocessing.append(
             Normalizer(dict(obs_size) if isinstance(obs_size, Mapping) else obs_size)
         )
-    if isinstance(obs_size, Mapping):
+    if isinstance(obs_size, Mapping) and not (actor_input or critic_input):
         preprocessing.append(Flattener())
     if not preprocessing:
         return adapter
@@ -351,6 +398,12 @@ def make_default_network(
     - ``env.discrete_actions``: :func:`make_discrete_mlp_actor_critic`;
     - otherwise (Playground envs included): :func:`make_mlp_actor_critic`.
 
+    A dict observation with ``state`` and ``privileged_state`` entries (MuJoCo
+    Playground's asymmetric envs) gives the actor ``state`` alone and the critic
+    ``privileged_state`` alone, as Brax PPO's defaults for those envs do: the policy
+    never reads what only the simulator knows. Other dict observations are read
+    whole by both.
+
     The MLPs use ``hidden_sizes`` for actor and critic alike, and every preset
     normalises observations. ``entropy_weight`` sets the action sampler's entropy
     bonus; ``None`` keeps each factory's default (``1e-2``; ``1e-3`` for the
@@ -379,8 +432,11 @@ def make_default_network(
         return _per_agent_actor_critic(
             owner, obs_size, action_size, hidden, rngs, discrete, activation, entropy_weight
         )
+    keys: dict[str, Any] = {}
     if isinstance(obs_size, Mapping):
         obs_size = {key: _width(owner, size) for key, size in obs_size.items()}
+        if set(_ASYMMETRIC_KEYS.values()) <= set(obs_size):
+            keys = {f"{side}_obs_keys": (key,) for side, key in _ASYMMETRIC_KEYS.items()}
     else:
         obs_size = _width(owner, obs_size)
     if discrete:
@@ -392,10 +448,23 @@ def make_default_network(
             rngs,
             activation=activation,
             entropy_weight=entropy,
+            **keys,
         )
     return make_mlp_actor_critic(
-        obs_size, action_size, hidden, hidden, rngs, activation=activation, entropy_weight=entropy
+        obs_size,
+        action_size,
+        hidden,
+        hidden,
+        rngs,
+        activation=activation,
+        entropy_weight=entropy,
+        **keys,
     )
+
+
+_ASYMMETRIC_KEYS = {"actor": "state", "critic": "privileged_state"}
+"""MuJoCo Playground's asymmetric observation: what the policy may see, and what the
+critic alone sees (Brax PPO's ``policy_obs_key``/``value_obs_key``)."""
 
 
 def _per_agent_actor_critic(
