@@ -439,18 +439,8 @@ def make_default_network(
             keys = {f"{side}_obs_keys": (key,) for side, key in _ASYMMETRIC_KEYS.items()}
     else:
         obs_size = _width(owner, obs_size)
-    if discrete:
-        return make_discrete_mlp_actor_critic(
-            obs_size,
-            action_size,
-            hidden,
-            hidden,
-            rngs,
-            activation=activation,
-            entropy_weight=entropy,
-            **keys,
-        )
-    return make_mlp_actor_critic(
+    factory = make_discrete_mlp_actor_critic if discrete else make_mlp_actor_critic
+    return factory(
         obs_size,
         action_size,
         hidden,
