@@ -213,6 +213,18 @@ def test_normal_log_likelihood_and_entropy_match_scipy(seed: int):
     np.testing.assert_allclose(out.regularization_loss, -0.5 * expected_entropy, rtol=RTOL)
 
 
+@pytest.mark.parametrize("sampler_type", [NormalSampler, NormalTanhSampler])
+def test_a_std_that_underflows_without_a_floor_keeps_the_density_finite(sampler_type: type):
+    sampler = sampler_type(nnx.Rngs(0), entropy_weight=0.0, min_std=0.0)
+    # softplus(-100) is 0 in float32: the std stops at the smallest normal float.
+    parameters = sampler.distribution_parameters(jnp.array([[0.3, -100.0], [0.3, 1.0]]))
+    assert float(parameters["sigma"][0, 0]) == float(jnp.finfo(jnp.float32).tiny)
+    assert float(parameters["sigma"][1, 0]) == pytest.approx(np.log1p(np.e), rel=1e-6)
+    log_likelihood = sampler.log_likelihood(jnp.array([[0.3], [0.3]]), parameters)
+    assert np.all(np.isfinite(np.asarray(log_likelihood)))
+    assert np.all(np.isfinite(np.asarray(sampler.entropy(parameters))))
+
+
 def test_normal_with_a_learned_log_std_takes_the_mean_alone():
     sampler = NormalSampler(
         nnx.Rngs(0), entropy_weight=0.0, min_std=0.0, action_size=3, initial_log_std=-0.5

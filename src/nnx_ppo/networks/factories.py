@@ -106,7 +106,7 @@ def make_mlp_actor_critic(
     actor_obs_keys: Sequence[str] | None = None,
     critic_obs_keys: Sequence[str] | None = None,
 ) -> StatefulModule:
-    """An MLP actor and an MLP critic for continuous actions in ``(-1, 1)``.
+    """An MLP actor and an MLP critic for continuous actions in ``[-1, 1]``.
 
     The network is::
 

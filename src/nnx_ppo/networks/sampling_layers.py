@@ -209,6 +209,16 @@ def _normal_entropy(sigma: Float[Array, "B action"]) -> Float[Array, "B action"]
     return 0.5 + 0.5 * math.log(2 * math.pi) + jnp.log(sigma)
 
 
+def _normal_std(sigma: Float[Array, "..."]) -> Float[Array, "..."]:
+    """``sigma``, at least the smallest normal float of its dtype.
+
+    With ``min_std=0`` a very negative raw std (below about -87 in float32) makes
+    ``softplus`` underflow to 0, and a std of 0 a NaN log-likelihood and an infinite
+    KL; every std above that floor passes unchanged, its gradient too.
+    """
+    return jnp.maximum(sigma, jnp.finfo(sigma.dtype).tiny)
+
+
 class _Normal(ActionSampler):
     """A diagonal Gaussian over the raw action; metrics ``mu`` and ``sigma``, ``(B, action)``."""
 
@@ -270,7 +280,7 @@ class NormalSampler(_Normal):
         if self.log_std is None:
             mean, raw_std = _split_mean_and_std("NormalSampler", x)
             sigma = (jax.nn.softplus(raw_std) + self.min_std) * self.std_scale
-            return {"mu": mean, "sigma": sigma}
+            return {"mu": mean, "sigma": _normal_std(sigma)}
         action_size = self.log_std.shape[0]
         if x.shape[-1] != action_size:
             raise ValueError(
@@ -278,7 +288,7 @@ class NormalSampler(_Normal):
                 f"alone, (B, {action_size}), but its input has shape {tuple(x.shape)}"
             )
         sigma = (jnp.exp(self.log_std[...]) + self.min_std) * self.std_scale
-        return {"mu": x, "sigma": jnp.broadcast_to(sigma, x.shape)}
+        return {"mu": x, "sigma": jnp.broadcast_to(_normal_std(sigma), x.shape)}
 
     def log_likelihood(
         self, raw_action: Float[Array, "B action"], parameters: DistributionParameters
@@ -405,7 +415,9 @@ def _expected_log_one_minus_tanh_squared(
 
 
 class NormalTanhSampler(_Normal):
-    """A diagonal Gaussian squashed by ``tanh``: actions in ``(-1, 1)``.
+    """A diagonal Gaussian squashed by ``tanh``: actions in ``[-1, 1]`` (float32's ``tanh``
+    reaches +-1 exactly for raw values beyond about 8; the log-likelihood is of the raw
+    value, so it stays finite).
 
     Input: the mean and the pre-softplus std concatenated, ``(B, 2 * action)``;
     ``sigma = (softplus(raw_std) + min_std) * std_scale``. Emits the raw,
@@ -442,7 +454,7 @@ class NormalTanhSampler(_Normal):
     def distribution_parameters(self, x: Float[Array, "B params"]) -> DistributionParameters:
         mean, raw_std = _split_mean_and_std("NormalTanhSampler", x)
         sigma = (jax.nn.softplus(raw_std) + self.min_std) * self.std_scale
-        return {"mu": mean, "sigma": sigma}
+        return {"mu": mean, "sigma": _normal_std(sigma)}
 
     def squash(self, raw_action: Float[Array, "B action"]) -> Float[Array, "B action"]:
         return jnp.tanh(raw_action)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Key
 
 from nnx_ppo.contract.arguments import require_int, require_number
+from nnx_ppo.networks.sampling_layers import _normal_std
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import (
     KeySource,
@@ -52,7 +53,7 @@ class _GaussianLatent(StatefulModule):
                 f"shape {tuple(x.shape)}"
             )
         mu, raw_std = jnp.split(x, 2, axis=-1)
-        sigma = jax.nn.softplus(raw_std) + self.min_std
+        sigma = _normal_std(jax.nn.softplus(raw_std) + self.min_std)
         next_keys, step_keys = split_env_keys(keys)
         eps = jax.vmap(lambda key: jax.random.normal(key, (self.latent_size,), x.dtype))(step_keys)
         z = mu + sigma * eps
