@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -207,6 +208,47 @@ def test_a_checkpoint_directory_of_another_run_is_refused_not_mixed(tmp_path: Pa
     make_checkpoint_fn(directory)(resumed.training_state, 192)
     with pytest.raises(CheckpointError, match="checkpoint of step 192 holds other arrays"):
         make_checkpoint_fn(directory)(state, 192)
+
+    # A crash left step 192 incomplete: the run resumes from 128 and writes 192 anew.
+    shutil.rmtree(step_directory(directory, 192) / "manifest")
+    assert find_checkpoint(directory)[1] == 128
+    template = new_training_state(env, network(4), ppo.n_envs, config.seed, ppo.learning_rate)
+    state = load_checkpoint(directory, template)["training_state"]
+    again = train_ppo(
+        env,
+        template.networks,
+        longer,
+        checkpoint_fn=make_checkpoint_fn(directory),
+        initial_state=state,
+    )
+    assert find_checkpoint(directory)[1] == 192
+    make_checkpoint_fn(directory)(again.training_state, 192)  # the same arrays: a no-op
+
+
+def test_a_resume_that_would_lose_the_runs_history_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    assert train(run_dir, 256) == 0
+    metrics = (run_dir / "metrics.jsonl").read_text()
+    config = (run_dir / "config.json").read_text()
+
+    # A broken line before the last: refused, and neither file changes.
+    lines = metrics.splitlines(keepends=True)
+    (run_dir / "metrics.jsonl").write_text("".join([lines[0], "{ broken\n", *lines[1:]]))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "--steps", "512"]) == 2
+    assert (run_dir / "config.json").read_text() == config
+
+    # No checkpoint left: resuming would start over and drop the logged steps.
+    (run_dir / "metrics.jsonl").write_text(metrics)
+    shutil.rmtree(run_dir / "checkpoints")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    assert "has no usable checkpoint, but its metrics.jsonl holds records up to step 256" in (
+        capsys.readouterr().out
+    )
+    assert (run_dir / "metrics.jsonl").read_text() == metrics
 
 
 def test_checkpoints_store_a_train_config_only(tmp_path: Path) -> None:

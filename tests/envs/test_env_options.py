@@ -38,6 +38,13 @@ def test_env_kwargs_reach_a_built_in_env_through_set():
     assert _simulator_backend(config) is None  # not a Playground env
 
 
+def test_set_env_picks_that_envs_preset_and_an_object_value_sets_its_keys():
+    assert run_config("--set", "env=pendulum") == run_config("--env", "pendulum")
+    config = run_config("--steps", "204800", "--set", 'eval={"every_steps": 8192}')
+    assert config["train"]["eval"]["every_steps"] == 8192  # not the run length's cadence
+    assert run_config("--steps", "204800")["train"]["eval"]["every_steps"] != 8192
+
+
 def test_a_bad_env_option_is_named_by_the_env():
     config = run_config("--set", "env_kwargs.max_steps=0")
     with pytest.raises(ValueError, match="CartPole: max_steps"):

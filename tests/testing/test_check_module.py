@@ -385,3 +385,42 @@ def test_pytest_runs_where_hypothesis_is_not_installed(tmp_path: Path) -> None:
     output = result.stdout + result.stderr
     assert "1 passed, 1 error" in output, output
     assert "nnx_ppo.testing.check_module needs Hypothesis: pip install 'nnx-ppo[testing]'" in output
+
+
+def test_the_option_refuses_a_count_below_one_when_pytest_starts(tmp_path: Path) -> None:
+    installed = any(
+        entry.value == "nnx_ppo.testing.pytest_plugin"
+        for entry in importlib.metadata.entry_points(group="pytest11")
+    )
+    load = [] if installed else ["-p", "nnx_ppo.testing.pytest_plugin"]
+    options = ["--nnx-ppo-max-examples=0", "--collect-only", "-q", "--rootdir", str(tmp_path)]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *load, "-p", "no:cacheprovider", *options],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
+    assert "--nnx-ppo-max-examples must be a positive int, got 0" in result.stderr
+
+
+def _mismatched_product(x: jax.Array) -> jax.Array:
+    return x @ jnp.ones((x.shape[-1] + 1, 2))  # the width is off by one
+
+
+class CallsAHelperThatRaises(RunningSum):
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> Any:
+        _mismatched_product(x)
+        return super().__call__(state, x, rollout_extras)
+
+
+def test_an_error_in_the_users_code_names_the_line_that_raised() -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(CallsAHelperThatRaises(2), jnp.zeros(2), max_examples=2)
+    message = str(caught.value)
+    assert "TypeError: dot_general requires contracting dimensions" in message
+    line = _mismatched_product.__code__.co_firstlineno + 1
+    assert f"raised in your code at {__file__}:{line} in _mismatched_product" in message

@@ -224,6 +224,13 @@ class ForgetsUpdateStatistics(Pair):
         self.first.update_statistics(rollout_extras["first"])
 
 
+class ForgetsResetState(Pair):
+    """Resets its first child's carry only: the second's goes on across episodes."""
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return {**prev_state, "first": self.first.reset_state(prev_state["first"])}
+
+
 class Residual(StatefulModule):
     """``x + inner(x)``: routes the carry and the extras, inherits the no-op update_statistics."""
 
@@ -413,6 +420,12 @@ MODULE_BUGS: dict[
         {},
         ModuleProperty.CARRY_PRESERVATION,
         "next_state['second']",
+    ),
+    "container that forgets to reset a child": (
+        lambda: ForgetsResetState(Leaky(), Leaky()),
+        {},
+        ModuleProperty.RESET_STATE,
+        "ForgetsResetState.second (Leaky)",
     ),
     "container that forgets update_statistics": (
         lambda: ForgetsUpdateStatistics(Leaky(), Normalizer(FEATURES)),

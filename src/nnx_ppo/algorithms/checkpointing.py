@@ -351,13 +351,18 @@ def make_checkpoint_fn(
                 managers.append(_manager(root, keep_last, create=True))
             except OSError as error:
                 raise CheckpointError(_write_failure(root, step, error)) from error
-            found = managers[0].all_steps()
+            # A step directory a crash left incomplete is no checkpoint (find_checkpoint
+            # skips it too): the run resumed from an earlier one, and may write it anew.
+            found = [s for s in managers[0].all_steps() if _complete(step_directory(root, s))]
             if found:
                 _require_own_directory(root, max(found), step, arrays, entries)
                 if step == max(found):
                     written.add(step)
                     return  # the step this run resumed from
         manager = managers[0]
+        if step in manager.all_steps():  # an incomplete directory of this step
+            manager.delete(step)
+            manager.reload()
         manifest = {
             "format": _FORMAT,
             "steps_taken": int(training_state.steps_taken),

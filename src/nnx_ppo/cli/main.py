@@ -170,6 +170,7 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
         follow_run_length,
         leaf_keys,
         merge,
+        parse_override,
         preset,
         read_config_file,
     )
@@ -180,13 +181,25 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
         if args.env is not None:
             config["env"] = args.env  # refused below unless it is the run's
     else:
-        env_name = args.env or file_config.get("env") or "cartpole"
+        # The env picks the preset, so a --set env=... is read before the preset is.
+        set_env = [
+            value
+            for parts, value in (parse_override(preset("cartpole"), a) for a in args.overrides)
+            if parts == ["env"]
+        ]
+        env_name = args.env or (set_env[-1] if set_env else None) or file_config.get("env")
+        env_name = str(env_name or "cartpole")
         config = merge(preset(env_name), file_config)
         config["env"] = env_name
     given = set(leaf_keys(file_config))
     for assignment in args.overrides:
+        parts, value = parse_override(config, assignment)
         config = apply_override(config, assignment)
-        given.add(_override_key(config, assignment))
+        key = ".".join(parts)
+        given.add(key)  # an object value sets every key inside it too
+        given.update(
+            f"{key}.{leaf}" for leaf in (leaf_keys(value) if isinstance(value, dict) else ())
+        )
     if args.steps is not None:
         config["train"]["ppo"]["total_steps"] = args.steps
     if args.seed is not None:
@@ -196,12 +209,6 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
     if args.resume is None:
         config = follow_run_length(config, given)
     return config
-
-
-def _override_key(config: dict[str, Any], assignment: str) -> str:
-    """The full dotted key a ``--set`` assignment wrote (``ppo.x`` is ``train.ppo.x``)."""
-    key = assignment.split("=", 1)[0].strip()
-    return key if key.split(".")[0] in config else f"train.{key}"
 
 
 class _StopFlag:
@@ -328,6 +335,13 @@ def _train_locked(
             return 0
         console.print(f"resuming {run_dir} from step {start_step:,}", soft_wrap=True)
     elif args.resume is not None:
+        logged = [r.get("step", 0) for r in read_metrics(run_dir / "metrics.jsonl")]
+        if max(logged, default=0) > 0:
+            raise ValueError(
+                f"{run_dir} has no usable checkpoint, but its metrics.jsonl holds records up "
+                f"to step {max(logged):,}: resuming would start the run over and drop them. "
+                "Restore its checkpoints, or start a new run with another --run-dir"
+            )
         console.print(f"{run_dir} has no checkpoint yet: starting it from step 0", soft_wrap=True)
 
     primary = jax.process_index() == 0
@@ -335,9 +349,9 @@ def _train_locked(
     # otherwise (a run without a checkpoint, or resumed from the one at step 0).
     logged_until = start_step if start_step > 0 else -1
     if primary:
-        # Only now, with the checkpoint loaded, does the run's config change.
-        write_atomically(run_dir / "config.json", json.dumps(run_config, indent=2) + "\n")
+        # Only now, with the checkpoint loaded and the metrics read, does the config change.
         trim_metrics(run_dir / "metrics.jsonl", logged_until)
+        write_atomically(run_dir / "config.json", json.dumps(run_config, indent=2) + "\n")
     checkpoint_fn = make_checkpoint_fn(run_dir / CHECKPOINT_SUBDIR, train_config)
     per_step = ppo_config.steps_per_iteration
     planned = max(-(-ppo_config.total_steps // per_step) * per_step, start_step)

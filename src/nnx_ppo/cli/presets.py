@@ -39,6 +39,7 @@ __all__ = [
     "follow_run_length",
     "leaf_keys",
     "merge",
+    "parse_override",
     "parse_run_config",
     "preset",
     "preset_names",
@@ -287,8 +288,9 @@ def _at(config: dict[str, Any], key: str) -> Any:
     return node
 
 
-def apply_override(config: dict[str, Any], assignment: str) -> dict[str, Any]:
-    """Apply one ``--set key=value``: a dotted key, and a JSON value (or a bare string).
+def parse_override(config: dict[str, Any], assignment: str) -> tuple[list[str], Any]:
+    """The full key (as parts) and the value of one ``--set key=value``: a dotted key,
+    and a JSON value (or a bare string).
 
     ``ppo.*``, ``eval.*``, ``seed`` and ``checkpoint_every_steps`` may omit the
     leading ``train.``: ``--set ppo.n_envs=64`` is ``--set train.ppo.n_envs=64``.
@@ -303,6 +305,12 @@ def apply_override(config: dict[str, Any], assignment: str) -> dict[str, Any]:
     parts = key.strip().split(".")
     if parts[0] in config["train"] and parts[0] not in config:
         parts = ["train", *parts]
+    return parts, value
+
+
+def apply_override(config: dict[str, Any], assignment: str) -> dict[str, Any]:
+    """Apply one ``--set key=value`` (:func:`parse_override`)."""
+    parts, value = parse_override(config, assignment)
     update: Any = value
     for part in reversed(parts):
         update = {part: update}

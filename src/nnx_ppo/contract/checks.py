@@ -70,6 +70,8 @@ _R = TypeVar("_R")
 _OFF_VALUES = frozenset({"0", "false", "off", "no"})
 _CHECKS_OVERRIDE: ContextVar[bool | None] = ContextVar("nnx_ppo_checks", default=None)
 _ACTIVE_MODULES: ContextVar[tuple[Any, ...]] = ContextVar("nnx_ppo_active", default=())
+_RESET_REACHED: ContextVar[set[int] | None] = ContextVar("nnx_ppo_reset", default=None)
+"""The modules a top-level ``reset_state`` call reached so far."""
 _STATISTICS_CALL: ContextVar[_StatisticsCall | None] = ContextVar("nnx_ppo_stats", default=None)
 _CALL_OBSERVERS: ContextVar[tuple[Callable[[CallRecord], None], ...]] = ContextVar(
     "nnx_ppo_observers", default=()
@@ -843,8 +845,20 @@ def _check_initialize_state(site: _Site, arguments: _Arguments, call: Callable[[
 
 def _check_reset_state(site: _Site, arguments: _Arguments, call: Callable[[], Any]) -> Any:
     (prev_name, prev), *_ = arguments
-    state = call()
-    _check_same_tree(site, prev_name, prev, "returned state", state, _RULE_RESET, None)
+    reached = _RESET_REACHED.get()
+    top_level = reached is None
+    if reached is None:
+        reached = set()
+    token = _RESET_REACHED.set(reached) if top_level else None
+    try:
+        reached.add(id(site.module))
+        state = call()
+        _check_same_tree(site, prev_name, prev, "returned state", state, _RULE_RESET, None)
+        if top_level:
+            _check_all_reached(site, site.module, reached, _RESET_ROUTING)
+    finally:
+        if token is not None:
+            _RESET_REACHED.reset(token)
     return state
 
 
@@ -873,7 +887,7 @@ def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[
         result = call()
         if top_level:
             _check_unwritten(site, params, "update_statistics", RULE_STATISTICS_KIND)
-            _check_all_reached(site, site.module, shared.reached)
+            _check_all_reached(site, site.module, shared.reached, _STATISTICS_ROUTING)
     finally:
         if token is not None:
             _STATISTICS_CALL.reset(token)
@@ -965,16 +979,33 @@ def is_stats_bearing(node: Any) -> bool:
     )
 
 
-def _overrides_update_statistics(node: Any) -> bool:
-    method = type(node).update_statistics
-    return getattr(method, _CHECKED_MARK, None) == "update_statistics" and not getattr(
-        method, _DEFAULT_MARK, False
+def _overrides(node: Any, method: str) -> bool:
+    """Whether ``node``'s class defines contract method ``method`` (not the default)."""
+    function = getattr(type(node), method)
+    return getattr(function, _CHECKED_MARK, None) == method and not getattr(
+        function, _DEFAULT_MARK, False
     )
 
 
-def _check_all_reached(site: _Site, root: Any, reached: set[int]) -> None:
+def _overrides_update_statistics(node: Any) -> bool:
+    return _overrides(node, "update_statistics")
+
+
+@dataclass(frozen=True)
+class _Routing:
+    """What a top-level call of ``method`` must reach below it, and how a miss reads."""
+
+    method: str
+    needs: Callable[[Any, Any], bool]  # (node, root) -> whether the call must reach it
+    why: str  # completes "<method> never reached X, which ..."
+    default: str  # completes "X inherits ..."
+    rule: str
+
+
+def _check_all_reached(site: _Site, root: Any, reached: set[int], routing: _Routing) -> None:
     nodes = {tuple(path): node for path, node in nnx.iter_graph(root)}
     frozen = [path for path, node in nodes.items() if getattr(node, FROZEN_STATISTICS_MARK, False)]
+    method = routing.method
 
     def name(path: tuple[Any, ...]) -> str:
         if not path:
@@ -984,37 +1015,57 @@ def _check_all_reached(site: _Site, root: Any, reached: set[int]) -> None:
         )
 
     for path, node in nodes.items():
-        if id(node) in reached or not is_stats_bearing(node):
+        if id(node) in reached or not routing.needs(node, root):
             continue
-        if any(path[: len(held)] == held for held in frozen):
+        if method == "update_statistics" and any(path[: len(held)] == held for held in frozen):
             continue
         ancestors = [
             path[:i] for i in range(len(path) - 1, -1, -1) if _is_contract_module(nodes[path[:i]])
         ]
         found = "the top-level call returned without reaching it"
-        expected = "every container on its path to route update_statistics to it"
-        # The nearest container that dropped it: one that inherits the no-op default,
-        # or one whose own update_statistics ran without passing it on.
+        expected = f"every container on its path to route {method} to it"
+        # The nearest container that dropped it: one that inherits the default, or one
+        # whose own method ran without passing it on.
         for ancestor in ancestors:
-            if not _overrides_update_statistics(nodes[ancestor]):
-                expected = f"{name(ancestor)} to define update_statistics and route it"
-                found = (
-                    f"{name(ancestor)} inherits the no-op default, dropping its children's "
-                    "statistics"
-                )
+            if not _overrides(nodes[ancestor], method):
+                expected = f"{name(ancestor)} to define {method} and route it"
+                found = f"{name(ancestor)} inherits {routing.default}"
                 break
             if id(nodes[ancestor]) in reached:
-                expected = f"{name(ancestor)}.update_statistics to pass it its slice"
-                found = f"{name(ancestor)}.update_statistics ran but never called it"
+                expected = f"{name(ancestor)}.{method} to pass it its slice"
+                found = f"{name(ancestor)}.{method} ran but never called it"
                 break
         raise _violation(
             site,
-            f"update_statistics never reached {name(path)}, which keeps running statistics.",
+            f"{method} never reached {name(path)}, which {routing.why}.",
             leaf=name(path),
             expected=expected,
             found=found,
-            rule=_RULE_ROUTING,
+            rule=routing.rule,
         )
+
+
+_STATISTICS_ROUTING = _Routing(
+    "update_statistics",
+    lambda node, root: is_stats_bearing(node),
+    "keeps running statistics",
+    "the no-op default, dropping its children's statistics",
+    _RULE_ROUTING,
+)
+_RESET_ROUTING = _Routing(
+    "reset_state",
+    lambda node, root: (
+        node is not root and _is_contract_module(node) and _overrides(node, "reset_state")
+    ),
+    "defines its own reset_state: its carry would go on from the ended episode",
+    "the default, which keeps every child's carry",
+    rule_text(
+        "containers route reset_state to every child the way they route the carry, so "
+        "that each child's own reset runs where an episode ends",
+        "the-four-rules",
+        "custom_containers",
+    ),
+)
 
 
 # ----------------------------------------------------------------------- installation

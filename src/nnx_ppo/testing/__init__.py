@@ -26,15 +26,15 @@ from typing import Any
 
 from nnx_ppo.testing import modules
 from nnx_ppo.testing._harness import ContractPropertyError
-from nnx_ppo.testing.check_env import EnvProperty, check_env, random_action
+from nnx_ppo.testing.check_env import ENV_PROPERTIES, EnvProperty, check_env, random_action
 
 try:
     from nnx_ppo.testing import strategies
-    from nnx_ppo.testing.check_module import ModuleProperty, check_module
+    from nnx_ppo.testing.check_module import MODULE_PROPERTIES, ModuleProperty, check_module
 except ModuleNotFoundError as missing:
     if missing.name != "hypothesis":
         raise
-    _NEEDS_HYPOTHESIS = ("ModuleProperty", "check_module", "strategies")
+    _NEEDS_HYPOTHESIS = ("MODULE_PROPERTIES", "ModuleProperty", "check_module", "strategies")
 
     def __getattr__(name: str) -> Any:
         if name not in _NEEDS_HYPOTHESIS:
@@ -46,6 +46,8 @@ except ModuleNotFoundError as missing:
 
 
 __all__ = [
+    "ENV_PROPERTIES",
+    "MODULE_PROPERTIES",
     "ContractPropertyError",
     "EnvProperty",
     "ModuleProperty",

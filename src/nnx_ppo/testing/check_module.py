@@ -1274,7 +1274,8 @@ def check_module(
       module_factory_or_module: the module, or a function of no arguments that builds it.
       example_input: **one** sample's input, without the batch axis: a pytree of
         arrays or ``jax.ShapeDtypeStruct``. Inputs are drawn with its tree, shapes
-        and dtypes (floats standard normal, integers in ``[-3, 3]``, booleans).
+        and dtypes (floats standard normal, integers in ``[-3, 3]``, ``[0, 3]`` if
+        unsigned, booleans).
       batch_sizes: the batch sizes to draw ``B`` from; one compile per size.
       time_lengths: the rollout lengths to draw ``T`` from.
       max_examples: how many examples Hypothesis runs (before shrinking a

@@ -14,10 +14,10 @@ fixture or called directly (e.g. for a nightly job): it sets the environment
 variable ``NNX_PPO_MAX_EXAMPLES`` for the session.
 
 pytest imports this plugin in every session of an environment where nnx-ppo is
-installed, whatever the tests. Importing it imports ``nnx_ppo`` (and so JAX), but
-not the kit or Hypothesis: those load when a fixture is first used (or, with the
-option, when pytest starts). So pytest runs in an environment without the
-``testing`` extra, and ``check_module`` there says how to install Hypothesis.
+installed, whatever the tests. Importing it imports ``nnx_ppo`` (and so JAX) and
+the ``nnx_ppo.testing`` package with its kit, and Hypothesis where it is installed
+(about a quarter of a second). Without the ``testing`` extra pytest still runs,
+and ``check_module`` there says how to install Hypothesis.
 """
 
 from __future__ import annotations
@@ -55,6 +55,10 @@ def pytest_configure(config: pytest.Config) -> None:
     max_examples = config.getoption(_MAX_EXAMPLES_OPTION)
     if max_examples is None:
         return
+    if max_examples < 1:
+        raise pytest.UsageError(
+            f"{_MAX_EXAMPLES_OPTION} must be a positive int, got {max_examples}"
+        )
     from nnx_ppo.testing.check_module import MAX_EXAMPLES_ENV_VAR
 
     config.stash[_PREVIOUS] = os.environ.get(MAX_EXAMPLES_ENV_VAR)

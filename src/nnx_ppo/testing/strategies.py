@@ -94,6 +94,8 @@ def _random_leaf(
         return jax.random.split(jax.random.key(seed), math.prod(shape)).reshape(shape)
     if jnp.issubdtype(dtype, jnp.bool_):
         return jnp.asarray(rng.random(shape) < 0.5)
+    if jnp.issubdtype(dtype, jnp.unsignedinteger):
+        return jnp.asarray(rng.integers(0, 4, shape), dtype=dtype)
     if jnp.issubdtype(dtype, jnp.integer):
         return jnp.asarray(rng.integers(-3, 4, shape), dtype=dtype)
     if jnp.issubdtype(dtype, jnp.inexact):
@@ -132,8 +134,8 @@ def pytree_observations(
         from :data:`FEATURE_SHAPES`. Otherwise a pytree describing **one**
         sample, with arrays or ``jax.ShapeDtypeStruct`` leaves: the result has its
         structure, and each leaf ``(B, *leaf.shape)`` of the leaf's dtype (floats
-        standard normal, integers in ``[-3, 3]``, booleans, or PRNG keys). Use it
-        for carry states and rollout_extras, e.g. ``jax.eval_shape`` of
+        standard normal, integers in ``[-3, 3]`` (``[0, 3]`` unsigned), booleans, or PRNG
+        keys). Use it for carry states and rollout_extras, e.g. ``jax.eval_shape`` of
         ``initialize_state(1)`` with the leading axis dropped.
       batch_size: the ``B`` of every leaf; drawn from :func:`batch_sizes` if None.
     """
