@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -193,16 +194,20 @@ def test_a_checkpoint_directory_of_another_run_is_refused_not_mixed(tmp_path: Pa
 
     # The run's own directory, resumed from its latest step, takes its later checkpoints.
     ppo = config.ppo
-    template = new_training_state(env, network(3), ppo.n_envs, config.seed, ppo.learning_rate)
-    state = load_checkpoint(directory, template)["training_state"]
     longer = dataclasses.replace(config, ppo=dataclasses.replace(ppo, total_steps=192))
-    resumed = train_ppo(
-        env,
-        template.networks,
-        longer,
-        checkpoint_fn=make_checkpoint_fn(directory),
-        initial_state=state,
-    )
+
+    def resume(seed: int) -> tuple[Any, Any]:
+        """The latest checkpoint's state, and the run resumed from it to step 192."""
+        template = new_training_state(
+            env, network(seed), ppo.n_envs, config.seed, ppo.learning_rate
+        )
+        state = load_checkpoint(directory, template)["training_state"]
+        checkpoint_fn = make_checkpoint_fn(directory)
+        return state, train_ppo(
+            env, template.networks, longer, checkpoint_fn=checkpoint_fn, initial_state=state
+        )
+
+    state, resumed = resume(3)
     assert find_checkpoint(directory)[1] == 192
     # Passing the latest step again is a no-op for the same state, refused for another.
     make_checkpoint_fn(directory)(resumed.training_state, 192)
@@ -212,15 +217,7 @@ def test_a_checkpoint_directory_of_another_run_is_refused_not_mixed(tmp_path: Pa
     # A crash left step 192 incomplete: the run resumes from 128 and writes 192 anew.
     shutil.rmtree(step_directory(directory, 192) / "manifest")
     assert find_checkpoint(directory)[1] == 128
-    template = new_training_state(env, network(4), ppo.n_envs, config.seed, ppo.learning_rate)
-    state = load_checkpoint(directory, template)["training_state"]
-    again = train_ppo(
-        env,
-        template.networks,
-        longer,
-        checkpoint_fn=make_checkpoint_fn(directory),
-        initial_state=state,
-    )
+    _, again = resume(4)
     assert find_checkpoint(directory)[1] == 192
     make_checkpoint_fn(directory)(again.training_state, 192)  # the same arrays: a no-op
 

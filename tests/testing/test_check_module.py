@@ -310,26 +310,36 @@ def _failure_section(output: str, test: str) -> list[str]:
     return lines[start:end]
 
 
-def test_the_pytest_plugin_serves_the_kit_and_reports_a_failure_in_a_few_lines(
-    tmp_path: Path,
-) -> None:
-    (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TESTS))
+def _pytest_session(
+    project: Path, *options: str, pythonpath: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m pytest`` run in ``project`` as a user's session: the plugin loaded as
+    its entry point loads it (named with ``-p`` where nnx-ppo is not installed)."""
     installed = any(
         entry.value == "nnx_ppo.testing.pytest_plugin"
         for entry in importlib.metadata.entry_points(group="pytest11")
     )
     load = [] if installed else ["-p", "nnx_ppo.testing.pytest_plugin"]
-    command = [sys.executable, "-m", "pytest", *load, "--nnx-ppo-max-examples=3"]
-    command += ["-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path), "test_user.py"]
-    result = subprocess.run(
-        command,
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([pythonpath, os.environ.get("PYTHONPATH", "")])
+    flags = ["-p", "no:cacheprovider", "-q", "--rootdir", str(project)]
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *load, *flags, *options],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        cwd=project,
+        env=env,
         timeout=300,
         check=False,
     )
+
+
+def test_the_pytest_plugin_serves_the_kit_and_reports_a_failure_in_a_few_lines(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TESTS))
+    result = _pytest_session(tmp_path, "--nnx-ppo-max-examples=3", "test_user.py")
     output = result.stdout + result.stderr
     assert "1 failed, 3 passed" in output, output
     headline = "check_module(Batchy): property 'batch-of-one agreement' fails at B=2"
@@ -365,22 +375,8 @@ def test_pytest_runs_where_hypothesis_is_not_installed(tmp_path: Path) -> None:
     (hidden / "__init__.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'hypothesis'\", name='hypothesis')\n"
     )
-    installed = any(
-        entry.value == "nnx_ppo.testing.pytest_plugin"
-        for entry in importlib.metadata.entry_points(group="pytest11")
-    )
-    load = [] if installed else ["-p", "nnx_ppo.testing.pytest_plugin"]
-    command = [sys.executable, "-m", "pytest", *load, "-p", "no:hypothesispytest"]
-    command += ["-p", "no:cacheprovider", "-q", "--rootdir", str(project), "test_user.py"]
-    path = os.pathsep.join([str(hidden.parent), os.environ.get("PYTHONPATH", "")])
-    result = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        cwd=project,
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path},
-        timeout=300,
-        check=False,
+    result = _pytest_session(
+        project, "-p", "no:hypothesispytest", "test_user.py", pythonpath=str(hidden.parent)
     )
     output = result.stdout + result.stderr
     assert "1 passed, 1 error" in output, output
@@ -388,21 +384,7 @@ def test_pytest_runs_where_hypothesis_is_not_installed(tmp_path: Path) -> None:
 
 
 def test_the_option_refuses_a_count_below_one_when_pytest_starts(tmp_path: Path) -> None:
-    installed = any(
-        entry.value == "nnx_ppo.testing.pytest_plugin"
-        for entry in importlib.metadata.entry_points(group="pytest11")
-    )
-    load = [] if installed else ["-p", "nnx_ppo.testing.pytest_plugin"]
-    options = ["--nnx-ppo-max-examples=0", "--collect-only", "-q", "--rootdir", str(tmp_path)]
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", *load, "-p", "no:cacheprovider", *options],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-        timeout=300,
-        check=False,
-    )
+    result = _pytest_session(tmp_path, "--nnx-ppo-max-examples=0", "--collect-only")
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
     assert "--nnx-ppo-max-examples must be a positive int, got 0" in result.stderr
 
