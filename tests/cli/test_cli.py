@@ -302,6 +302,30 @@ def test_eval_reports_returns_of_the_latest_checkpoint(
     assert "checkpoint at step 256" in shown and "eval/episode_reward/mean" in shown
 
 
+@pytest.mark.parametrize("content", ["[]", "{}", '{"env": "cartpole", "train": 3}'])
+def test_a_config_json_that_is_no_run_configuration_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(content)
+    for command in (["train", "--resume", str(run_dir), "--steps", "512"], ["eval", str(run_dir)]):
+        capsys.readouterr()
+        assert main(command) == 2
+        assert "config.json is not a run configuration: it holds no 'train' table" in (
+            capsys.readouterr().out
+        )
+
+
+def test_more_devices_than_there_are_is_refused_before_the_run_directory_exists(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    assert main(["train", "--devices", "64", "--run-dir", str(run_dir), *TINY]) == 2
+    assert "64 devices asked for" in capsys.readouterr().out
+    assert not run_dir.exists()
+
+
 def test_unknown_env_and_bad_overrides_are_explained(capsys: pytest.CaptureFixture[str]) -> None:
     if importlib.util.find_spec("mujoco_playground") is None:
         assert main(["train", "--env", "CartpoleBalance"]) == 2

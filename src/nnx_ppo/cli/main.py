@@ -158,9 +158,15 @@ def _read_run_config(run_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory: it has no config.json")
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not valid JSON: {error}") from error
+    if not (isinstance(config, dict) and isinstance(config.get("train"), dict)):
+        raise ValueError(
+            f"{path} is not a run configuration: it holds no 'train' table "
+            f"(found {type(config).__name__} {str(config)[:60]})"
+        )
+    return config
 
 
 def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -243,6 +249,7 @@ def _start_distributed(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace, console: Console) -> int:
+    from nnx_ppo.algorithms import sharding
     from nnx_ppo.cli.presets import parse_run_config
     from nnx_ppo.cli.run_dir import hold_run_lock
 
@@ -251,6 +258,10 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         console = Console(quiet=True)
     # Everything a config error can stop happens before the run directory exists.
     run_config, train_config = parse_run_config(_resolve_config(args))
+    mesh = sharding.resolve_mesh(train_config.devices)  # more devices than there are
+    ppo = train_config.ppo
+    eval_envs = train_config.eval.n_envs if train_config.eval.enabled else None
+    sharding.require_divisible("train", mesh, ppo.n_envs, ppo.n_minibatches, eval_envs)
     env = _make_env(run_config)
     network = _make_network(env, run_config)
     if args.resume is not None:
