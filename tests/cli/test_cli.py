@@ -334,6 +334,19 @@ def test_unknown_env_and_bad_overrides_are_explained(capsys: pytest.CaptureFixtu
     assert "unknown config key 'train.ppo.n_envz'" in capsys.readouterr().out
     assert main(["train", "--set", "ppo.n_envs=10", "--set", "ppo.n_minibatches=4"]) == 2
     assert "n_minibatches" in capsys.readouterr().out
+    assert main(["train", "--set", "ppo=5"]) == 2
+    assert "config key 'train.ppo' is a table, not a value: set its keys, e.g. train.ppo." in (
+        capsys.readouterr().out
+    )
+    assert main(["train", "--coordinator", "localhost"]) == 2
+    assert "--coordinator takes HOST:PORT, got 'localhost'" in capsys.readouterr().out
+
+
+def test_a_metrics_record_without_a_step_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0}\n{"loss": 1.0}\n{"step": 128}\n')
+    with pytest.raises(ValueError, match="line 2 is not a metrics record: it has no int 'step'"):
+        read_metrics(path)
 
 
 @pytest.mark.skipif(

@@ -241,11 +241,22 @@ def _start_distributed(args: argparse.Namespace) -> None:
     given = (args.coordinator, args.num_processes, args.process_id)
     if not args.distributed and all(option is None for option in given):
         return
-    jax.distributed.initialize(
-        coordinator_address=args.coordinator,
-        num_processes=args.num_processes,
-        process_id=args.process_id,
-    )
+    if args.coordinator is not None:
+        host, _, port = args.coordinator.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"--coordinator takes HOST:PORT, got {args.coordinator!r}")
+    try:
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator,
+            num_processes=args.num_processes,
+            process_id=args.process_id,
+        )
+    except ValueError as error:
+        raise ValueError(
+            "the distributed runtime could not start: outside a cluster JAX detects (Slurm, "
+            "a TPU pod) give --coordinator HOST:PORT, --num-processes N and --process-id I "
+            f"({error})"
+        ) from error
 
 
 def _train(args: argparse.Namespace, console: Console) -> int:

@@ -129,6 +129,9 @@ def preset(env_name: str) -> dict[str, Any]:
     return follow_run_length(merge(base, settings), set(leaf_keys(settings)))
 
 
+_SECTIONS = frozenset({"network", "train", "train.ppo", "train.eval", "train.video"})
+"""The tables that group settings: a value in place of one is a mistaken key."""
+
 _FREE_FORM = frozenset({"env_kwargs"})
 """Tables whose keys are the env's own options, checked by the env rather than here."""
 
@@ -146,6 +149,11 @@ def merge(base: dict[str, Any], update: dict[str, Any], where: str = "") -> dict
             raise ValueError(f"unknown config key {name!r}; known here: {sorted(merged)}")
         if isinstance(merged[key], dict) and isinstance(value, dict):
             merged[key] = merge(merged[key], value, f"{name}.")
+        elif name in _SECTIONS and not isinstance(value, dict):
+            example = next(leaf_keys(merged[key], f"{name}."), f"{name}.key")
+            raise ValueError(
+                f"config key {name!r} is a table, not a value: set its keys, e.g. {example}=..."
+            )
         else:
             merged[key] = value
     return merged

@@ -144,6 +144,9 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             if number == len(lines):
                 break
             raise ValueError(f"{path} line {number} is not valid JSON: {error}") from error
+        step = records[-1].get("step") if isinstance(records[-1], dict) else None
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ValueError(f"{path} line {number} is not a metrics record: it has no int 'step'")
     return records
 
 
