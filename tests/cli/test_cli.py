@@ -25,6 +25,7 @@ from nnx_ppo.algorithms.checkpointing import (
     load_checkpoint,
     step_directory,
 )
+from nnx_ppo.cli import main as cli_main
 from nnx_ppo.cli.main import main
 from nnx_ppo.cli.run_dir import read_metrics
 from nnx_ppo.envs import make
@@ -121,6 +122,19 @@ def test_a_different_architecture_is_refused_with_the_paths_that_differ(
         main(["train", "--resume", str(run_dir), "--run-dir", str(tmp_path / "elsewhere")])
     assert exited.value.code == 2
     assert "--run-dir: not allowed with argument --resume" in capsys.readouterr().err
+
+
+def test_a_second_interrupt_stops_with_one_line_and_status_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(*_: Any) -> int:
+        raise KeyboardInterrupt  # what _StopFlag raises at the second Ctrl-C
+
+    monkeypatch.setattr(cli_main, "_train", interrupted)
+    assert main(["train"]) == 130
+    shown = capsys.readouterr()
+    assert "interrupted again: stopped at once, without a final checkpoint" in shown.out
+    assert "Traceback" not in shown.out + shown.err
 
 
 def test_broken_checkpoints_are_named(tmp_path: Path) -> None:

@@ -578,6 +578,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, OSError, RunLockedError) as error:
         _print_error(console, str(error))
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C: stop at once, without a traceback
+        _print_error(
+            console,
+            "interrupted again: stopped at once, without a final checkpoint; the checkpoints "
+            "written before are intact (resume with nnx-ppo train --resume RUN_DIR)",
+        )
+        return 130
 
 
 def _print_error(console: Console, message: str) -> None:
