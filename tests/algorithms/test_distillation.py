@@ -159,8 +159,11 @@ def test_checkpoint_resumes_the_student_and_both_carries(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_train_distillation_evaluates_logs_and_checkpoints(tmp_path):
-    config = DistillationTrainConfig(
+def _train_config(
+    logging_level: LoggingLevel = LoggingLevel.LOSSES, **train: object
+) -> DistillationTrainConfig:
+    """96 steps of STEP's distillation, evaluated every 48 steps."""
+    return DistillationTrainConfig(
         distillation=DistillationConfig(
             n_envs=STEP[0],
             rollout_length=STEP[1],
@@ -168,8 +171,15 @@ def test_train_distillation_evaluates_logs_and_checkpoints(tmp_path):
             learning_rate=LEARNING_RATE,
             n_epochs=STEP[2],
             n_minibatches=STEP[3],
+            logging_level=logging_level,
         ),
         eval=EvalConfig(every_steps=48, n_envs=4, max_episode_length=8),
+        **train,  # type: ignore[arg-type]
+    )
+
+
+def test_train_distillation_evaluates_logs_and_checkpoints(tmp_path):
+    config = _train_config(
         video=VideoConfig(enabled=True, every_steps=96, episode_length=7, render_kwargs={}),
         checkpoint_every_steps=96,
     )
@@ -195,24 +205,14 @@ def test_train_distillation_evaluates_logs_and_checkpoints(tmp_path):
 
 
 def test_train_distillation_resumes_without_repeating_its_start_and_saves_its_end():
-    config = DistillationTrainConfig(
-        distillation=DistillationConfig(
-            n_envs=STEP[0],
-            rollout_length=STEP[1],
-            total_steps=96,
-            learning_rate=LEARNING_RATE,
-            n_epochs=STEP[2],
-            n_minibatches=STEP[3],
-            logging_level=LoggingLevel.LOSSES | LoggingLevel.WEIGHTS | LoggingLevel.THROUGHPUT,
-        ),
-        eval=EvalConfig(every_steps=48, n_envs=4, max_episode_length=8),
+    config = _train_config(
+        LoggingLevel.LOSSES | LoggingLevel.WEIGHTS | LoggingLevel.THROUGHPUT,
         checkpoint_every_steps=64,
     )
-    events, states = [], {}
+    events = []
 
     def checkpoint_fn(state, step):
         events.append(("checkpoint", step))
-        states[step] = state
 
     teacher = lstm_teacher(ENV)
     first = train_distillation(

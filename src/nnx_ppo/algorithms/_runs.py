@@ -328,19 +328,14 @@ def train_ppo_runs(
         ]
 
     def evaluate(states: list[TrainingState]) -> list[dict[str, float]]:
-        """Every run's evaluation metrics when one is due, else empty dicts."""
-        evaluations: list[dict[str, float]] = [{} for _ in seeds]
-        if not (
-            config.eval.enabled and _crossed(last["eval"], steps_taken, config.eval.every_steps)
-        ):
-            return evaluations
-        for run, (seed, state) in enumerate(zip(seeds, states, strict=True)):
+        """Every run's evaluation metrics, recorded in its history."""
+        evaluations = []
+        for seed, state, history in zip(seeds, states, histories, strict=True):
             key = _key_at(seed, steps_taken)
-            evaluations[run] = _evaluate(eval_env, state.networks, config.eval, key, timed, None)
-            headline = evaluations[run]["eval/episode_reward/mean"]
-            histories[run].append(
-                {"step": steps_taken, **evaluations[run], "episode_reward_mean": headline}
-            )
+            metrics = _evaluate(eval_env, state.networks, config.eval, key, timed, None)
+            headline = metrics["eval/episode_reward/mean"]
+            history.append({"step": steps_taken, **metrics, "episode_reward_mean": headline})
+            evaluations.append(metrics)
         last["eval"] = steps_taken
         return evaluations
 
@@ -360,7 +355,8 @@ def train_ppo_runs(
             last["eval"], steps_taken, config.eval.every_steps
         )
         states = current() if eval_due or checkpointing else []
-        for run, evaluation in enumerate(evaluate(states)):
+        evaluations = evaluate(states) if eval_due else [{} for _ in seeds]
+        for run, evaluation in enumerate(evaluations):
             per_run[run][-1] |= evaluation
             last_metrics[run] = per_run[run][-1]
             if log_fn is not None:

@@ -486,7 +486,9 @@ def ppo_step(
     Raises:
       TypeError: ``training_state`` is not a :class:`TrainingState` or ``config``
         not a :class:`PPOConfig`.
-      ValueError: the state holds a different number of envs than ``config.n_envs``.
+      ValueError: the state holds a different number of envs than ``config.n_envs``,
+        or a field of ``config`` is invalid (it is checked again here, in case it
+        changed after the config was built).
       ContractError: the state's env states are not batched.
       FloatingPointError: the loss or a parameter became NaN or infinite; the
         network and optimizer are then left as they were before the call.
@@ -520,7 +522,6 @@ def _prepared(owner: str, training_state: TrainingState, config: PPOConfig) -> T
     _require_training_state(owner, "training_state", training_state)
     if not isinstance(config, PPOConfig):
         raise TypeError(f"{owner}: config must be a PPOConfig, got a {type(config).__name__}")
-    config.validate()  # a field may have changed since the config was built
     n_envs = rollout.n_envs_of(training_state.env_states, owner)
     if n_envs != config.n_envs:
         raise ValueError(
@@ -798,6 +799,8 @@ def finish(in_flight: InFlight) -> tuple[TrainingState, list[dict[str, float]]]:
 def _run_steps(
     owner: str, env: RLEnv, training_state: TrainingState, config: PPOConfig, iterations: int
 ) -> tuple[TrainingState, list[dict[str, float]]]:
+    if isinstance(config, PPOConfig):
+        config.validate()  # a field may have changed since the config was built
     return finish(dispatch_steps(owner, env, training_state, config, iterations))
 
 

@@ -627,7 +627,6 @@ def _masked(alive: Mask, leaf: Batched) -> Array:
     return jnp.where(widened, leaf, jnp.zeros_like(leaf))
 
 
-@typechecked
 def _rekeyed(carry: Carry, key: PRNGKeyArray) -> Carry:
     """``carry`` with every typed PRNG-key leaf drawn afresh from ``key``.
 
@@ -665,6 +664,7 @@ def _initial_carry(networks: StatefulModule, n_envs: int, key: PRNGKeyArray) -> 
     return _rekeyed(carry, jax.random.fold_in(key, _CARRY_STREAM))
 
 
+@typechecked
 def eval_rollout(
     env: RLEnv,
     networks: StatefulModule,

@@ -845,16 +845,14 @@ def _check_initialize_state(site: _Site, arguments: _Arguments, call: Callable[[
 
 def _check_reset_state(site: _Site, arguments: _Arguments, call: Callable[[], Any]) -> Any:
     (prev_name, prev), *_ = arguments
-    reached = _RESET_REACHED.get()
-    top_level = reached is None
-    if reached is None:
-        reached = set()
-    token = _RESET_REACHED.set(reached) if top_level else None
+    outer = _RESET_REACHED.get()
+    reached = set() if outer is None else outer
+    token = _RESET_REACHED.set(reached) if outer is None else None
     try:
         reached.add(id(site.module))
         state = call()
         _check_same_tree(site, prev_name, prev, "returned state", state, _RULE_RESET, None)
-        if top_level:
+        if token is not None:  # the top-level call: every module below it was reached
             _check_all_reached(site, site.module, reached, _RESET_ROUTING)
     finally:
         if token is not None:
@@ -972,7 +970,7 @@ def is_stats_bearing(node: Any) -> bool:
     """A contract module that defines ``update_statistics`` and holds no sub-modules."""
     if not _is_contract_module(node):
         return False
-    if not _overrides_update_statistics(node):
+    if not _overrides(node, "update_statistics"):
         return False
     return not any(
         _is_contract_module(child) and child is not node for _, child in nnx.iter_graph(node)
@@ -987,19 +985,16 @@ def _overrides(node: Any, method: str) -> bool:
     )
 
 
-def _overrides_update_statistics(node: Any) -> bool:
-    return _overrides(node, "update_statistics")
-
-
 @dataclass(frozen=True)
 class _Routing:
     """What a top-level call of ``method`` must reach below it, and how a miss reads."""
 
     method: str
-    needs: Callable[[Any, Any], bool]  # (node, root) -> whether the call must reach it
+    needs: Callable[[Any], bool]  # whether the call must reach a module below it
     why: str  # completes "<method> never reached X, which ..."
     default: str  # completes "X inherits ..."
     rule: str
+    frozen_exempt: bool  # FrozenStatistics holds its modules out of this call
 
 
 def _check_all_reached(site: _Site, root: Any, reached: set[int], routing: _Routing) -> None:
@@ -1015,9 +1010,9 @@ def _check_all_reached(site: _Site, root: Any, reached: set[int], routing: _Rout
         )
 
     for path, node in nodes.items():
-        if id(node) in reached or not routing.needs(node, root):
+        if id(node) in reached or not routing.needs(node):
             continue
-        if method == "update_statistics" and any(path[: len(held)] == held for held in frozen):
+        if routing.frozen_exempt and any(path[: len(held)] == held for held in frozen):
             continue
         ancestors = [
             path[:i] for i in range(len(path) - 1, -1, -1) if _is_contract_module(nodes[path[:i]])
@@ -1047,16 +1042,15 @@ def _check_all_reached(site: _Site, root: Any, reached: set[int], routing: _Rout
 
 _STATISTICS_ROUTING = _Routing(
     "update_statistics",
-    lambda node, root: is_stats_bearing(node),
+    is_stats_bearing,
     "keeps running statistics",
     "the no-op default, dropping its children's statistics",
     _RULE_ROUTING,
+    frozen_exempt=True,
 )
 _RESET_ROUTING = _Routing(
     "reset_state",
-    lambda node, root: (
-        node is not root and _is_contract_module(node) and _overrides(node, "reset_state")
-    ),
+    lambda node: _is_contract_module(node) and _overrides(node, "reset_state"),
     "defines its own reset_state: its carry would go on from the ended episode",
     "the default, which keeps every child's carry",
     rule_text(
@@ -1065,6 +1059,7 @@ _RESET_ROUTING = _Routing(
         "the-four-rules",
         "custom_containers",
     ),
+    frozen_exempt=False,
 )
 
 
