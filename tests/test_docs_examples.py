@@ -127,7 +127,11 @@ EXPECTED_OUTPUT = {
         "losses/actor/agent_0/mean",
         "rollout_batch/episode_reward/agent_1/mean",
     ],
-    "training_video.py": ["step 0: (21, 8, 8, 3) uint8 frames", "step 128: (21, 8, 8, 3) uint8"],
+    "training_video.py": [
+        "step 0: (21, 8, 8, 3) uint8 frames",
+        "step 128: (21, 8, 8, 3) uint8",
+        "written: ['step_0000000000.gif', 'step_0000000064.gif', 'step_0000000128.gif']",
+    ],
     "training_divergence.py": [
         "PPO step ending at env step 64: the loss is NaN or infinite (epoch 0, minibatch 0); "
         "the network and optimizer are left as they were before the call.",

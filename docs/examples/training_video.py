@@ -1,9 +1,13 @@
 """Recording a deterministic episode during training: VideoConfig, env.render and video_fn."""
 
+import os
+import tempfile
+
 import numpy as np
 from flax import nnx
 
 from nnx_ppo import envs
+from nnx_ppo.algorithms.callbacks import gif_video_fn
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig, VideoConfig
 from nnx_ppo.algorithms.ppo import train_ppo
 from nnx_ppo.networks.factories import make_default_network
@@ -36,9 +40,15 @@ config = TrainConfig(
 )
 
 
+videos = tempfile.mkdtemp()
+write_gif = gif_video_fn(videos, fps=1 / env.dt)  # plays in real time
+
+
 def video_fn(video):
     frames, reward = video.frames, video.episode_reward
     print(f"step {video.step}: {frames.shape} {frames.dtype} frames, return {reward:.1f}")
+    write_gif(video)
 
 
 train_ppo(env, network, config, video_fn=video_fn)
+print("written:", sorted(os.listdir(videos)))

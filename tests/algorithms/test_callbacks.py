@@ -1,13 +1,15 @@
-"""The Weights & Biases callbacks, against a fake ``wandb`` module and run (no wandb needed)."""
+"""The callbacks: Weights & Biases against a fake ``wandb`` module and run, and GIF files."""
 
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image, ImageSequence
 
-from nnx_ppo.algorithms.callbacks import wandb_log_fn, wandb_video_fn
+from nnx_ppo.algorithms.callbacks import gif_video_fn, wandb_log_fn, wandb_video_fn
 from nnx_ppo.algorithms.config import VideoData
 
 
@@ -63,3 +65,31 @@ def test_a_missing_wandb_says_how_to_install_it(monkeypatch):
         wandb_video_fn()
     with pytest.raises(ImportError, match="wandb_log_fn"):
         wandb_log_fn()
+
+
+def _gif_frames(path: Path) -> tuple[list[np.ndarray], list[int]]:
+    with Image.open(path) as gif:
+        frames = [np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(gif)]
+        durations = [f.info["duration"] for f in ImageSequence.Iterator(gif)]
+    return frames, durations
+
+
+def test_gif_video_fn_writes_each_recording_at_its_step_in_real_time(tmp_path: Path) -> None:
+    frames = np.zeros((7, 4, 6, 3), np.uint8)
+    frames[:, 0, 0, 0] = np.arange(7) * 40  # each frame tells which it is
+    gif_video_fn(tmp_path / "videos", fps=25)(VideoData(frames, 1536, 2.0, 6))
+    shown, durations = _gif_frames(tmp_path / "videos" / "step_0000001536.gif")
+    assert [f[0, 0, 0] for f in shown] == list(np.arange(7) * 40)
+    assert shown[0].shape == (4, 6, 3) and durations == [40] * 7
+
+    # 100 frames per second: every second frame, each shown 20 ms, the same real time.
+    grey = frames[..., :1]
+    gif_video_fn(tmp_path, fps=100)(VideoData(grey, 0, 2.0, 6))
+    shown, durations = _gif_frames(tmp_path / "step_0000000000.gif")
+    assert [f[0, 0, 0] for f in shown] == [0, 80, 160, 240] and durations == [20] * 4
+
+
+@pytest.mark.parametrize("fps", [0, -5.0, float("nan"), "30"])
+def test_gif_video_fn_refuses_a_frame_rate_that_is_no_positive_number(fps: object) -> None:
+    with pytest.raises(ValueError, match="gif_video_fn: fps must be a positive number"):
+        gif_video_fn("videos", fps=fps)  # type: ignore[arg-type]

@@ -112,14 +112,14 @@ def test_wrong_arguments_exit_2_with_a_message_that_names_them(
     cells: str, capsys: pytest.CaptureFixture[str], target: str, extra: list[str], message: str
 ) -> None:
     assert check(target, "--input-shape", "3", *extra) == 2
-    assert message in capsys.readouterr().out
+    assert message in capsys.readouterr().err
 
 
 def test_a_missing_or_unknown_example_file_is_named(
     cells: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert check(f"{cells}:make_good", "--example-input", "missing.npy") == 2
-    assert "--example-input missing.npy does not exist" in capsys.readouterr().out
+    assert "--example-input missing.npy does not exist" in capsys.readouterr().err
     (tmp_path / "sample.txt").write_text("0 0 0")
     assert check(f"{cells}:make_good", "--example-input", "sample.txt") == 2
-    assert "must be a .npy or .npz file" in capsys.readouterr().out
+    assert "must be a .npy or .npz file" in capsys.readouterr().err

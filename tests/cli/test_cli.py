@@ -50,6 +50,49 @@ def test_train_writes_a_complete_run_directory(tmp_path: Path) -> None:
     assert find_checkpoint(run_dir) == (run_dir / "checkpoints", 1024)
 
 
+class _DrawnCartPole:
+    """Cart-pole that renders: one pixel per frame, its brightness from the step's state."""
+
+    def __init__(self, env: Any) -> None:
+        self._env = env
+        self.dt = 0.04  # 25 frames per second
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+    def render(self, trajectory: list[Any], height: int, width: int) -> list[np.ndarray]:
+        frames = [np.zeros((height, width, 3), np.uint8) for _ in trajectory]
+        for frame, state in zip(frames, trajectory, strict=True):
+            frame[0, 0] = int(1000 * abs(float(np.sum(state.obs)))) % 256
+        return frames
+
+
+def test_video_enabled_writes_a_gif_per_recording_into_the_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from PIL import Image, ImageSequence
+
+    video = ["--set", "video.enabled=true", "--set", "video.every_steps=256",
+             "--set", "video.episode_length=9",
+             "--set", 'video.render_kwargs={"height": 4, "width": 5}']  # fmt: skip
+    run_dir = tmp_path / "run"
+    assert train(run_dir, 256, *video) == 2  # the built-in cart-pole cannot render
+    assert "video.enabled is true, but cartpole cannot render" in capsys.readouterr().err
+    assert not run_dir.exists()
+
+    make_env = cli_main._make_env
+    monkeypatch.setattr(cli_main, "_make_env", lambda config: _DrawnCartPole(make_env(config)))
+    assert train(run_dir, 512, *video) == 0
+    summary = capsys.readouterr().out.split("run directory")[-1]
+    assert "videos" in summary  # the summary's row naming the folder
+    written = sorted(p.name for p in (run_dir / "videos").iterdir())
+    assert written == ["step_0000000000.gif", "step_0000000256.gif", "step_0000000512.gif"]
+    with Image.open(run_dir / "videos" / written[-1]) as gif:
+        # Ten frames of 40 ms (1 / dt) play in 400 ms; Pillow joins equal neighbours.
+        durations = [frame.info["duration"] for frame in ImageSequence.Iterator(gif)]
+        assert gif.size == (5, 4) and len(durations) > 1 and sum(durations) == 400
+
+
 def test_resuming_gives_the_parameters_of_an_uninterrupted_run(tmp_path: Path) -> None:
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert train(straight, 1024) == 0
@@ -110,13 +153,13 @@ def test_a_different_architecture_is_refused_with_the_paths_that_differ(
 
     capsys.readouterr()
     assert main(["train", "--resume", str(run_dir), "--set", "network.hidden_sizes=[16,16]"]) == 2
-    shown = capsys.readouterr().out
+    shown = capsys.readouterr().err
     assert "network.hidden_sizes is [16] in the run, [16, 16] here" in shown
     assert "may not change on resume: env, episode_length, network.kind" in shown
 
     # The checkpoint holds the run's keys: a new seed would reseed only the evaluations.
     assert main(["train", "--resume", str(run_dir), "--seed", "5"]) == 2
-    assert "seed is 0 in the run, 5 here" in capsys.readouterr().out
+    assert "seed is 0 in the run, 5 here" in capsys.readouterr().err
     # A resumed run writes into its own directory.
     with pytest.raises(SystemExit) as exited:
         main(["train", "--resume", str(run_dir), "--run-dir", str(tmp_path / "elsewhere")])
@@ -133,7 +176,7 @@ def test_a_second_interrupt_stops_with_one_line_and_status_130(
     monkeypatch.setattr(cli_main, "_train", interrupted)
     assert main(["train"]) == 130
     shown = capsys.readouterr()
-    assert "interrupted again: stopped at once, without a final checkpoint" in shown.out
+    assert "interrupted again: stopped at once, without a final checkpoint" in shown.err
     assert "Traceback" not in shown.out + shown.err
 
 
@@ -174,7 +217,7 @@ def test_a_new_run_refuses_a_directory_that_holds_one(
     assert train(run_dir, 128) == 0
     capsys.readouterr()
     assert train(run_dir, 128) == 2
-    assert f"{run_dir} already holds a run; continue it with --resume" in capsys.readouterr().out
+    assert f"{run_dir} already holds a run; continue it with --resume" in capsys.readouterr().err
 
 
 def test_a_checkpoint_directory_of_another_run_is_refused_not_mixed(tmp_path: Path) -> None:
@@ -257,7 +300,7 @@ def test_a_resume_that_would_lose_the_runs_history_is_refused(
     capsys.readouterr()
     assert main(["train", "--resume", str(run_dir)]) == 2
     assert "has no usable checkpoint, but its metrics.jsonl holds records up to step 256" in (
-        capsys.readouterr().out
+        capsys.readouterr().err
     )
     assert (run_dir / "metrics.jsonl").read_text() == metrics
 
@@ -327,7 +370,7 @@ def test_a_config_json_that_is_no_run_configuration_is_named(
         capsys.readouterr()
         assert main(command) == 2
         assert "config.json is not a run configuration: it holds no 'train' table" in (
-            capsys.readouterr().out
+            capsys.readouterr().err
         )
 
 
@@ -336,24 +379,24 @@ def test_more_devices_than_there_are_is_refused_before_the_run_directory_exists(
 ) -> None:
     run_dir = tmp_path / "run"
     assert main(["train", "--devices", "64", "--run-dir", str(run_dir), *TINY]) == 2
-    assert "64 devices asked for" in capsys.readouterr().out
+    assert "64 devices asked for" in capsys.readouterr().err
     assert not run_dir.exists()
 
 
 def test_unknown_env_and_bad_overrides_are_explained(capsys: pytest.CaptureFixture[str]) -> None:
     if importlib.util.find_spec("mujoco_playground") is None:
         assert main(["train", "--env", "CartpoleBalance"]) == 2
-        assert "nnx-ppo[playground]" in capsys.readouterr().out
+        assert "nnx-ppo[playground]" in capsys.readouterr().err
     assert main(["train", "--set", "ppo.n_envz=3"]) == 2
-    assert "unknown config key 'train.ppo.n_envz'" in capsys.readouterr().out
+    assert "unknown config key 'train.ppo.n_envz'" in capsys.readouterr().err
     assert main(["train", "--set", "ppo.n_envs=10", "--set", "ppo.n_minibatches=4"]) == 2
-    assert "n_minibatches" in capsys.readouterr().out
+    assert "n_minibatches" in capsys.readouterr().err
     assert main(["train", "--set", "ppo=5"]) == 2
     assert "config key 'train.ppo' is a table, not a value: set its keys, e.g. train.ppo." in (
-        capsys.readouterr().out
+        capsys.readouterr().err
     )
     assert main(["train", "--coordinator", "localhost"]) == 2
-    assert "--coordinator takes HOST:PORT, got 'localhost'" in capsys.readouterr().out
+    assert "--coordinator takes HOST:PORT, got 'localhost'" in capsys.readouterr().err
 
 
 def test_a_metrics_record_without_a_step_is_named(tmp_path: Path) -> None:

@@ -63,7 +63,7 @@ def test_a_refused_resume_leaves_the_run_resumable_and_logs_every_step_once(
 
     assert resume(run_dir, "--set", "network.hidden_sizes=[128]") == 2
     assert resume(run_dir, "--set", "ppo.n_envs=16", "--steps", "1024") == 2
-    shown = capsys.readouterr().out
+    shown = capsys.readouterr().err
     assert "ppo.n_envs is 8 in the run, 16 here" in shown
     assert "may not change on resume" in shown and "[" not in shown.split("here")[-1]
     assert (run_dir / "config.json").read_bytes() == config
@@ -96,7 +96,7 @@ def test_a_resume_that_cannot_load_its_checkpoint_leaves_config_json_as_it_was(
         if item.is_file():
             item.write_bytes(b"garbage")
     assert resume(run_dir, "--set", "ppo.learning_rate=0.01", "--steps", "1024") == 2
-    assert "could not be read" in capsys.readouterr().out
+    assert "could not be read" in capsys.readouterr().err
     assert (run_dir / "config.json").read_bytes() == config
 
 
@@ -160,9 +160,10 @@ def test_divergence_is_one_message_naming_the_intact_checkpoint(
     monkeypatch.setattr(_train, "finish", diverging)
     capsys.readouterr()
     assert train(run_dir, 4 * STEP - 10, "--set", f"checkpoint_every_steps={STEP}") == 1
-    shown = capsys.readouterr().out
-    assert "training cartpole to 512 steps (502 rounded up to whole PPO steps of 128)" in shown
-    assert "Traceback" not in shown
+    shown = capsys.readouterr()
+    assert "training cartpole to 512 steps (502 rounded up to whole PPO steps of 128)" in shown.out
+    assert "Traceback" not in shown.out + shown.err
+    shown = shown.err
     assert "training diverged: PPO step ending at env step 256: the loss is NaN." in shown
     assert f"resume with nnx-ppo train --resume {run_dir}" in shown
     assert find_checkpoint(run_dir)[1] == STEP
@@ -179,7 +180,7 @@ def test_a_checkpoint_that_cannot_be_written_is_named_and_never_taken_as_latest(
     (run_dir / "checkpoints").write_text("a file where the checkpoint directory should be")
     capsys.readouterr()
     assert train(run_dir, STEP) == 2
-    shown = capsys.readouterr().out
+    shown = capsys.readouterr().err
     assert f"could not write the checkpoint of step 0 under {run_dir / 'checkpoints'}" in shown
     assert "Traceback" not in shown
 
@@ -239,7 +240,7 @@ def test_a_second_trainer_of_the_same_run_directory_is_refused(
     with hold_run_lock(run_dir):  # the lock is the OS's: a second holder, even here, is refused
         capsys.readouterr()
         assert train(run_dir, STEP) == 2
-    shown = capsys.readouterr().out
+    shown = capsys.readouterr().err
     assert f"{run_dir} is being trained by process {os.getpid()}" in shown
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "config.json").exists()
 
@@ -303,7 +304,7 @@ def test_bad_input_to_train_is_one_line_naming_the_field(
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
     assert main(["train", *(a.replace("{tmp}", str(tmp_path)) for a in argv)]) == 2
-    shown = capsys.readouterr().out
+    shown = capsys.readouterr().err
     assert shown.startswith("error: ") and expected in shown, shown
     assert len(shown.strip().splitlines()) == 1, shown
     assert not (tmp_path / "runs").exists()  # a config error leaves no run directory behind
@@ -328,12 +329,12 @@ def test_eval_of_a_missing_run_or_checkpoint_is_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["eval", str(tmp_path / "nowhere")]) == 2
-    assert "nowhere is not a run directory" in capsys.readouterr().out
+    assert "nowhere is not a run directory" in capsys.readouterr().err
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.json").write_text(json.dumps(preset("cartpole")))
     assert main(["eval", str(run_dir)]) == 2
-    assert "no checkpoint" in capsys.readouterr().out
+    assert "no checkpoint" in capsys.readouterr().err
 
 
 def test_logging_level_takes_flag_names_and_hidden_sizes_a_single_width() -> None:
@@ -411,7 +412,7 @@ def test_kill_9_then_resume_continues_from_the_newest_complete_checkpoint(
                 # A second trainer of the same directory is refused while the first runs.
                 capsys.readouterr()
                 assert train(run_dir, 4 * STEP) == 2
-                assert f"is being trained by process {process.pid}" in capsys.readouterr().out
+                assert f"is being trained by process {process.pid}" in capsys.readouterr().err
                 _wait_for(lambda: _writing_a_checkpoint(run_dir), process, "checkpoint write")
             else:
                 time.sleep(rng.uniform(0.0, 2.0))

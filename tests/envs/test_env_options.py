@@ -123,5 +123,5 @@ def test_a_failed_menagerie_download_says_where_to_put_menagerie(
 
     run_dir = tmp_path / "run"
     assert main(["train", "--env", "Go1Getup", "--steps", "64", "--run-dir", str(run_dir)]) == 2
-    shown = capsys.readouterr().out
+    shown = capsys.readouterr().err
     assert "error: Go1Getup needs MuJoCo Menagerie" in " ".join(shown.split())

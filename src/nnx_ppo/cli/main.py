@@ -32,7 +32,7 @@ from rich.table import Table
 from nnx_ppo.cli import check
 
 if TYPE_CHECKING:  # the command imports the library lazily, to start fast
-    from nnx_ppo.algorithms.config import TrainConfig
+    from nnx_ppo.algorithms.config import TrainConfig, VideoData
     from nnx_ppo.algorithms.types import RLEnv
     from nnx_ppo.networks.types import StatefulModule
 
@@ -274,6 +274,11 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     eval_envs = train_config.eval.n_envs if train_config.eval.enabled else None
     sharding.require_divisible("train", mesh, ppo.n_envs, ppo.n_minibatches, eval_envs)
     env = _make_env(run_config)
+    if train_config.video.enabled and not callable(getattr(env, "render", None)):
+        raise ValueError(
+            f"video.enabled is true, but {run_config['env']} cannot render (it has no render "
+            "method): record videos of an env that can, such as MuJoCo Playground's"
+        )
     network = _make_network(env, run_config)
     if args.resume is not None:
         run_dir = args.resume
@@ -309,6 +314,7 @@ def _train_locked(
     env: RLEnv,
     network: StatefulModule,
 ) -> int:
+    from nnx_ppo.algorithms.callbacks import gif_video_fn
     from nnx_ppo.algorithms.checkpointing import (
         CHECKPOINT_SUBDIR,
         CheckpointError,
@@ -392,6 +398,13 @@ def _train_locked(
     backend = _simulator_backend(run_config)
     if backend is not None:
         console.print(backend, soft_wrap=True, highlight=False)
+    video_fn = None
+    if train_config.video.enabled:
+        # Every process records (the recording is one program over all of them); process 0
+        # alone writes the files.
+        video_fn = gif_video_fn(run_dir / VIDEO_SUBDIR, _frames_per_second(env))
+        if not primary:
+            video_fn = _discard_video
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     logger = RunLogger(run_dir, purge_from=logged_until + 1) if primary else None
@@ -416,6 +429,7 @@ def _train_locked(
                     train_config,
                     log_fn=log_fn,
                     checkpoint_fn=checkpoint_fn,
+                    video_fn=video_fn,
                     initial_state=initial_state,
                     should_stop=stop.is_set,
                 )
@@ -431,6 +445,8 @@ def _train_locked(
             logger.close()
             _plot(run_dir, run_config["env"], console)
     extra = {"run directory": str(run_dir), "checkpoint": f"step {result.total_steps:,}"}
+    if video_fn is not None:
+        extra["videos"] = str(run_dir / VIDEO_SUBDIR)
     if backend is not None or simulator.count:
         where = f" (logged in {run_dir / SIMULATOR_LOG})" if simulator.count else ""
         extra["simulator warnings"] = f"{simulator.count:,}{where}"
@@ -438,6 +454,22 @@ def _train_locked(
         extra["stopped by"] = f"{stop.signal_name}; resume with nnx-ppo train --resume {run_dir}"
     console.print(progress.summary(extra))
     return 0
+
+
+VIDEO_SUBDIR = "videos"
+"""The run directory's folder of recorded episodes, ``step_0000000000.gif`` etc."""
+
+
+def _frames_per_second(env: RLEnv) -> float:
+    """The env's real-time rate, ``1 / env.dt``; 30 for an env without a time step."""
+    dt = getattr(env, "dt", None)
+    if isinstance(dt, int | float) and dt > 0:
+        return 1.0 / dt
+    return 30.0
+
+
+def _discard_video(video: VideoData) -> None:
+    del video
 
 
 SIMULATOR_LOG = "simulator.log"
@@ -557,6 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _build_parser().parse_args(argv)
     console = Console()
+    errors = Console(stderr=True)  # kept off stdout, which `nnx-ppo preset NAME > FILE` redirects
     try:
         if args.command == "train":
             return _train(args, console)
@@ -569,18 +602,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _list_envs(console)
     except _Diverged as error:
         _print_error(
-            console,
+            errors,
             f"training diverged: {error} The checkpoints in {error.run_dir} are intact: resume "
             f"with nnx-ppo train --resume {error.run_dir} (e.g. with a lower "
             "--set ppo.learning_rate=...)",
         )
         return 1
     except (ValueError, TypeError, OSError, RunLockedError) as error:
-        _print_error(console, str(error))
+        _print_error(errors, str(error))
         return 2
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once, without a traceback
         _print_error(
-            console,
+            errors,
             "interrupted again: stopped at once, without a final checkpoint; the checkpoints "
             "written before are intact (resume with nnx-ppo train --resume RUN_DIR)",
         )

@@ -8,6 +8,7 @@ Layout of a run directory::
     events.out.tfevents.*  the same scalars for TensorBoard (one file per session)
     learning_curve.png   evaluation (and training) return against environment steps
     checkpoints/         Orbax checkpoints, step_0000000512/ etc. (nnx_ppo.algorithms.checkpointing)
+    videos/              with video.enabled, one recorded episode per recording: step_0000000000.gif
     .lock                held by the process training the run
 
 ``config.json``, ``learning_curve.png`` and a trimmed ``metrics.jsonl`` are written
