@@ -61,6 +61,7 @@ class _DrawnCartPole:
         return getattr(self._env, name)
 
     def render(self, trajectory: list[Any], height: int, width: int) -> list[np.ndarray]:
+        print("rendering: a progress bar, as Playground draws", file=sys.stderr)
         frames = [np.zeros((height, width, 3), np.uint8) for _ in trajectory]
         for frame, state in zip(frames, trajectory, strict=True):
             frame[0, 0] = int(1000 * abs(float(np.sum(state.obs)))) % 256
@@ -83,7 +84,9 @@ def test_video_enabled_writes_a_gif_per_recording_into_the_run_directory(
     make_env = cli_main._make_env
     monkeypatch.setattr(cli_main, "_make_env", lambda config: _DrawnCartPole(make_env(config)))
     assert train(run_dir, 512, *video) == 0
-    summary = capsys.readouterr().out.split("run directory")[-1]
+    shown = capsys.readouterr()
+    assert "rendering" not in shown.out + shown.err  # the run's progress display stays whole
+    summary = shown.out.split("run directory")[-1]
     assert "videos" in summary  # the summary's row naming the folder
     written = sorted(p.name for p in (run_dir / "videos").iterdir())
     assert written == ["step_0000000000.gif", "step_0000000256.gif", "step_0000000512.gif"]

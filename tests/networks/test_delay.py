@@ -111,6 +111,19 @@ def test_mismatched_input_is_named():
         delay(state, {"position": jnp.ones((2, 2))})
 
 
+def test_an_input_of_another_kind_is_refused_and_one_of_the_same_kind_cast():
+    delay = Delay(SAMPLE, 1)
+    state = delay.initialize_state(2)
+    position = jnp.full((2, 2), 0.5)
+    refused = r"x\['count'\] is float32, but the delay line holds int32"
+    with pytest.raises(ValueError, match=refused):
+        delay(state, {"position": position, "count": jnp.full((2,), 2.7)})  # would store 2
+    narrow = {"position": position.astype(jnp.bfloat16), "count": jnp.array([3, 4], jnp.int8)}
+    stored = delay(delay(state, narrow).next_state, narrow).output
+    assert _shapes_and_dtypes(stored) == _shapes_and_dtypes(_inputs(0, 2))
+    np.testing.assert_array_equal(stored["count"], [3, 4])
+
+
 @pytest.mark.parametrize(
     ("sample", "k_steps", "error"),
     [

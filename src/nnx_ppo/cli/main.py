@@ -399,7 +399,9 @@ def _train_locked(
     if backend is not None:
         console.print(backend, soft_wrap=True, highlight=False)
     video_fn = None
+    eval_env = env
     if train_config.video.enabled:
+        eval_env = _quiet_render(env)
         # Every process records (the recording is one program over all of them); process 0
         # alone writes the files.
         video_fn = gif_video_fn(run_dir / VIDEO_SUBDIR, _frames_per_second(env))
@@ -430,6 +432,7 @@ def _train_locked(
                     log_fn=log_fn,
                     checkpoint_fn=checkpoint_fn,
                     video_fn=video_fn,
+                    eval_env=eval_env,
                     initial_state=initial_state,
                     should_stop=stop.is_set,
                 )
@@ -470,6 +473,20 @@ def _frames_per_second(env: RLEnv) -> float:
 
 def _discard_video(video: VideoData) -> None:
     del video
+
+
+def _quiet_render(env: RLEnv) -> RLEnv:
+    """``env`` whose ``render`` prints nothing (Playground's draws a progress bar)."""
+    from nnx_ppo.wrappers import Wrapper
+
+    class QuietRender(Wrapper):
+        def render(self, trajectory: list[Any], **render_kwargs: Any) -> list[Any]:
+            # The bar would break the run's progress display; the frames are all we use.
+            rendering: Any = self.env  # RLEnv has no render: checked before the run started
+            with contextlib.redirect_stderr(io.StringIO()):
+                return rendering.render(trajectory, **render_kwargs)
+
+    return QuietRender(env)
 
 
 SIMULATOR_LOG = "simulator.log"

@@ -23,7 +23,9 @@ class Delay(StatefulModule):
     Until an env has been stepped ``k_steps`` times since its last reset, the
     output is ``initial_value``. Inputs may be any pytree of ``(B, *feat)``
     arrays matching ``sample_input``; the output has the same tree, shapes and
-    the dtypes of ``sample_input``.
+    the dtypes of ``sample_input``. An input is cast to its leaf's dtype within a
+    kind (``int8`` to ``int32``, ``float32`` to ``bfloat16``); one of another kind
+    (floats into an integer leaf, which would truncate them) is an error.
 
     Carry: a per-env ring buffer,
     ``{"buffer": tree of (B, k_steps, *feat), "idx": (B,) int32}``, where
@@ -73,6 +75,7 @@ class Delay(StatefulModule):
     ) -> StatefulModuleOutput:
         x = canonical_tree(x)
         check_feature_shapes("Delay.__call__", "x", self.sample, x, "B")
+        self._check_kinds(x)
 
         def step_one_env(
             buffer: PyTree[Shaped[Array, "k ..."]],
@@ -86,6 +89,17 @@ class Delay(StatefulModule):
         buffer, output = jax.vmap(step_one_env)(state["buffer"], state["idx"], x)
         idx = (state["idx"] + 1) % self.k_steps
         return StatefulModuleOutput({"buffer": buffer, "idx": idx}, output, jnp.zeros(()), {}, None)
+
+    def _check_kinds(self, x: BatchedTree) -> None:
+        received, _ = jax.tree_util.tree_flatten_with_path(x)
+        for declared, (path, leaf) in zip(self.sample_leaves, received, strict=True):
+            if not jnp.can_cast(leaf.dtype, declared.dtype, casting="same_kind"):
+                raise ValueError(
+                    f"Delay.__call__: x{jax.tree_util.keystr(path)} is {leaf.dtype}, but the "
+                    f"delay line holds {declared.dtype} (the dtype of sample_input): storing "
+                    f"it would change its values. Build the Delay from a sample_input of "
+                    f"dtype {leaf.dtype}, or cast the input first"
+                )
 
     def initialize_state(self, batch_size: int) -> DelayCarry:
         buffer = jax.tree.map(

@@ -14,7 +14,8 @@ the last layer of the ``action`` port of a
   action under the current parameters and emits it back unchanged;
 * returns :class:`SampledAction` ``{"action": (B, *action), "log_likelihood": (B,)}``;
 * adds ``-entropy_weight * entropy`` as its ``regularization_loss``, shape ``(B,)``;
-* reports its distribution parameters and its entropy in ``metrics``;
+* reports its distribution parameters (or what :meth:`ActionSampler.reported`
+  makes of them) and its entropy in ``metrics``;
 * has a deterministic mode (the mean, or the most likely class) that
   ``module.eval()`` switches on and ``module.train()`` off, through the
   ``deterministic`` attribute NNX sets. Replay scores the stored action in
@@ -126,6 +127,14 @@ class ActionSampler(StatefulModule):
         """The action handed to the environment. The identity unless overridden."""
         return raw_action
 
+    def reported(self, parameters: DistributionParameters) -> DistributionParameters:
+        """The distribution's description in ``metrics``: the parameters unless overridden.
+
+        Override it where a parameter's mean over the batch says little, or is not
+        finite (a log-probability of ``-inf``).
+        """
+        return parameters
+
     # --------------------------------------------------------------- the contract
 
     def __call__(
@@ -163,7 +172,7 @@ class ActionSampler(StatefulModule):
             next_state=next_keys,
             output=output,
             regularization_loss=-self.entropy_weight * entropy,
-            metrics={**parameters, "entropy": entropy},
+            metrics={**self.reported(parameters), "entropy": entropy},
             rollout_extras=raw_action,
         )
 
@@ -476,8 +485,9 @@ class CategoricalSampler(ActionSampler):
 
     Input: unnormalised logits, ``(B, n)``. The action is the class index
     (``int32``), emitted as extras too. Deterministic mode takes the most likely
-    class. Entropy: exact, ``-sum_k p_k log p_k``. Metric ``log_probs``,
-    ``(B, n)``: the normalised logits.
+    class. Entropy: exact, ``-sum_k p_k log p_k``. Metric ``probs``, ``(B, n)``:
+    each class's probability (finite where a masked class's log-probability is
+    ``-inf``, so its mean over the batch is too).
 
     Args:
       rng: seeds the per-env keys.
@@ -489,6 +499,9 @@ class CategoricalSampler(ActionSampler):
 
     def sample(self, key: Key[Array, ""], parameters: DistributionParameters) -> Array:
         return jax.random.categorical(key, parameters["log_probs"]).astype(jnp.int32)
+
+    def reported(self, parameters: DistributionParameters) -> DistributionParameters:
+        return {"probs": jnp.exp(parameters["log_probs"])}
 
     def mode(self, parameters: DistributionParameters) -> Int[Array, " B"]:
         return jnp.argmax(parameters["log_probs"], axis=-1).astype(jnp.int32)
