@@ -31,6 +31,15 @@ def make_bad():
     return BatchCentred(3)
 
 
+class RemembersAcrossEpisodes(RunningSum):
+    def reset_state(self, prev_state):
+        return prev_state
+
+
+def make_remembering():
+    return RemembersAcrossEpisodes(3)
+
+
 def make_broken():
     raise RuntimeError("no weights on disk")
 
@@ -74,6 +83,15 @@ def test_a_failure_exits_1_with_the_kit_s_message_and_no_traceback(
     assert "leaf:     output at step 0, env 0" in out
     assert "example=Example(B=2, T=1, episode ends (step, env)=[]" in out
     assert "Traceback" not in out
+
+
+def test_not_episodic_skips_the_episodes_property(
+    cells: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    remembering = [f"{cells}:make_remembering", "--input-shape", "3", "--time-lengths", "4"]
+    assert check(*remembering) == 1
+    assert "property 'episodes are independent' fails" in capsys.readouterr().out
+    assert check(*remembering, "--not-episodic") == 0
 
 
 def test_the_example_input_may_be_an_npz_dict_of_arrays(

@@ -339,6 +339,27 @@ class ResetToOneKey(OneKeyForAllEnvs):
         return {"keys": jnp.broadcast_to(jax.random.key(0), prev_state["keys"].shape)}
 
 
+class KeepsTheDefaultReset(Leaky):
+    """Ported from nnx-ppo 0.3.0 without a reset_state: the default keeps the carry, so
+    the trace runs from one episode into the next."""
+
+    reset_state = StatefulModule.reset_state
+
+
+class ResetsHalfTheCarry(Leaky):
+    """Keeps two traces and resets only the first."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return {"h": jnp.zeros((batch_size, FEATURES)), "slow": jnp.zeros((batch_size, FEATURES))}
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        h, slow = 0.5 * state["h"] + x, 0.9 * state["slow"] + x
+        return _out({"h": h, "slow": slow}, h + slow)
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return {"h": jnp.zeros_like(prev_state["h"]), "slow": prev_state["slow"]}
+
+
 MODULE_BUGS: dict[
     str, tuple[Any, dict[str, Any], ModuleProperty | tuple[ModuleProperty, ...], str]
 ] = {
@@ -378,6 +399,18 @@ MODULE_BUGS: dict[
         {},
         ModuleProperty.RESET_STATE,
         "returned state['h']",
+    ),
+    "recurrent carry kept by the default reset_state": (
+        KeepsTheDefaultReset,
+        {"time_lengths": (4,)},
+        ModuleProperty.EPISODES_INDEPENDENT,
+        "output at step",
+    ),
+    "reset that forgets part of the carry": (
+        ResetsHalfTheCarry,
+        {"time_lengths": (4,)},
+        ModuleProperty.EPISODES_INDEPENDENT,
+        "output at step",
     ),
     "sampler that resamples in replay": (
         lambda: ResamplesInReplay(nnx.Rngs(0), 0.01),
@@ -497,6 +530,8 @@ def test_the_correct_versions_pass() -> None:
     check_module(Leaky, jnp.zeros(FEATURES), max_examples=5)
     check_module(lambda: Pair(Leaky(), Normalizer(FEATURES)), jnp.zeros(FEATURES), max_examples=5)
     check_module(lambda: CategoricalSampler(nnx.Rngs(0), 0.0), jnp.zeros(2), stochastic=True)
+    # A module that remembers across episodes on purpose says so.
+    check_module(KeepsTheDefaultReset, jnp.zeros(FEATURES), episodic=False, max_examples=5)
 
 
 def test_purity_bugs_are_reported_at_the_smallest_batch_that_shows_them() -> None:

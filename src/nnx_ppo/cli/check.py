@@ -69,6 +69,11 @@ def add_parser(commands: Any) -> None:
     check.add_argument("--batch-sizes", type=int, nargs="+", metavar="B", help="batch sizes")
     check.add_argument("--time-lengths", type=int, nargs="+", metavar="T", help="rollout lengths")
     check.add_argument("--stochastic", action="store_true", help="the module draws random numbers")
+    check.add_argument(
+        "--not-episodic",
+        action="store_true",
+        help="the module remembers across episodes on purpose (skips 'episodes are independent')",
+    )
 
 
 def _load(target: str) -> Any:
@@ -135,7 +140,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             f"{args.target} gives a value of type {type(module).__name__}: expected a "
             "StatefulModule or a function of no arguments that builds one"
         )
-    options: dict[str, Any] = {"stochastic": args.stochastic}
+    options: dict[str, Any] = {"stochastic": args.stochastic, "episodic": not args.not_episodic}
     for option in ("max_examples", "batch_sizes", "time_lengths"):
         if getattr(args, option) is not None:
             options[option] = getattr(args, option)

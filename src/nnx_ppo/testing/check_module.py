@@ -103,6 +103,7 @@ class ModuleProperty(enum.StrEnum):
     PERMUTATION = "permutation equivariance"
     BATCH_OF_ONE = "batch-of-one agreement"
     RESET_STATE = "reset_state"
+    EPISODES_INDEPENDENT = "episodes are independent"
     REPLAY = "replay consistency"
     REPLAY_SUBSET = "replay on a subset of the batch"
     STORED_ACTION = "replay takes the stored action"
@@ -418,7 +419,9 @@ class _Trajectory:
 class _ModuleKit:
     """The module, its compiled calls, and the options of one ``check_module`` call."""
 
-    def __init__(self, module: StatefulModule, rtol: float, atol: float, stochastic: bool) -> None:
+    def __init__(
+        self, module: StatefulModule, rtol: float, atol: float, stochastic: bool, episodic: bool
+    ) -> None:
         self.name = type(module).__name__
         # The caller's module runs the eager calls: built by the caller, its attributes
         # keep their order, which nnx.merge would sort (nothing may depend on it).
@@ -428,7 +431,7 @@ class _ModuleKit:
         self.graphdef, variables = nnx.split(module)
         self.variables = _detached(variables)
         self.trainable = _trainable(self.variables)
-        self.rtol, self.atol, self.stochastic = rtol, atol, stochastic
+        self.rtol, self.atol, self.stochastic, self.episodic = rtol, atol, stochastic, episodic
         # Compiled once per batch size (the step also per extras given or not, the fold
         # per rollout length); the graphdef is closed over and the variables are an
         # argument, so every example reuses the compiled programs.
@@ -748,6 +751,52 @@ def _check_reset_state(case: _Case) -> None:
             "reset_state vmapped over the envs",
         ),
     )
+
+
+def _check_episodes_independent(case: _Case) -> None:
+    ex = case.ex
+    last_end = np.full(ex.batch_size, -1)
+    for t in range(ex.time_length):
+        last_end[ex.ends[t]] = t
+    if (last_end < 0).all():
+        return
+    # Other inputs up to each env's last episode end, the drawn ones after it: what
+    # follows a reset may depend on nothing before it.
+    before_reset = np.arange(ex.time_length)[:, None] <= last_end[None, :]
+
+    def mixed(other: Any, drawn: Any) -> Any:
+        mask = before_reset.reshape(*before_reset.shape, *[1] * (np.ndim(drawn) - 2))
+        return np.where(mask, other, drawn)
+
+    other_past = case.kit.run(
+        ModuleProperty.EPISODES_INDEPENDENT,
+        "__call__ given other inputs before each episode's end",
+        case.variables,
+        case.initial,
+        jax.tree.map(mixed, ex.other_inputs, ex.inputs),
+        None,
+        ex.ends,
+    )
+    for t in range(ex.time_length):
+        rows = np.flatnonzero((last_end >= 0) & (last_end < t))
+        if not rows.size:
+            continue
+        case.compare(
+            ModuleProperty.EPISODES_INDEPENDENT,
+            [_step_leaves(_rows(case.rollout.outputs[t], rows), batched_only=True, extras=True)],
+            [_step_leaves(_rows(other_past.outputs[t], rows), batched_only=True, extras=True)],
+            lambda m, rows=rows: (
+                f"after env {rows[m.row or 0]}'s episode ended at step "
+                f"{last_end[rows[m.row or 0]]}, {m.leaf} depends on the inputs before the "
+                "end: reset_state kept part of the old episode in the carry (the default "
+                "reset_state keeps it all). If the module remembers across episodes on "
+                "purpose, pass episodic=False.",
+                "the inputs as drawn before the end",
+                "other inputs before the end",
+            ),
+            lambda row, rows=rows: f"env {rows[row]}",
+            steps=[t],
+        )
 
 
 def _check_replay(case: _Case) -> None:
@@ -1074,6 +1123,15 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         _check_reset_state,
     ),
     PropertyCheck(
+        ModuleProperty.EPISODES_INDEPENDENT,
+        "an episode's end forgets the episode: after reset_state, nothing depends on the "
+        "inputs before the end",
+        "where an env's episode ends, a rollout given other inputs up to the end gives the "
+        "same outputs, carries, metrics and extras after it",
+        _check_episodes_independent,
+        Condition("``episodic=True`` (the default)", lambda case: case.kit.episodic),
+    ),
+    PropertyCheck(
         ModuleProperty.REPLAY,
         "loss replay from the rollout's initial carry, fed the stored rollout_extras and "
         "resetting the carry where episodes ended, reproduces the rollout",
@@ -1244,6 +1302,7 @@ def check_module(
     time_lengths: Sequence[int] = DEFAULT_TIME_LENGTHS,
     max_examples: int | None = None,
     stochastic: bool = False,
+    episodic: bool = True,
     rtol: float = 1e-5,
     atol: float = 1e-5,
 ) -> None:
@@ -1283,6 +1342,9 @@ def check_module(
         ``pytest --nnx-ppo-max-examples`` sets), else 10.
       stochastic: whether the module draws random numbers (adds ``per-env keys
         in carry``).
+      episodic: whether an episode's end forgets the episode (``episodes are
+        independent``); ``False`` for a module that remembers across episodes on
+        purpose (RL^2-style meta-learning), which skips that property.
       rtol, atol: the tolerance of float comparisons. Rows of a matmul may round
         differently in a batch of another size, and XLA reorders float
         arithmetic when it fuses a compiled call: the default, ``1e-5``, is
@@ -1301,7 +1363,7 @@ def check_module(
     examples = _max_examples(max_examples)
     rtol = require_number("check_module", "rtol", rtol, minimum=0.0)
     atol = require_number("check_module", "atol", atol, minimum=0.0)
-    kit = _ModuleKit(module, rtol, atol, bool(stochastic))
+    kit = _ModuleKit(module, rtol, atol, bool(stochastic), bool(episodic))
     hint = _batched_example_hint(spec)
 
     @settings(
