@@ -224,6 +224,30 @@ class ForgetsUpdateStatistics(Pair):
         self.first.update_statistics(rollout_extras["first"])
 
 
+class NormalizesTwoViews(Pair):
+    """A correct container: normalises ``x`` and ``2 x``, one Normalizer each."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        extras = rollout_extras or {"first": None, "second": None}
+        a = self.first(state["first"], x, extras["first"])
+        b = self.second(state["second"], 2.0 * x, extras["second"])
+        return StatefulModuleOutput(
+            {"first": a.next_state, "second": b.next_state},
+            a.output + b.output,
+            jnp.zeros(()),
+            {},
+            {"first": a.rollout_extras, "second": b.rollout_extras},
+        )
+
+
+class SwapsHistories(NormalizesTwoViews):
+    """Routes each child the other's history: same shapes, so only the values tell."""
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        self.first.update_statistics(rollout_extras["second"])
+        self.second.update_statistics(rollout_extras["first"])
+
+
 class ForgetsResetState(Pair):
     """Resets its first child's carry only: the second's goes on across episodes."""
 
@@ -466,6 +490,12 @@ MODULE_BUGS: dict[
         ModuleProperty.STATISTICS,
         "ForgetsUpdateStatistics.second (Normalizer)",
     ),
+    "container that swaps two children's histories": (
+        lambda: SwapsHistories(Normalizer(FEATURES), Normalizer(FEATURES)),
+        {},
+        ModuleProperty.STATISTICS,
+        "SwapsHistories.first history",
+    ),
     "container that inherits the no-op update_statistics": (
         lambda: Residual(Normalizer(FEATURES)),
         {},
@@ -530,6 +560,11 @@ def test_the_correct_versions_pass() -> None:
     check_module(Leaky, jnp.zeros(FEATURES), max_examples=5)
     check_module(lambda: Pair(Leaky(), Normalizer(FEATURES)), jnp.zeros(FEATURES), max_examples=5)
     check_module(lambda: CategoricalSampler(nnx.Rngs(0), 0.0), jnp.zeros(2), stochastic=True)
+    check_module(
+        lambda: NormalizesTwoViews(Normalizer(FEATURES), Normalizer(FEATURES)),
+        jnp.zeros(FEATURES),
+        max_examples=5,
+    )
     # A module that remembers across episodes on purpose says so.
     check_module(KeepsTheDefaultReset, jnp.zeros(FEATURES), episodic=False, max_examples=5)
 

@@ -41,7 +41,15 @@ from jaxtyping import Array, Bool, PyTree, Shaped
 from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import ContractError, checks
 from nnx_ppo.contract.arguments import require_int, require_number
-from nnx_ppo.contract.checks import RULE_NO_WRITES, RULE_STATISTICS_KIND, named_leaves
+from nnx_ppo.contract.checks import (
+    RULE_NO_WRITES,
+    RULE_STATISTICS_KIND,
+    CallRecord,
+    format_graph_path,
+    is_stats_bearing,
+    named_leaves,
+    observe_calls,
+)
 from nnx_ppo.networks.adapter import is_sampled_action
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule, StatefulModuleOutput
 from nnx_ppo.testing._harness import (
@@ -399,21 +407,55 @@ class _Write:
     names: list[str]
 
 
+def _stacked(steps: Sequence[Any]) -> Any:
+    """Per-step trees of ``(B, *feat)`` leaves stacked into ``(T, B, *feat)``."""
+
+    def stack(*leaves: Any) -> Any:
+        return jnp.stack(leaves) if is_key(leaves[0]) else np.stack(leaves)
+
+    return jax.tree.map(stack, *steps)
+
+
 @dataclass(frozen=True)
 class _Trajectory:
-    """A rollout or a replay: the carry each step was given, its results, its writes."""
+    """A rollout or a replay: the carry each step was given, its results, its writes,
+    and what each module that keeps statistics emitted at each step (by its path)."""
 
     states: list[Any]
     outputs: list[StatefulModuleOutput]
     writes: list[_Write]
+    emitted: list[dict[str, Any]]
 
     def extras(self) -> Any:
         """The emitted rollout_extras stacked over steps: leaves ``(T, B, *feat)``."""
+        return _stacked([o.rollout_extras for o in self.outputs])
 
-        def stack(*steps: Any) -> Any:
-            return jnp.stack(steps) if is_key(steps[0]) else np.stack(steps)
 
-        return jax.tree.map(stack, *(o.rollout_extras for o in self.outputs))
+class _PerModule:
+    """What the modules below a root that keep statistics were given or returned, by
+    path, from the checked calls of one method; a module called twice is left out."""
+
+    def __init__(self, root: StatefulModule, method: str) -> None:
+        self.method = method
+        self.paths = {
+            id(node): format_graph_path(root, tuple(path))
+            for path, node in nnx.iter_graph(root)
+            if is_stats_bearing(node)
+        }
+        self.seen: dict[str, list[Any]] = {}
+
+    def __call__(self, record: CallRecord) -> None:
+        path = self.paths.get(id(record.module))
+        if path is None or record.method != self.method or record.error is not None:
+            return
+        if self.method == "__call__":
+            value = record.result.rollout_extras
+        else:
+            value = record.arguments[0][1]
+        self.seen.setdefault(path, []).append(value)
+
+    def once(self) -> dict[str, Any]:
+        return {path: values[0] for path, values in self.seen.items() if len(values) == 1}
 
 
 class _ModuleKit:
@@ -451,11 +493,13 @@ class _ModuleKit:
 
     def _step(
         self, variables: nnx.State, state: Any, x: Any, rollout_extras: Any
-    ) -> tuple[StatefulModuleOutput, dict[str, Bool[Array, ""]]]:
+    ) -> tuple[StatefulModuleOutput, dict[str, Bool[Array, ""]], dict[str, Any]]:
         before = _variable_values(variables)
         module = nnx.merge(self.graphdef, variables)
-        out = module(state, x, rollout_extras)
-        return out, _writes(before, _variable_values(nnx.state(module)))
+        emitted = _PerModule(module, "__call__")
+        with observe_calls(emitted):
+            out = module(state, x, rollout_extras)
+        return out, _writes(before, _variable_values(nnx.state(module))), emitted.once()
 
     def _reset(
         self, variables: nnx.State, state: Any
@@ -470,10 +514,14 @@ class _ModuleKit:
                 per_env = jax.vmap(module.reset_state)(state)
         return batched, per_env, _writes(before, _variable_values(nnx.state(module)))
 
-    def _fold(self, variables: nnx.State, history: Any) -> dict[str, Any]:
+    def _fold(self, variables: nnx.State, history: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The variables after ``update_statistics``, and the history each module that
+        keeps statistics was given."""
         module = nnx.merge(self.graphdef, variables)
-        module.update_statistics(history)
-        return _variable_values(nnx.state(module))
+        given = _PerModule(module, "update_statistics")
+        with observe_calls(given):
+            module.update_statistics(history)
+        return _variable_values(nnx.state(module)), given.once()
 
     # -------------------------------------------------------------------- eager calls
 
@@ -503,14 +551,15 @@ class _ModuleKit:
         After a step where ``ends`` marks an env, that env's carry is reset with
         ``reset_state`` of the batch, as the library does on an episode end.
         """
-        states, outputs, writes = [], [], []
+        states, outputs, writes, emitted = [], [], [], []
         for t in range(len(ends)):
             states.append(state)
             extras = None if stored is None else _at_step(stored, t)
             with _phase(prop, what):
-                out, flags = self.step(variables, state, _at_step(inputs, t), extras)
+                out, flags, by_module = self.step(variables, state, _at_step(inputs, t), extras)
             out = host(out)
             outputs.append(out)
+            emitted.append(host(by_module))
             if names := _written(flags):
                 call = "__call__" if stored is None else "__call__ in replay"
                 writes.append(_Write(call, t, names))
@@ -522,7 +571,7 @@ class _ModuleKit:
                 if names := _written(flags):
                     writes.append(_Write("reset_state", t, names))
                 state = _where_rows(ends[t], fresh, state)
-        return _Trajectory(states, outputs, writes)
+        return _Trajectory(states, outputs, writes, emitted)
 
 
 class _Case:
@@ -586,10 +635,15 @@ class _Case:
             return host(self.kit.reset(self.variables, self.rollout.outputs[-1].next_state))
 
     @functools.cached_property
-    def statistics(self) -> dict[str, Any]:
-        """The variables after ``update_statistics`` of the rollout's history."""
+    def folded(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``update_statistics`` of the rollout's history: the variables after it, and
+        the history each module below that keeps statistics was given."""
         with _phase(ModuleProperty.STATISTICS, "update_statistics"):
             return host(self.kit.fold(self.variables, self.rollout.extras()))
+
+    @property
+    def statistics(self) -> dict[str, Any]:
+        return self.folded[0]
 
     # ------------------------------------------------------------------------ failing
 
@@ -886,8 +940,26 @@ def _check_stored_action(case: _Case) -> None:
 
 
 def _check_statistics(case: _Case) -> None:
-    # The contract checks of update_statistics see every module that keeps statistics.
-    _ = case.statistics  # computing it runs the contract checks
+    # The contract checks of update_statistics see every module that keeps statistics
+    # and the tree, shapes and dtypes of what each was given; the values are compared
+    # here: two children emitting the same shapes could be given each other's.
+    name = case.kit.name
+    for path, history in case.folded[1].items():
+        steps = [emitted.get(path) for emitted in case.rollout.emitted]
+        if any(step is None for step in steps):
+            continue
+        case.compare(
+            ModuleProperty.STATISTICS,
+            [named_leaves(f"{name}{path} history", _stacked(steps))],
+            [named_leaves(f"{name}{path} history", history)],
+            lambda m, path=path: (
+                f"update_statistics gave {name}{path} a history that is not what it "
+                "emitted: a container routed it another module's rollout_extras.",
+                f"what {name}{path} emitted in the rollout",
+                "the history it was given",
+            ),
+            lambda row: f"step {row}",
+        )
 
 
 def _check_statistics_order(case: _Case) -> None:
@@ -900,7 +972,7 @@ def _check_statistics_order(case: _Case) -> None:
         return leaf.reshape((samples, *leaf.shape[2:]))[order][None]
 
     with _phase(ModuleProperty.STATISTICS, "update_statistics"):
-        one_batch = host(
+        one_batch, _ = host(
             case.kit.fold(case.variables, jax.tree.map(as_one_batch, case.rollout.extras()))
         )
     case.compare(
@@ -960,7 +1032,7 @@ def _check_eager_compiled(case: _Case) -> None:
     )
     with _phase(ModuleProperty.EAGER_COMPILED, "initialize_state(1)"):
         compiled_initial, _ = host(case.kit.initialize(case.kit.variables, 1))
-        compiled_statistics = host(case.kit.fold(case.variables, history))
+        compiled_statistics, _ = host(case.kit.fold(case.variables, history))
     with (
         checks(False),
         _phase(ModuleProperty.EAGER_COMPILED, "initialize_state(1) run eagerly"),
@@ -1162,7 +1234,8 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         "update_statistics receives (T, B, *feat) histories, and containers route it to "
         "every module that keeps statistics",
         "``update_statistics`` of the rollout's ``(T, B, *feat)`` history passes the "
-        "contract checks, which include that every module holding statistics was reached",
+        "contract checks, which include that every module holding statistics was reached; "
+        "each of them is given exactly what it emitted in the rollout",
         _check_statistics,
     ),
     PropertyCheck(
