@@ -5,6 +5,7 @@ import sys
 import types
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from PIL import Image, ImageSequence
@@ -89,7 +90,27 @@ def test_gif_video_fn_writes_each_recording_at_its_step_in_real_time(tmp_path: P
     assert [f[0, 0, 0] for f in shown] == [0, 80, 160, 240] and durations == [20] * 4
 
 
-@pytest.mark.parametrize("fps", [0, -5.0, float("nan"), "30"])
+@pytest.mark.parametrize("fps", [40, 1 / 0.025, 30.0, np.float32(60.0), jnp.float32(1 / 0.03)])
+def test_gif_video_fn_keeps_real_time_whatever_the_rate(fps: object, tmp_path: Path) -> None:
+    frames = np.zeros((101, 2, 2, 3), np.uint8)
+    frames[:, 0, 0, 0] = np.arange(101)  # no two frames alike: Pillow keeps each
+    gif_video_fn(tmp_path, fps=fps)(VideoData(frames, np.int64(7), 0.0, 100))  # type: ignore[arg-type]
+    _, durations = _gif_frames(tmp_path / "step_0000000007.gif")
+    stride = 1 if float(fps) <= 50 else 2
+    assert abs(sum(durations) - 1000 * len(durations) * stride / float(fps)) <= 10
+    assert min(durations) >= 20
+
+
+def test_gif_video_fn_names_frames_it_cannot_write(tmp_path: Path) -> None:
+    write = gif_video_fn(tmp_path)
+    with pytest.raises(TypeError, match="frames must be uint8, as VideoData's are, got float32"):
+        write(VideoData(np.zeros((3, 2, 2, 3), np.float32), 0, 0.0, 2))
+    with pytest.raises(ValueError, match="the recording at step 5 has no frames"):
+        write(VideoData(np.zeros((0, 2, 2, 3), np.uint8), 5, 0.0, 0))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fps", [0, -5.0, float("nan"), "30", True, 1e-6, None])
 def test_gif_video_fn_refuses_a_frame_rate_that_is_no_positive_number(fps: object) -> None:
-    with pytest.raises(ValueError, match="gif_video_fn: fps must be a positive number"):
+    with pytest.raises(ValueError, match="gif_video_fn: fps must be a number of frames per"):
         gif_video_fn("videos", fps=fps)  # type: ignore[arg-type]

@@ -92,6 +92,7 @@ def test_not_episodic_skips_the_episodes_property(
     assert check(*remembering) == 1
     assert "property 'episodes are independent' fails" in capsys.readouterr().out
     assert check(*remembering, "--not-episodic") == 0
+    assert "skipped by --not-episodic" in capsys.readouterr().out
 
 
 def test_the_example_input_may_be_an_npz_dict_of_arrays(

@@ -55,7 +55,7 @@ class _DrawnCartPole:
 
     def __init__(self, env: Any) -> None:
         self._env = env
-        self.dt = 0.04  # 25 frames per second
+        self.dt = np.float32(0.04)  # 25 frames per second, as a NumPy scalar
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._env, name)
@@ -66,6 +66,11 @@ class _DrawnCartPole:
         for frame, state in zip(frames, trajectory, strict=True):
             frame[0, 0] = int(1000 * abs(float(np.sum(state.obs)))) % 256
         return frames
+
+
+class _NoDisplay(_DrawnCartPole):
+    def render(self, trajectory: list[Any], height: int, width: int) -> list[np.ndarray]:
+        raise RuntimeError("no OpenGL context")
 
 
 def test_video_enabled_writes_a_gif_per_recording_into_the_run_directory(
@@ -82,6 +87,12 @@ def test_video_enabled_writes_a_gif_per_recording_into_the_run_directory(
     assert not run_dir.exists()
 
     make_env = cli_main._make_env
+    monkeypatch.setattr(cli_main, "_make_env", lambda config: _NoDisplay(make_env(config)))
+    assert train(run_dir, 256, *video) == 2  # found before the run directory exists
+    refused = " ".join(capsys.readouterr().err.split())
+    assert "rendering cartpole failed: RuntimeError: no OpenGL context" in refused
+    assert "MUJOCO_GL=egl" in refused and not run_dir.exists()
+
     monkeypatch.setattr(cli_main, "_make_env", lambda config: _DrawnCartPole(make_env(config)))
     assert train(run_dir, 512, *video) == 0
     shown = capsys.readouterr()

@@ -135,7 +135,7 @@ def test_a_run_that_failed_before_its_first_checkpoint_is_reused_or_resumed(
         # The plot's own failure is reported, never raised over the error that stopped training.
         with pytest.raises(RuntimeError, match="the evaluation failed"):
             train(run_dir, 2 * STEP)
-        assert "no learning curve drawn" in capsys.readouterr().out
+        assert "no learning curve drawn" in capsys.readouterr().err
         assert not (run_dir / "checkpoints").exists()
         # A new run may take the directory: it is not refused as "already holds a run".
         with pytest.raises(RuntimeError, match="the evaluation failed"):

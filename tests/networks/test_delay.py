@@ -118,6 +118,9 @@ def test_an_input_of_another_kind_is_refused_and_one_of_the_same_kind_cast():
     refused = r"x\['count'\] is float32, but the delay line holds int32"
     with pytest.raises(ValueError, match=refused):
         delay(state, {"position": position, "count": jnp.full((2,), 2.7)})  # would store 2
+    wide = jnp.array([300, 4], jnp.int64 if jax.config.jax_enable_x64 else jnp.uint32)
+    with pytest.raises(ValueError, match=r"x\['count'\] is u?int(64|32), but the delay"):
+        delay(state, {"position": position, "count": wide})  # would wrap
     narrow = {"position": position.astype(jnp.bfloat16), "count": jnp.array([3, 4], jnp.int8)}
     stored = delay(delay(state, narrow).next_state, narrow).output
     assert _shapes_and_dtypes(stored) == _shapes_and_dtypes(_inputs(0, 2))

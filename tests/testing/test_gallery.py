@@ -248,6 +248,15 @@ class SwapsHistories(NormalizesTwoViews):
         self.second.update_statistics(rollout_extras["first"])
 
 
+class FeedsFirstBothHistories(NormalizesTwoViews):
+    """A copy-paste slip: the first child is also given its sibling's history."""
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        self.first.update_statistics(rollout_extras["first"])
+        self.first.update_statistics(rollout_extras["second"])
+        self.second.update_statistics(rollout_extras["second"])
+
+
 class ForgetsResetState(Pair):
     """Resets its first child's carry only: the second's goes on across episodes."""
 
@@ -270,6 +279,16 @@ class Residual(StatefulModule):
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
         out = self.inner(state, x, rollout_extras)
         return out.replace(output=x + out.output)
+
+
+class Rematerialized(Residual):
+    """A correct wrapper that saves memory: its child runs under ``jax.checkpoint``."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return jax.checkpoint(lambda s, x, e: self.inner(s, x, e))(state, x, rollout_extras)
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        self.inner.update_statistics(rollout_extras)
 
 
 class KeysNeverSplit(Leaky):
@@ -496,6 +515,12 @@ MODULE_BUGS: dict[
         ModuleProperty.STATISTICS,
         "SwapsHistories.first history",
     ),
+    "container that also feeds a child its sibling's history": (
+        lambda: FeedsFirstBothHistories(Normalizer(FEATURES), Normalizer(FEATURES)),
+        {},
+        ModuleProperty.STATISTICS,
+        "FeedsFirstBothHistories.first",
+    ),
     "container that inherits the no-op update_statistics": (
         lambda: Residual(Normalizer(FEATURES)),
         {},
@@ -562,6 +587,11 @@ def test_the_correct_versions_pass() -> None:
     check_module(lambda: CategoricalSampler(nnx.Rngs(0), 0.0), jnp.zeros(2), stochastic=True)
     check_module(
         lambda: NormalizesTwoViews(Normalizer(FEATURES), Normalizer(FEATURES)),
+        jnp.zeros(FEATURES),
+        max_examples=5,
+    )
+    check_module(
+        lambda: Rematerialized(Pair(Normalizer(FEATURES), Leaky())),
         jnp.zeros(FEATURES),
         max_examples=5,
     )

@@ -8,7 +8,9 @@ module. Each logs to ``run`` when given (a ``wandb`` run, e.g. from
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import itertools
 import math
 import os
 from collections.abc import Callable
@@ -24,6 +26,8 @@ __all__ = ["gif_video_fn", "wandb_log_fn", "wandb_video_fn"]
 
 # Browsers and most viewers show a GIF frame shorter than 20 ms for 100 ms.
 _GIF_MIN_FRAME_MS = 20
+# A GIF frame's delay is 16 bits of hundredths of a second.
+_GIF_MIN_FPS = 100 / 65535
 
 
 def _wandb(caller: str) -> ModuleType:
@@ -93,36 +97,50 @@ def gif_video_fn(directory: str | Path, fps: float = 30.0) -> Callable[[VideoDat
 
     The file is named by the env step of the recording, in ten digits as checkpoints
     are, and appears whole (written under another name, then renamed). Frames play
-    at ``fps``; above 50 frames per second (the fastest a GIF plays everywhere)
-    every n-th frame is kept, so the video still plays in real time. Needs Pillow,
-    which matplotlib (a dependency of nnx-ppo) installs.
+    at ``fps``: a GIF counts time in hundredths of a second, so each frame's delay
+    is rounded with the error carried to the next, and the video keeps real time.
+    Above 50 frames per second (the fastest a GIF plays everywhere) every n-th
+    frame is kept. Needs Pillow, which nnx-ppo installs.
 
     Args:
       directory: where the files go; created at the first recording.
-      fps: frames per second of the env (``1 / env.dt`` plays it in real time).
+      fps: frames per second of the env (``1 / env.dt`` plays it in real time); a
+        Python, NumPy or JAX scalar, at least one frame per 655 s (a GIF's
+        longest delay).
 
     Raises:
-      ValueError: ``fps`` is not a positive finite number.
+      ValueError: ``fps`` is not a number in that range. At a recording, a
+        ``TypeError`` for frames that are not ``uint8`` and a ``ValueError`` for
+        a recording without frames.
 
     Example::
 
         train_ppo(env, networks, config, video_fn=gif_video_fn("videos", fps=1 / env.dt))
     """
-    if not (isinstance(fps, int | float) and math.isfinite(fps) and fps > 0):
-        raise ValueError(f"gif_video_fn: fps must be a positive number, got {fps!r}")
+    rate = _frame_rate(fps)
     target = Path(directory)
-    stride = max(1, math.ceil(fps * _GIF_MIN_FRAME_MS / 1000))
-    frame_ms = max(_GIF_MIN_FRAME_MS, round(1000 * stride / fps / 10) * 10)  # GIF counts in cs
+    stride = max(1, math.ceil(rate * _GIF_MIN_FRAME_MS / 1000))
+    centiseconds_per_frame = 100 * stride / rate
 
     def video_fn(data: VideoData) -> None:
         from PIL import Image
 
-        frames = np.asarray(data.frames)[::stride]
+        frames = np.asarray(data.frames)
+        if frames.dtype != np.uint8:
+            raise TypeError(
+                f"gif_video_fn: frames must be uint8, as VideoData's are, got {frames.dtype} "
+                "(scale floats in [0, 1] by 255 and cast them in the env's render)"
+            )
+        if not len(frames):
+            raise ValueError(f"gif_video_fn: the recording at step {data.step} has no frames")
+        frames = frames[::stride]
         if frames.shape[-1] == 1:  # one channel: a greyscale image
             frames = frames[..., 0]
         images = [Image.fromarray(frame) for frame in frames]
+        ends = [math.floor(centiseconds_per_frame * i + 0.5) for i in range(len(images) + 1)]
+        delays_ms = [10 * (end - start) for start, end in itertools.pairwise(ends)]
         target.mkdir(parents=True, exist_ok=True)
-        path = target / f"step_{data.step:010d}.gif"
+        path = target / f"step_{int(data.step):010d}.gif"
         # Written whole, then renamed: a crash leaves no half GIF under the final name.
         partial = path.with_name(path.name + ".partial")
         images[0].save(
@@ -130,9 +148,23 @@ def gif_video_fn(directory: str | Path, fps: float = 30.0) -> Callable[[VideoDat
             format="GIF",
             save_all=True,
             append_images=images[1:],
-            duration=frame_ms,
+            duration=delays_ms,
             loop=0,
         )
         os.replace(partial, path)
 
     return video_fn
+
+
+def _frame_rate(fps: object) -> float:
+    """``fps`` as a float, or a ``ValueError`` naming it."""
+    rate = math.nan
+    if not isinstance(fps, bool | str):
+        with contextlib.suppress(TypeError, ValueError):
+            rate = float(fps)  # type: ignore[arg-type]  # NumPy and JAX scalars too
+    if not (math.isfinite(rate) and rate >= _GIF_MIN_FPS):
+        raise ValueError(
+            f"gif_video_fn: fps must be a number of frames per second of at least "
+            f"{_GIF_MIN_FPS:.4f} (one per 655.35 s, a GIF's longest delay), got {fps!r}"
+        )
+    return rate

@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import signal
 import sys
 import time
@@ -274,11 +275,8 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     eval_envs = train_config.eval.n_envs if train_config.eval.enabled else None
     sharding.require_divisible("train", mesh, ppo.n_envs, ppo.n_minibatches, eval_envs)
     env = _make_env(run_config)
-    if train_config.video.enabled and not callable(getattr(env, "render", None)):
-        raise ValueError(
-            f"video.enabled is true, but {run_config['env']} cannot render (it has no render "
-            "method): record videos of an env that can, such as MuJoCo Playground's"
-        )
+    if train_config.video.enabled:
+        _require_rendering(env, run_config["env"], train_config.video.render_kwargs)
     network = _make_network(env, run_config)
     if args.resume is not None:
         run_dir = args.resume
@@ -446,7 +444,7 @@ def _train_locked(
             simulator_log.close()
         if logger is not None:
             logger.close()
-            _plot(run_dir, run_config["env"], console)
+            _plot(run_dir, run_config["env"])
     extra = {"run directory": str(run_dir), "checkpoint": f"step {result.total_steps:,}"}
     if video_fn is not None:
         extra["videos"] = str(run_dir / VIDEO_SUBDIR)
@@ -464,15 +462,39 @@ VIDEO_SUBDIR = "videos"
 
 
 def _frames_per_second(env: RLEnv) -> float:
-    """The env's real-time rate, ``1 / env.dt``; 30 for an env without a time step."""
+    """The env's real-time rate, ``1 / env.dt`` (a NumPy or JAX scalar too); 30 for an
+    env without a positive time step."""
     dt = getattr(env, "dt", None)
-    if isinstance(dt, int | float) and dt > 0:
-        return 1.0 / dt
-    return 30.0
+    seconds = math.nan
+    if not isinstance(dt, bool):
+        with contextlib.suppress(TypeError, ValueError):
+            seconds = float(dt)  # pyright: ignore[reportArgumentType]
+    return 1.0 / seconds if math.isfinite(seconds) and seconds > 0 else 30.0
 
 
 def _discard_video(video: VideoData) -> None:
     del video
+
+
+def _require_rendering(env: RLEnv, name: str, render_kwargs: dict[str, Any]) -> None:
+    """Render a reset state once: a run whose videos cannot be drawn stops before its
+    run directory exists, not at its first recording."""
+    render = getattr(env, "render", None)
+    if not callable(render):
+        raise ValueError(
+            f"video.enabled is true, but {name} cannot render (it has no render method): "
+            "record videos of an env that can, such as MuJoCo Playground's"
+        )
+    state = jax.jit(env.reset)(jax.random.key(0))
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            render([state], **render_kwargs)
+    except Exception as error:  # whatever the renderer raises, named in the message
+        raise ValueError(
+            f"video.enabled is true, but rendering {name} failed: {type(error).__name__}: "
+            f"{error}. On a machine without a display MuJoCo renders with MUJOCO_GL=egl "
+            "(or osmesa); or leave video off"
+        ) from error
 
 
 def _quiet_render(env: RLEnv) -> RLEnv:
@@ -516,14 +538,14 @@ class _Diverged(Exception):
         self.run_dir = run_dir
 
 
-def _plot(run_dir: Path, title: str, console: Console) -> None:
+def _plot(run_dir: Path, title: str) -> None:
     """Draw the learning curve; a failure is reported, never raised over the run's own error."""
     from nnx_ppo.cli.run_dir import plot_learning_curve
 
     try:
         plot_learning_curve(run_dir / "metrics.jsonl", run_dir / "learning_curve.png", title)
     except (OSError, ValueError) as error:
-        console.print(
+        Console(stderr=True).print(
             f"[yellow]warning:[/yellow] no learning curve drawn: {escape(str(error))}",
             soft_wrap=True,
         )

@@ -23,9 +23,10 @@ class Delay(StatefulModule):
     Until an env has been stepped ``k_steps`` times since its last reset, the
     output is ``initial_value``. Inputs may be any pytree of ``(B, *feat)``
     arrays matching ``sample_input``; the output has the same tree, shapes and
-    the dtypes of ``sample_input``. An input is cast to its leaf's dtype within a
-    kind (``int8`` to ``int32``, ``float32`` to ``bfloat16``); one of another kind
-    (floats into an integer leaf, which would truncate them) is an error.
+    the dtypes of ``sample_input``. A float leaf takes integers and floats, cast to
+    its dtype (``float32`` to ``bfloat16`` rounds); an integer or bool leaf takes
+    only what it holds exactly (``int8`` into ``int32``): floats, which would be
+    truncated, and wider integers, which would wrap, are an error.
 
     Carry: a per-env ring buffer,
     ``{"buffer": tree of (B, k_steps, *feat), "idx": (B,) int32}``, where
@@ -93,7 +94,8 @@ class Delay(StatefulModule):
     def _check_kinds(self, x: BatchedTree) -> None:
         received, _ = jax.tree_util.tree_flatten_with_path(x)
         for declared, (path, leaf) in zip(self.sample_leaves, received, strict=True):
-            if not jnp.can_cast(leaf.dtype, declared.dtype, casting="same_kind"):
+            exact = not jnp.issubdtype(declared.dtype, jnp.inexact)
+            if not jnp.can_cast(leaf.dtype, declared.dtype, "safe" if exact else "same_kind"):
                 raise ValueError(
                     f"Delay.__call__: x{jax.tree_util.keystr(path)} is {leaf.dtype}, but the "
                     f"delay line holds {declared.dtype} (the dtype of sample_input): storing "

@@ -433,7 +433,7 @@ class _Trajectory:
 
 class _PerModule:
     """What the modules below a root that keep statistics were given or returned, by
-    path, from the checked calls of one method; a module called twice is left out."""
+    path, from the checked calls of one method."""
 
     def __init__(self, root: StatefulModule, method: str) -> None:
         self.method = method
@@ -454,8 +454,20 @@ class _PerModule:
             value = record.arguments[0][1]
         self.seen.setdefault(path, []).append(value)
 
-    def once(self) -> dict[str, Any]:
-        return {path: values[0] for path, values in self.seen.items() if len(values) == 1}
+    def calls(self) -> dict[str, int]:
+        """How many calls each module had."""
+        return {path: len(values) for path, values in self.seen.items()}
+
+    def once(self, reachable: Any) -> dict[str, Any]:
+        """The value of each module called once, where every leaf of it is a leaf of
+        ``reachable`` (the same object): one made inside a transform of the call
+        (``jax.checkpoint``, ``vmap``) is that transform's tracer, and is left out."""
+        known = {id(leaf) for leaf in jax.tree.leaves(reachable)}
+        return {
+            path: values[0]
+            for path, values in self.seen.items()
+            if len(values) == 1 and all(id(leaf) in known for leaf in jax.tree.leaves(values[0]))
+        }
 
 
 class _ModuleKit:
@@ -499,7 +511,8 @@ class _ModuleKit:
         emitted = _PerModule(module, "__call__")
         with observe_calls(emitted):
             out = module(state, x, rollout_extras)
-        return out, _writes(before, _variable_values(nnx.state(module))), emitted.once()
+        writes = _writes(before, _variable_values(nnx.state(module)))
+        return out, writes, emitted.once(out.rollout_extras)
 
     def _reset(
         self, variables: nnx.State, state: Any
@@ -514,14 +527,16 @@ class _ModuleKit:
                 per_env = jax.vmap(module.reset_state)(state)
         return batched, per_env, _writes(before, _variable_values(nnx.state(module)))
 
-    def _fold(self, variables: nnx.State, history: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The variables after ``update_statistics``, and the history each module that
-        keeps statistics was given."""
+    def _fold(
+        self, variables: nnx.State, history: Any
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
+        """The variables after ``update_statistics``; the history each module that keeps
+        statistics was given, and how many times it was called."""
         module = nnx.merge(self.graphdef, variables)
         given = _PerModule(module, "update_statistics")
         with observe_calls(given):
             module.update_statistics(history)
-        return _variable_values(nnx.state(module)), given.once()
+        return _variable_values(nnx.state(module)), given.once(history), given.calls()
 
     # -------------------------------------------------------------------- eager calls
 
@@ -635,9 +650,9 @@ class _Case:
             return host(self.kit.reset(self.variables, self.rollout.outputs[-1].next_state))
 
     @functools.cached_property
-    def folded(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``update_statistics`` of the rollout's history: the variables after it, and
-        the history each module below that keeps statistics was given."""
+    def folded(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
+        """``update_statistics`` of the rollout's history: the variables after it, the
+        history each module below that keeps statistics was given, and its calls."""
         with _phase(ModuleProperty.STATISTICS, "update_statistics"):
             return host(self.kit.fold(self.variables, self.rollout.extras()))
 
@@ -844,7 +859,7 @@ def _check_episodes_independent(case: _Case) -> None:
                 f"{last_end[rows[m.row or 0]]}, {m.leaf} depends on the inputs before the "
                 "end: reset_state kept part of the old episode in the carry (the default "
                 "reset_state keeps it all). If the module remembers across episodes on "
-                "purpose, pass episodic=False.",
+                "purpose, pass episodic=False (nnx-ppo check --not-episodic).",
                 "the inputs as drawn before the end",
                 "other inputs before the end",
             ),
@@ -944,10 +959,23 @@ def _check_statistics(case: _Case) -> None:
     # and the tree, shapes and dtypes of what each was given; the values are compared
     # here: two children emitting the same shapes could be given each other's.
     name = case.kit.name
-    for path, history in case.folded[1].items():
-        steps = [emitted.get(path) for emitted in case.rollout.emitted]
-        if any(step is None for step in steps):
+    _, given, calls = case.folded
+    every_step = [p for p in case.rollout.emitted[0] if all(p in e for e in case.rollout.emitted)]
+    for path in every_step:  # in the order of the calls
+        # Emitted once a step: folded once a call, its own history and nothing else.
+        if int(calls.get(path, 0)) > 1:
+            raise case.fail(
+                ModuleProperty.STATISTICS,
+                f"update_statistics reached {name}{path} {int(calls[path])} times in one call: "
+                "it was given more than its own history.",
+                leaf=f"{name}{path}",
+                expected="one update_statistics call with the history it emitted",
+                found=f"{int(calls[path])} calls",
+            )
+        steps = [emitted[path] for emitted in case.rollout.emitted]
+        if path not in given or any(step is None for step in steps):
             continue
+        history = given[path]
         case.compare(
             ModuleProperty.STATISTICS,
             [named_leaves(f"{name}{path} history", _stacked(steps))],
@@ -972,7 +1000,7 @@ def _check_statistics_order(case: _Case) -> None:
         return leaf.reshape((samples, *leaf.shape[2:]))[order][None]
 
     with _phase(ModuleProperty.STATISTICS, "update_statistics"):
-        one_batch, _ = host(
+        one_batch, _, _ = host(
             case.kit.fold(case.variables, jax.tree.map(as_one_batch, case.rollout.extras()))
         )
     case.compare(
@@ -1032,7 +1060,7 @@ def _check_eager_compiled(case: _Case) -> None:
     )
     with _phase(ModuleProperty.EAGER_COMPILED, "initialize_state(1)"):
         compiled_initial, _ = host(case.kit.initialize(case.kit.variables, 1))
-        compiled_statistics, _ = host(case.kit.fold(case.variables, history))
+        compiled_statistics, _, _ = host(case.kit.fold(case.variables, history))
     with (
         checks(False),
         _phase(ModuleProperty.EAGER_COMPILED, "initialize_state(1) run eagerly"),
