@@ -93,11 +93,12 @@ def test_gif_video_fn_writes_each_recording_at_its_step_in_real_time(tmp_path: P
 @pytest.mark.parametrize("fps", [40, 1 / 0.025, 30.0, np.float32(60.0), jnp.float32(1 / 0.03)])
 def test_gif_video_fn_keeps_real_time_whatever_the_rate(fps: object, tmp_path: Path) -> None:
     frames = np.zeros((101, 2, 2, 3), np.uint8)
-    frames[:, 0, 0, 0] = np.arange(101)  # no two frames alike: Pillow keeps each
+    frames[:, 0, 0, 0] = np.arange(101)
     gif_video_fn(tmp_path, fps=fps)(VideoData(frames, np.int64(7), 0.0, 100))  # type: ignore[arg-type]
     _, durations = _gif_frames(tmp_path / "step_0000000007.gif")
     stride = 1 if float(fps) <= 50 else 2
-    assert abs(sum(durations) - 1000 * len(durations) * stride / float(fps)) <= 10
+    kept = len(range(0, 101, stride))  # Pillow joins frames that look alike, adding delays
+    assert abs(sum(durations) - 1000 * kept * stride / float(fps)) <= 10
     assert min(durations) >= 20
 
 

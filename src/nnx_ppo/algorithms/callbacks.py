@@ -136,7 +136,7 @@ def gif_video_fn(directory: str | Path, fps: float = 30.0) -> Callable[[VideoDat
         frames = frames[::stride]
         if frames.shape[-1] == 1:  # one channel: a greyscale image
             frames = frames[..., 0]
-        images = [Image.fromarray(frame) for frame in frames]
+        images = [_paletted(Image.fromarray(frame)) for frame in frames]
         ends = [math.floor(centiseconds_per_frame * i + 0.5) for i in range(len(images) + 1)]
         delays_ms = [10 * (end - start) for start, end in itertools.pairwise(ends)]
         target.mkdir(parents=True, exist_ok=True)
@@ -154,6 +154,16 @@ def gif_video_fn(directory: str | Path, fps: float = 30.0) -> Callable[[VideoDat
         os.replace(partial, path)
 
     return video_fn
+
+
+def _paletted(image: Any) -> Any:
+    """A colour frame reduced to a GIF's 256 colours by the fast octree: about ten times
+    faster than Pillow's default for the GIF, whose writing would hold up training."""
+    from PIL import Image
+
+    if image.mode not in ("RGB", "RGBA"):
+        return image
+    return image.quantize(colors=256, method=Image.Quantize.FASTOCTREE)
 
 
 def _frame_rate(fps: object) -> float:
