@@ -184,13 +184,19 @@ def test_a_different_architecture_is_refused_with_the_paths_that_differ(
 def test_a_second_interrupt_stops_with_one_line_and_status_130(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    stop = cli_main._StopFlag(Path("runs/cartpole-1"))
+
     def interrupted(*_: Any) -> int:
-        raise KeyboardInterrupt  # what _StopFlag raises at the second Ctrl-C
+        stop(signal.SIGINT, None)
+        stop(signal.SIGINT, None)  # the second Ctrl-C raises
+        return 0
 
     monkeypatch.setattr(cli_main, "_train", interrupted)
     assert main(["train"]) == 130
     shown = capsys.readouterr()
-    assert "interrupted again: stopped at once, without a final checkpoint" in shown.err
+    said = " ".join(shown.err.split())
+    assert "interrupted again: stopped at once, without a final checkpoint" in said
+    assert "resume with nnx-ppo train --resume runs/cartpole-1" in said
     assert "Traceback" not in shown.out + shown.err
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from flax import nnx
 
+from nnx_ppo import envs
 from nnx_ppo.cli.main import _build_parser, _make_network, _resolve_config, main
 from nnx_ppo.cli.presets import (
     GENERIC_PRESET,
@@ -49,10 +50,18 @@ def test_presets_scale_their_cadences_to_the_run_length() -> None:
 
 
 def test_the_preset_command_prints_the_file_and_refuses_unknown_names(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert main(["preset", "pendulum"]) == 0
     assert capsys.readouterr().out == (PRESET_DIR / "pendulum.toml").read_text()
+    # A Playground env without its own preset: the generic file, naming that env.
+    monkeypatch.setattr(envs, "names", lambda: ("cartpole", "CheetahRun"))
+    assert main(["preset", "CheetahRun"]) == 0
+    printed = capsys.readouterr().out
+    assert tomllib.loads(printed)["env"] == "CheetahRun"
+    assert (
+        printed.replace('env = "CheetahRun"\n', "") == (PRESET_DIR / "playground.toml").read_text()
+    )
     assert main(["preset", "no_such_env"]) == 2
     shown = capsys.readouterr()
     assert shown.out == ""  # `nnx-ppo preset NAME > FILE` leaves no error text in FILE

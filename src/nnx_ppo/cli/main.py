@@ -218,16 +218,25 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
     return config
 
 
+class _InterruptedAgain(KeyboardInterrupt):
+    """A second Ctrl-C or SIGTERM: training stops at once, without a final checkpoint."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__()
+        self.run_dir = run_dir
+
+
 class _StopFlag:
     """Set by SIGINT/SIGTERM; training polls it after every compiled call."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
         self.signal_name: str | None = None
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         del frame
         if self.signal_name is not None:
-            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+            raise _InterruptedAgain(self.run_dir)  # a second Ctrl-C stops at once
         self.signal_name = signal.Signals(signum).name
 
     def is_set(self) -> bool:
@@ -405,7 +414,7 @@ def _train_locked(
         video_fn = gif_video_fn(run_dir / VIDEO_SUBDIR, _frames_per_second(env))
         if not primary:
             video_fn = _discard_video
-    stop = _StopFlag()
+    stop = _StopFlag(run_dir)
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     logger = RunLogger(run_dir, purge_from=logged_until + 1) if primary else None
     simulator_log = _log_simulator_warnings(run_dir) if primary else None
@@ -618,7 +627,14 @@ def _print_preset(name: str) -> int:
             f"no preset for {name!r}: it is neither an env (see nnx-ppo envs) nor one of the "
             f"preset files {', '.join(preset_names())}"
         )
-    sys.stdout.write(preset_path(name).read_text())
+    text = preset_path(name).read_text()
+    if name not in preset_names():
+        # The generic Playground preset names no env: the copy names the one asked for,
+        # or `nnx-ppo train --config copy.toml` would train the default env.
+        lines = text.splitlines(keepends=True)
+        header = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+        text = "".join([*lines[:header], f"env = {json.dumps(name)}\n", *lines[header:]])
+    sys.stdout.write(text)
     return 0
 
 
@@ -650,11 +666,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, OSError, RunLockedError) as error:
         _print_error(errors, str(error))
         return 2
-    except KeyboardInterrupt:  # a second Ctrl-C: stop at once, without a traceback
+    except KeyboardInterrupt as error:  # a second Ctrl-C: stop at once, without a traceback
+        run_dir = error.run_dir if isinstance(error, _InterruptedAgain) else "RUN_DIR"
         _print_error(
             errors,
             "interrupted again: stopped at once, without a final checkpoint; the checkpoints "
-            "written before are intact (resume with nnx-ppo train --resume RUN_DIR)",
+            f"written before are intact (resume with nnx-ppo train --resume {run_dir})",
         )
         return 130
 

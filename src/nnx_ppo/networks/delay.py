@@ -65,7 +65,7 @@ class Delay(StatefulModule):
 
     @property
     def sample(self) -> PyTree[jax.ShapeDtypeStruct]:
-        """The declared input: a tree of per-sample shapes and dtypes."""
+        """The tree of per-sample shapes and dtypes the delay line was built for."""
         return jax.tree.unflatten(self.sample_treedef, self.sample_leaves)
 
     def __call__(

@@ -265,8 +265,8 @@ def summary(
       is not raised here: it is the summary's ``error``, and its rows stop there.
 
     Raises:
-      Any other exception the step raises (e.g. a matrix-size mismatch from an
-      ``example_input`` of the wrong width), unchanged.
+      Exception: any other exception the step raises (e.g. a matrix-size mismatch
+        from an ``example_input`` of the wrong width), unchanged.
 
     Example::
 
