@@ -8,6 +8,7 @@ message a user needs: the module and its path, the leaf, expected and found.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -259,3 +260,52 @@ def test_statistics_kept_as_param_are_named() -> None:
     error = caught.value
     assert error.leaf == "Sequential.layers[0].mean (Param)"
     assert "nnx.BatchStat" in str(error.rule)
+
+
+class _MemoryWithoutReset(StatefulModule):
+    """A trace ported from nnx-ppo 0.3.0, which kept the carry by default."""
+
+    def initialize_state(self, batch_size: int) -> Any:
+        return {
+            "h": jnp.zeros((batch_size, 3)),
+            "keys": jax.random.split(jax.random.key(0), batch_size),
+        }
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        h = 0.5 * state["h"] + x
+        return StatefulModuleOutput({**state, "h": h}, h, jnp.zeros(()), {}, None)
+
+
+class _KeysOnly(_MemoryWithoutReset):
+    def initialize_state(self, batch_size: int) -> Any:
+        return {"keys": jax.random.split(jax.random.key(0), batch_size)}
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {}, None)
+
+
+class _KeepsOnPurpose(_MemoryWithoutReset):
+    def reset_state(self, prev_state: Any) -> Any:
+        return prev_state
+
+
+def _reset(module: StatefulModule) -> None:
+    network = Sequential([module])
+    nnx.jit(lambda m, s: m.reset_state(s))(network, network.initialize_state(2))
+
+
+def test_a_memory_kept_by_the_default_reset_state_is_warned_about_once() -> None:
+    with pytest.warns(
+        UserWarning, match=r"_MemoryWithoutReset keeps its carry \(prev_state\['h'\]\)"
+    ) as caught:
+        _reset(_MemoryWithoutReset())
+        _reset(_MemoryWithoutReset())
+    assert len(caught) == 1 and caught[0].filename == __file__  # at the class statement
+    assert "keys" not in str(caught[0].message)  # a key stream is no memory
+
+
+@pytest.mark.parametrize("module", [_KeysOnly, _KeepsOnPurpose])
+def test_key_streams_and_a_reset_state_of_its_own_are_not_warned_about(module: type) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _reset(module())

@@ -389,6 +389,13 @@ class KeepsTheDefaultReset(Leaky):
     reset_state = StatefulModule.reset_state
 
 
+class RemembersOnPurpose(Leaky):
+    """Carries its trace across episodes by design, and says so with its reset_state."""
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return prev_state
+
+
 class ResetsHalfTheCarry(Leaky):
     """Keeps two traces and resets only the first."""
 
@@ -568,6 +575,7 @@ MODULE_BUGS: dict[
 
 
 @pytest.mark.parametrize("bug", list(MODULE_BUGS))
+@pytest.mark.filterwarnings("ignore:nnx_ppo. KeepsTheDefaultReset keeps its carry")
 def test_module_bug_is_caught_and_named(bug: str) -> None:
     factory, keywords, expected, leaf = MODULE_BUGS[bug]
     keywords = {"example_input": jnp.zeros(FEATURES), **keywords}
@@ -596,7 +604,7 @@ def test_the_correct_versions_pass() -> None:
         max_examples=5,
     )
     # A module that remembers across episodes on purpose says so.
-    check_module(KeepsTheDefaultReset, jnp.zeros(FEATURES), episodic=False, max_examples=5)
+    check_module(RemembersOnPurpose, jnp.zeros(FEATURES), episodic=False, max_examples=5)
 
 
 def test_purity_bugs_are_reported_at_the_smallest_batch_that_shows_them() -> None:

@@ -852,12 +852,54 @@ def _check_reset_state(site: _Site, arguments: _Arguments, call: Callable[[], An
         reached.add(id(site.module))
         state = call()
         _check_same_tree(site, prev_name, prev, "returned state", state, _RULE_RESET, None)
+        _warn_kept_carry(site, prev_name, prev)
         if token is not None:  # the top-level call: every module below it was reached
             _check_all_reached(site, site.module, reached, _RESET_ROUTING)
     finally:
         if token is not None:
             _RESET_REACHED.reset(token)
     return state
+
+
+_WARNED_KEPT_CARRY: set[type] = set()
+
+
+def _warn_kept_carry(site: _Site, name: str, prev: Any) -> None:
+    """Warn, once per class, that a module with a memory keeps it through the default
+    ``reset_state``. Per-env keys are no memory: keeping their stream is right."""
+    module = site.module
+    cls = type(module)
+    if cls in _WARNED_KEPT_CARRY or _overrides(module, "reset_state"):
+        return
+    if _has_contract_children(module):
+        return  # a container: its children answer for their own carries
+    kept = [path for path, leaf in named_leaves(name, prev) if not _is_key(leaf)]
+    if not kept:
+        return
+    _WARNED_KEPT_CARRY.add(cls)
+    _warn_at_class(
+        cls,
+        f"nnx_ppo: {cls.__qualname__} keeps its carry ({', '.join(kept[:3])}) where an "
+        "episode ends: it has no reset_state of its own, and the default (as in nnx-ppo "
+        "0.3.0) keeps the carry, so its memory runs from one episode into the next. Define "
+        "reset_state to reset it (or to return prev_state, keeping it on purpose, which "
+        "silences this warning).",
+    )
+
+
+def _warn_at_class(cls: type, message: str) -> None:
+    """A ``UserWarning`` pointing at the class statement (called while JAX traces, the
+    caller's frames say nothing of where the module was written)."""
+    try:
+        filename = inspect.getsourcefile(cls) or "<unknown>"
+        line = inspect.getsourcelines(cls)[1]
+    except (OSError, TypeError):
+        filename, line = "<unknown>", 0
+    warnings.warn_explicit(message, UserWarning, filename, line, module=cls.__module__)
+
+
+def _is_key(leaf: Any) -> bool:
+    return hasattr(leaf, "dtype") and jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key)
 
 
 @dataclass
@@ -972,7 +1014,11 @@ def is_stats_bearing(node: Any) -> bool:
         return False
     if not _overrides(node, "update_statistics"):
         return False
-    return not any(
+    return not _has_contract_children(node)
+
+
+def _has_contract_children(node: Any) -> bool:
+    return any(
         _is_contract_module(child) and child is not node for _, child in nnx.iter_graph(node)
     )
 
