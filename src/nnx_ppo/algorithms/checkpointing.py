@@ -38,6 +38,7 @@ from flax import nnx
 
 from nnx_ppo.algorithms.config import TrainConfig
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
+from nnx_ppo.contract.checks import is_key
 
 __all__ = [
     "CHECKPOINT_SUBDIR",
@@ -231,10 +232,6 @@ def _snapshot(state: TrainingState) -> dict[str, Any]:
     }
 
 
-def _is_key(leaf: Any) -> bool:
-    return jnp.issubdtype(getattr(leaf, "dtype", np.float32), jax.dtypes.prng_key)
-
-
 def _flatten(tree: Any) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
     """The arrays Orbax stores, and a manifest entry for every leaf.
 
@@ -244,7 +241,7 @@ def _flatten(tree: Any) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
     arrays: list[np.ndarray] = []
     entries: list[dict[str, Any]] = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        key_impl = str(jax.random.key_impl(leaf)) if _is_key(leaf) else None
+        key_impl = str(jax.random.key_impl(leaf)) if is_key(leaf) else None
         array = _on_host(jax.random.key_data(leaf) if key_impl else leaf)
         if array.size:
             arrays.append(array)

@@ -40,7 +40,7 @@ from nnx_ppo.contract.axes import (
     Mask,
     PerEnvKeys,
 )
-from nnx_ppo.contract.checks import typechecked
+from nnx_ppo.contract.checks import is_key, typechecked
 from nnx_ppo.contract.env_checks import check_action_tree, check_env_state, check_env_unbatched
 from nnx_ppo.contract.errors import rule_text
 from nnx_ppo.envs.state import _holds_shared, _is_shared, _vmap_reset, _vmap_step
@@ -636,7 +636,7 @@ def _rekeyed(carry: Carry, key: PRNGKeyArray) -> Carry:
     leaves, structure = jax.tree.flatten(carry)
 
     def fresh(index: int, leaf: Any) -> Any:
-        if not jnp.issubdtype(getattr(leaf, "dtype", jnp.float32), jax.dtypes.prng_key):
+        if not is_key(leaf):
             return leaf
         impl = jax.random.key_impl(leaf)
         seeds = jax.random.bits(jax.random.fold_in(key, index), (leaf.size,), jnp.uint32)

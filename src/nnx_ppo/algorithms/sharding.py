@@ -25,13 +25,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from nnx_ppo.algorithms.types import TrainingState
 from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.checks import is_key
 
 __all__ = [
     "DATA_AXIS",
@@ -192,15 +192,11 @@ def training_mesh(mesh: Mesh | None) -> Iterator[None]:
 # ---------------------------------------------------------------------------- placing
 
 
-def _is_key(leaf: Any) -> bool:
-    return jnp.issubdtype(getattr(leaf, "dtype", np.float32), jax.dtypes.prng_key)
-
-
 def _put(leaf: Any, where: NamedSharding) -> jax.Array:
     """``leaf`` on ``where``; from each process's own copy when there are several."""
     if isinstance(leaf, jax.Array) and leaf.sharding == where:
         return leaf
-    if _is_key(leaf):
+    if is_key(leaf):
         data = _put(jax.random.key_data(leaf), where)
         return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
     if jax.process_count() == 1 or (isinstance(leaf, jax.Array) and not leaf.is_fully_addressable):

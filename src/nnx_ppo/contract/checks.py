@@ -55,6 +55,7 @@ __all__ = [
     "describe_module",
     "format_graph_path",
     "install_checks",
+    "is_key",
     "is_stats_bearing",
     "named_leaves",
     "observe_calls",
@@ -873,7 +874,7 @@ def _warn_kept_carry(site: _Site, name: str, prev: Any) -> None:
         return
     if _has_contract_children(module):
         return  # a container: its children answer for their own carries
-    kept = [path for path, leaf in named_leaves(name, prev) if not _is_key(leaf)]
+    kept = [path for path, leaf in named_leaves(name, prev) if not is_key(leaf)]
     if not kept:
         return
     _WARNED_KEPT_CARRY.add(cls)
@@ -898,7 +899,8 @@ def _warn_at_class(cls: type, message: str) -> None:
     warnings.warn_explicit(message, UserWarning, filename, line, module=cls.__module__)
 
 
-def _is_key(leaf: Any) -> bool:
+def is_key(leaf: Any) -> bool:
+    """Whether ``leaf`` is an array of typed PRNG keys (``False`` for a leaf without a dtype)."""
     return hasattr(leaf, "dtype") and jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key)
 
 

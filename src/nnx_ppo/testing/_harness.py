@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PyTree, Shaped
 
 from nnx_ppo.contract import ContractError, format_violation
+from nnx_ppo.contract.checks import is_key
 
 __all__ = [
     "Condition",
@@ -198,11 +198,6 @@ def contract_leaf(error: BaseException) -> str | None:
 
 
 # -------------------------------------------------------------------------- host arrays
-
-
-def is_key(leaf: Any) -> bool:
-    """Whether ``leaf`` is an array of typed PRNG keys."""
-    return jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
 
 
 def host(tree: PyTree[Shaped[Array, "..."]]) -> PyTree[Shaped[Any, "..."]]:

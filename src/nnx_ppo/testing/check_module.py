@@ -963,14 +963,15 @@ def _check_statistics(case: _Case) -> None:
     every_step = [p for p in case.rollout.emitted[0] if all(p in e for e in case.rollout.emitted)]
     for path in every_step:  # in the order of the calls
         # Emitted once a step: folded once a call, its own history and nothing else.
-        if int(calls.get(path, 0)) > 1:
+        count = int(calls.get(path, 0))
+        if count > 1:
             raise case.fail(
                 ModuleProperty.STATISTICS,
-                f"update_statistics reached {name}{path} {int(calls[path])} times in one call: "
-                "it was given more than its own history.",
+                f"update_statistics reached {name}{path} {count} times in one call: it was "
+                "given more than its own history.",
                 leaf=f"{name}{path}",
                 expected="one update_statistics call with the history it emitted",
-                found=f"{int(calls[path])} calls",
+                found=f"{count} calls",
             )
         steps = [emitted[path] for emitted in case.rollout.emitted]
         if path not in given or any(step is None for step in steps):
