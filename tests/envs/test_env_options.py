@@ -125,3 +125,54 @@ def test_a_failed_menagerie_download_says_where_to_put_menagerie(
     assert main(["train", "--env", "Go1Getup", "--steps", "64", "--run-dir", str(run_dir)]) == 2
     shown = capsys.readouterr().err
     assert "error: Go1Getup needs MuJoCo Menagerie" in " ".join(shown.split())
+
+
+class _MjSpec:
+    """Stands for ``mujoco._specs.MjSpec`` of a MuJoCo version Playground was not written for."""
+
+    __module__ = "mujoco._specs"
+
+
+class MismatchedMujocoRegistry:
+    """Playground 0.2.0's registry with mujoco 3.17.0: building the Reacher envs asks
+    MuJoCo's ``MjSpec`` for a method that version lacks."""
+
+    ALL_ENVS = ("ReacherEasy", "Broken")
+
+    @staticmethod
+    def get_default_config(name: str) -> dict:
+        return {"episode_length": 1000}
+
+    @staticmethod
+    def load(name: str, config: object = None, config_overrides: object = None) -> None:
+        if name == "Broken":  # a bug of the env's own, not a MuJoCo API mismatch
+            raise AttributeError("'NoneType' object has no attribute 'qpos'", obj=None)
+        raise AttributeError(
+            "'mujoco._specs.MjSpec' object has no attribute 'find_body'", obj=_MjSpec()
+        )
+
+
+def test_a_mujoco_that_playground_was_not_written_for_is_named_with_the_versions(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setattr(envs, "_playground_registry", lambda: MismatchedMujocoRegistry)
+    with pytest.raises(ImportError, match=r"MuJoCo Playground cannot build ReacherEasy") as raised:
+        envs.make("ReacherEasy")
+    message = str(raised.value)
+    assert "has no attribute 'find_body'" in message
+    assert "mujoco " in message and "mujoco-mjx " in message  # each with its version
+    assert isinstance(raised.value.__cause__, AttributeError)
+    # Any other AttributeError is the env's own and passes through unchanged.
+    with pytest.raises(AttributeError, match="no attribute 'qpos'"):
+        envs.make("Broken")
+    from nnx_ppo.cli.main import main
+
+    run_dir = tmp_path / "run"
+    assert main(["train", "--env", "ReacherEasy", "--steps", "64", "--run-dir", str(run_dir)]) == 2
+    assert "error: MuJoCo Playground cannot build ReacherEasy" in " ".join(
+        capsys.readouterr().err.split()
+    )
+    monkeypatch.setenv("COLUMNS", "400")  # each row on one line
+    assert main(["envs"]) == 0
+    listed = " ".join(capsys.readouterr().out.split())
+    assert "unavailable: MuJoCo Playground cannot build ReacherEasy" in listed

@@ -663,7 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--set ppo.learning_rate=...)",
         )
         return 1
-    except (ValueError, TypeError, OSError, RunLockedError) as error:
+    except (ValueError, TypeError, OSError, ImportError, RunLockedError) as error:
         _print_error(errors, str(error))
         return 2
     except KeyboardInterrupt as error:  # a second Ctrl-C: stop at once, without a traceback

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import inspect
 import logging
@@ -97,6 +98,8 @@ def make(name: str, **kwargs: Any) -> RLEnv:
       OSError: a Playground robot env's models (MuJoCo Menagerie, which
         Playground downloads the first time) could not be downloaded; the message
         says where to put them.
+      ImportError: the installed Playground asked MuJoCo for something the
+        installed ``mujoco`` lacks (the message names both versions).
     """
     if name in _BUILT_IN:
         options = inspect.signature(_BUILT_IN[name]).parameters
@@ -126,6 +129,10 @@ def make(name: str, **kwargs: Any) -> RLEnv:
             return registry.load(name, config=config, config_overrides=overrides or None)
         except subprocess.CalledProcessError as error:
             raise OSError(_menagerie_missing(name, error)) from error
+        except AttributeError as error:
+            if not type(error.obj).__module__.startswith("mujoco."):
+                raise
+            raise ImportError(_mujoco_mismatch(name, error)) from error
     built_in = ", ".join(_BUILT_IN)
     if registry is None:
         hint = (
@@ -158,6 +165,26 @@ def _menagerie_missing(name: str, error: subprocess.CalledProcessError) -> str:
         "Load the env once on a machine with internet access, or clone "
         f"https://github.com/google-deepmind/mujoco_menagerie into {path}{at_commit}."
     )
+
+
+def _mujoco_mismatch(name: str, error: AttributeError) -> str:
+    """What to do when Playground asked MuJoCo's Python API for a name it lacks."""
+    versions = ", ".join(
+        f"{package} {_installed_version(package)}"
+        for package in ("playground", "mujoco", "mujoco-mjx")
+    )
+    return (
+        f"MuJoCo Playground cannot build {name} with the MuJoCo installed ({versions}): "
+        f"{error}. The two disagree on MuJoCo's API; another mujoco version may build it "
+        "(see the MuJoCo Playground page of the docs)."
+    )
+
+
+def _installed_version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def playground_backend(name: str, config: Any = None) -> str | None:
