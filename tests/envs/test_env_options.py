@@ -133,15 +133,11 @@ class _MjSpec:
     __module__ = "mujoco._specs"
 
 
-class MismatchedMujocoRegistry:
+class MismatchedMujocoRegistry(OfflineRegistry):
     """Playground 0.2.0's registry with mujoco 3.17.0: building the Reacher envs asks
     MuJoCo's ``MjSpec`` for a method that version lacks."""
 
     ALL_ENVS = ("ReacherEasy", "Broken")
-
-    @staticmethod
-    def get_default_config(name: str) -> dict:
-        return {"episode_length": 1000}
 
     @staticmethod
     def load(name: str, config: object = None, config_overrides: object = None) -> None:
