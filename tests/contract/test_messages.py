@@ -20,6 +20,8 @@ from jaxtyping import Array, Float
 
 import nnx_ppo
 from nnx_ppo import ContractError
+from nnx_ppo.contract.axes import Batched
+from nnx_ppo.contract.checks import typechecked
 from nnx_ppo.networks.containers import Concat, Parallel, Sequential, Splitter
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.testing.modules import Linear, RunningSum, StatsRecorder
@@ -101,6 +103,30 @@ class Annotated(Cell):
         self, state: Any, x: Float[Array, "B 3"], rollout_extras: Any = None
     ) -> StatefulModuleOutput:
         return StatefulModuleOutput(state, x, jnp.zeros(()), {}, None)
+
+
+class AnnotatedWithAliases(Cell):
+    """A cell annotated with the contract's one-array aliases: its carry and input differ
+    in features, which the aliases leave to each argument."""
+
+    def __call__(
+        self, state: dict[str, Batched], x: Batched, rollout_extras: Any = None
+    ) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, {"out": x}, jnp.zeros(()), {}, None)
+
+
+class AnnotatedReturn(Cell):
+    """Annotates its output as one array but returns a dict."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(
+            state, _as_one_array({"a": x, "b": [x] * 12}), jnp.zeros(()), {}, None
+        )
+
+
+@typechecked
+def _as_one_array(tree: Any) -> Float[Array, "B 3"]:
+    return tree
 
 
 class MyLSTM(DropsBatchAxis):
@@ -306,6 +332,24 @@ def test_a_users_jaxtyping_annotation_is_checked() -> None:
     assert "Annotated.__call__: argument x does not match its jaxtyping annotation" in message
     assert "expected: Float[Array, 'B 3'] with B=8" in message
     assert "found:    f32[8,4]" in message
+
+
+def test_the_contracts_one_array_aliases_leave_each_argument_its_own_features() -> None:
+    state, _ = _batch()
+
+    out = AnnotatedWithAliases()(state, _zeros(B, 5))
+
+    assert out.output["out"].shape == (B, 5)
+
+
+def test_a_pytree_that_violates_an_annotation_is_shown_whole_on_one_line() -> None:
+    state, x = _batch()
+
+    message = _message(lambda: AnnotatedReturn()(state, x))
+
+    # jaxtyping prints a long value over several lines; the message keeps all of it.
+    found = next(line for line in message.splitlines() if line.startswith("  found:"))
+    assert "'a': f32[8,3]" in found and found.count("f32[8,3]") == 13
 
 
 def test_annotations_that_cannot_be_resolved_are_reported_once_at_class_creation() -> None:

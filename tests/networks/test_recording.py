@@ -8,13 +8,14 @@ from flax import nnx
 
 from nnx_ppo.algorithms.rollout import record_activations_rollout, reset_envs
 from nnx_ppo.contract.axes import BatchedTree, Carry, Extras
-from nnx_ppo.envs import CartPole
+from nnx_ppo.envs import CartPole, Pendulum
 from nnx_ppo.networks import (
     Dense,
     Normalizer,
     Scale,
     Sequential,
     make_discrete_mlp_actor_critic,
+    make_mlp_actor_critic,
 )
 from nnx_ppo.networks.recording import (
     ACTIVATION_KEY,
@@ -99,6 +100,16 @@ def test_rollout_activations_are_the_modules_outputs_called_by_hand(network):
     # The network is not changed.
     after = jax.tree.map(np.asarray, nnx.state(network, nnx.Param))
     jax.tree.map(np.testing.assert_array_equal, before, after)
+
+
+def test_a_continuous_action_network_is_recorded():
+    """Its outputs hold leaves of different feature shapes: actions ``(T, B, 1)`` beside
+    log-likelihoods ``(T, B)``."""
+    env = Pendulum()
+    network = make_mlp_actor_critic(3, 1, [8], [6], nnx.Rngs(0), normalize_obs=False)
+    activations, _ = record_activations_rollout(env, network, ENVS, STEPS, jax.random.key(1))
+    assert activations[""].actions.shape == (STEPS, ENVS, 1)
+    assert activations[""].loglikelihoods.shape == (STEPS, ENVS)
 
 
 def test_recorder_runs_the_network_unchanged(network):

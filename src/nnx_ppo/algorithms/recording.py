@@ -17,11 +17,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, PRNGKeyArray
 
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.types import EnvState, RLEnv
-from nnx_ppo.contract.axes import BatchedTree, BoolHistory, Carry, History, Mask
+from nnx_ppo.contract.axes import BatchedTree, BoolHistory, Carry, HistoryTree, Mask
 from nnx_ppo.contract.checks import typechecked
 from nnx_ppo.networks.recording import Recorder, extract_activations
 from nnx_ppo.networks.types import StatefulModule, checked_ppo_output
@@ -42,7 +42,7 @@ def record_activations_rollout(
     n_envs: int,
     max_episode_length: int,
     key: PRNGKeyArray,
-) -> tuple[dict[str, PyTree[History]], BoolHistory]:
+) -> tuple[dict[str, HistoryTree], BoolHistory]:
     """Run one episode in each of ``n_envs`` envs, recording every module's activations.
 
     The episodes are :func:`~nnx_ppo.algorithms.rollout.eval_rollout`'s: no env

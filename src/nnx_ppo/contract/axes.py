@@ -47,8 +47,8 @@ __all__ = [
 
 _Arrays: TypeAlias = Array | np.ndarray
 
-Batched: TypeAlias = Shaped[_Arrays, "B *feat"]
-"""One array of a module call: the batch axis, then features."""
+Batched: TypeAlias = Shaped[_Arrays, "B ..."]
+"""One array of a module call: the batch axis, then features (each argument its own)."""
 
 BatchedTree: TypeAlias = PyTree[Shaped[_Arrays, "B ..."]]
 """A module's input or output: a pytree whose every leaf leads with ``B``."""
@@ -62,8 +62,8 @@ CarrySlice: TypeAlias = PyTree[Shaped[_Arrays, "..."]]
 Extras: TypeAlias = PyTree[Shaped[_Arrays, "B ..."]] | None
 """The ``rollout_extras`` of one call: ``(B, *feat)`` leaves, or ``None``."""
 
-History: TypeAlias = Shaped[_Arrays, "T B *feat"]
-"""One leaf of a rollout history: time, then batch, then features."""
+History: TypeAlias = Shaped[_Arrays, "T B ..."]
+"""One leaf of a rollout history: time, then batch, then features (each leaf its own)."""
 
 HistoryTree: TypeAlias = PyTree[Shaped[_Arrays, "T B ..."]]
 """What ``update_statistics`` receives: the stacked emissions, leaves ``(T, B, *feat)``."""

@@ -444,7 +444,7 @@ _RULE_ANNOTATIONS = rule_text(
 )
 # jaxtyping's report is several paragraphs; these pick out its facts, one per line.
 _ANNOTATED_PARAMETER = re.compile(r"typechecking parameter '([^']+)'")
-_ANNOTATED_ACTUAL = re.compile(r"^Actual value: (.*)$", re.MULTILINE)
+_ANNOTATED_ACTUAL = re.compile(r"^Actual value: (.*?)\nExpected type: ", re.MULTILINE | re.DOTALL)
 _ANNOTATED_EXPECTED = re.compile(r"^Expected type: (.*?)\.?$", re.MULTILINE)
 _ANNOTATED_BOUND = re.compile(r"axis annotation are as follows\.\n(.*)\Z", re.DOTALL)
 
@@ -480,9 +480,19 @@ def _annotation_violation(
         f"{what} does not match its jaxtyping annotation.",
         leaf=parameter.group(1) if parameter else "return value",
         expected=annotation,
-        found=actual.group(1),
+        found=_one_line(actual.group(1)),
         rule=rule,
     )
+
+
+_FOUND_LIMIT = 400
+"""Characters of a violating value shown; a pytree's repr can be pages long."""
+
+
+def _one_line(value_repr: str) -> str:
+    """A value's (possibly multi-line) repr on one line, cut at :data:`_FOUND_LIMIT`."""
+    text = " ".join(value_repr.split())
+    return text if len(text) <= _FOUND_LIMIT else text[:_FOUND_LIMIT] + " ..."
 
 
 def _call_annotated(site: _Site, typed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
