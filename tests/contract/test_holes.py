@@ -18,10 +18,14 @@ from flax import nnx
 
 import nnx_ppo
 from nnx_ppo import ContractError
+from nnx_ppo.contract.checks import CallRecord, observe_calls
 from nnx_ppo.networks.containers import FrozenStatistics, Parallel, Sequential
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.normalizer import Normalizer
+from nnx_ppo.networks.recording import extract_activations, with_recording
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.testing import check_module
+from nnx_ppo.testing.modules import StatsRecorder
 
 
 def history_of(module: StatefulModule, x: jax.Array, steps: int = 5) -> Any:
@@ -309,3 +313,59 @@ def test_key_streams_and_a_reset_state_of_its_own_are_not_warned_about(module: t
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _reset(module())
+
+
+# --------------------------------------------------------------------- super() chains
+
+
+class _DoublingRecorder(StatsRecorder):
+    """Extends both of its parent's methods through ``super()``: still one module call."""
+
+    def __call__(
+        self, state: tuple[()], x: jax.Array, rollout_extras: jax.Array | None = None
+    ) -> StatefulModuleOutput:
+        out = super().__call__(state, x, rollout_extras)
+        return StatefulModuleOutput(
+            out.next_state, 2 * out.output, out.regularization_loss, {}, out.rollout_extras
+        )
+
+    def update_statistics(self, rollout_extras: jax.Array) -> None:
+        super().update_statistics(rollout_extras)
+
+
+def test_a_super_call_is_one_call_for_observers_the_kit_and_the_recorder() -> None:
+    module = _DoublingRecorder(3)
+    records: list[CallRecord] = []
+    x = jnp.ones((4, 3))
+    with observe_calls(records.append):
+        out = module((), x)
+        module.update_statistics(history_of(module, x))
+    assert [(r.method, r.depth) for r in records] == [
+        ("__call__", 0),
+        ("initialize_state", 0),  # history_of's own calls
+        ("__call__", 0),
+        ("update_statistics", 0),
+    ]
+    assert float(out.output[0, 0]) == 2.0
+    check_module(_DoublingRecorder(3), jnp.zeros(3), max_examples=3)
+    recorded = with_recording(Sequential([_DoublingRecorder(3)]))
+    recorded_out = recorded(recorded.initialize_state(4), x)
+    assert ".layers[0]" in extract_activations(recorded_out.metrics)
+
+
+class _Recursive(StatsRecorder):
+    """Calls itself (not its parent) inside its own call: two calls, each checked."""
+
+    def __call__(
+        self, state: tuple[()], x: jax.Array, rollout_extras: jax.Array | None = None
+    ) -> StatefulModuleOutput:
+        if x.shape[-1] == 3:
+            return StatefulModuleOutput((), self((), x[:, :2]).output, jnp.zeros(()), {}, x)
+        return super().__call__(state, jnp.concatenate([x, x[:, :1]], axis=-1), rollout_extras)
+
+
+def test_a_module_calling_itself_is_observed_twice() -> None:
+    records: list[CallRecord] = []
+    with observe_calls(records.append):
+        _Recursive(3)((), jnp.ones((4, 3)))
+    assert [(r.method, r.depth) for r in records] == [("__call__", 1), ("__call__", 0)]

@@ -71,6 +71,10 @@ _R = TypeVar("_R")
 _OFF_VALUES = frozenset({"0", "false", "off", "no"})
 _CHECKS_OVERRIDE: ContextVar[bool | None] = ContextVar("nnx_ppo_checks", default=None)
 _ACTIVE_MODULES: ContextVar[tuple[Any, ...]] = ContextVar("nnx_ppo_active", default=())
+_RUNNING_METHOD: ContextVar[tuple[int, str, type] | None] = ContextVar(
+    "nnx_ppo_method", default=None
+)
+"""The innermost checked call: its module's id, the method and the class defining it."""
 _RESET_REACHED: ContextVar[set[int] | None] = ContextVar("nnx_ppo_reset", default=None)
 """The modules a top-level ``reset_state`` call reached so far."""
 _STATISTICS_CALL: ContextVar[_StatisticsCall | None] = ContextVar("nnx_ppo_stats", default=None)
@@ -592,13 +596,19 @@ def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> C
 
     @functools.wraps(fn)
     def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not checks_enabled():
+        running = _RUNNING_METHOD.get()
+        if not checks_enabled() or (
+            running is not None and running[:2] == (id(self), method) and running[2] is not cls
+        ):
+            # A subclass's method calling super()'s: one call of the module, which the
+            # outermost method checks and observers see once.
             return fn(self, *args, **kwargs)
         arguments = _bound_arguments(signature, (self, *args), kwargs)[1:]
         site = _Site(self, method)
         depth = len(_ACTIVE_MODULES.get())
         result: Any = None
         error: BaseException | None = None
+        token = _RUNNING_METHOD.set((id(self), method, cls))
         try:
             with _entered(self):
                 run = functools.partial(_call_annotated, site, typed, self, *args, **kwargs)
@@ -608,6 +618,7 @@ def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> C
             error = raised
             raise
         finally:
+            _RUNNING_METHOD.reset(token)
             for observer in _CALL_OBSERVERS.get():
                 observer(CallRecord(self, method, depth, tuple(arguments), result, error))
 
