@@ -1,11 +1,12 @@
 """The environment contract check: each violation raises ContractError naming the field."""
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import pytest
+from flax import nnx
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -16,8 +17,12 @@ from nnx_ppo.contract.env_checks import (
     check_env_reset_key,
     check_env_state,
     check_env_unbatched,
+    discrete_action_flags,
 )
 from nnx_ppo.envs import State
+from nnx_ppo.networks.factories import make_default_network
+from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalTanhSampler
+from nnx_ppo.testing.check_env import random_action
 
 
 def scalar() -> jax.ShapeDtypeStruct:
@@ -192,6 +197,42 @@ def test_discrete_and_batched_actions() -> None:
         check_action_tree(jnp.zeros((5, 2)), envs.Pendulum(), batch_size=5)
     with pytest.raises(ContractError, match=r"action is not an array leading with B=5"):
         check_action_tree(jnp.zeros((4, 1)), envs.Pendulum(), batch_size=5)
+
+
+class ArmAndGripper:
+    """A dict action mixing a continuous arm (3 joints) and a discrete gripper (2 choices)."""
+
+    observation_size: ClassVar[dict[str, int]] = {"arm": 4, "gripper": 2}
+    action_size: ClassVar[dict[str, int]] = {"arm": 3, "gripper": 2}
+    discrete_actions: ClassVar[Any] = {"arm": False, "gripper": True}
+
+
+def test_discrete_actions_may_be_given_per_leaf() -> None:
+    env = ArmAndGripper()
+    assert discrete_action_flags(env) == [False, True]
+    assert discrete_action_flags(envs.CartPole()) == [True]
+    assert discrete_action_flags(envs.TwoAgentReach()) == [False, False]
+    check_action_tree({"arm": jnp.zeros(3), "gripper": jnp.asarray(1)}, env)
+    with pytest.raises(ContractError) as error:
+        check_action_tree({"arm": jnp.zeros(3), "gripper": jnp.zeros(2)}, env)
+    assert "expected: shape () integer (discrete_actions['gripper']=True)" in str(error.value)
+    action = random_action(env, jax.random.key(0))
+    assert action["arm"].shape == (3,) and action["arm"].dtype == jnp.float32
+    assert action["gripper"].shape == () and action["gripper"].dtype == jnp.int32
+    network = make_default_network(env, nnx.Rngs(0), hidden_sizes=(4,))
+    samplers = network.layers[1].action
+    assert isinstance(samplers["arm"].layers[-1], NormalTanhSampler)
+    assert isinstance(samplers["gripper"].layers[-1], CategoricalSampler)
+
+
+@pytest.mark.parametrize(
+    "flags", [{"arm": False}, ["no", "yes"], {"arm": 0, "gripper": 1}, "discrete"]
+)
+def test_discrete_actions_that_are_not_bools_of_the_action_tree_are_refused(flags: Any) -> None:
+    env = ArmAndGripper()
+    env.discrete_actions = flags
+    with pytest.raises(TypeError, match=r"ArmAndGripper.discrete_actions must be one bool, or"):
+        discrete_action_flags(env)
 
 
 def test_built_in_envs_check_their_actions() -> None:

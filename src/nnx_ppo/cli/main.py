@@ -592,6 +592,7 @@ def _list_envs(console: Console) -> int:
     that cannot be built is listed as unavailable with the first line of its error.
     """
     from nnx_ppo import envs
+    from nnx_ppo.contract.env_checks import discrete_action_flags
 
     table = Table(title="environments")
     for column in ("name", "observation", "action", "kind"):
@@ -607,8 +608,8 @@ def _list_envs(console: Console) -> int:
             reason = next(iter(str(error).splitlines()), type(error).__name__)
             table.add_row(name, "?", "?", f"unavailable: {reason}")
             continue
-        discrete = getattr(env, "discrete_actions", False)
-        kind = "discrete" if discrete else "continuous"
+        flags = discrete_action_flags(env) if hasattr(env, "action_size") else [False]
+        kind = "discrete" if all(flags) else "continuous" if not any(flags) else "mixed"
         if getattr(env, "requires_memory", False):
             kind += ", needs memory"
         spec = [str(getattr(env, attr, "?")) for attr in ("observation_size", "action_size")]

@@ -23,7 +23,8 @@ Actions (:func:`check_action_tree`) follow the env's ``action_size``: an
 ``int`` ``n`` means one array of shape ``(n,)``, a tuple of ints means one
 array of that shape, and a dict of those means a dict of actions with the same
 keys. An env whose ``discrete_actions`` attribute is ``True`` takes one integer
-scalar per leaf instead, a choice among ``action_size`` options.
+scalar per leaf instead, a choice among ``action_size`` options; a tree of bools
+with ``action_size``'s structure says it per leaf (:func:`discrete_action_flags`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "check_env_reset_key",
     "check_env_state",
     "check_env_unbatched",
+    "discrete_action_flags",
     "is_size",
 ]
 
@@ -81,8 +83,8 @@ _RULE_KEY = rule_text(
 )
 _RULE_ACTION = rule_text(
     "env.step takes one environment's action: per leaf of env.action_size, an array of "
-    "shape (action_size,) (or the tuple's shape), or an integer scalar for an env with "
-    "discrete_actions=True",
+    "shape (action_size,) (or the tuple's shape), or an integer scalar where "
+    "discrete_actions is True (for the env, or for that leaf)",
     "the-contract",
     "environments",
 )
@@ -402,6 +404,29 @@ def is_size(node: Any) -> bool:
     )
 
 
+def discrete_action_flags(env: Any) -> list[bool]:
+    """Whether each leaf of ``env.action_size`` is discrete, in JAX's leaf order.
+
+    ``env.discrete_actions`` is one ``bool`` for every action leaf (``False`` where
+    the env has none) or, for a dict action that mixes the two kinds, a tree of
+    bools with ``env.action_size``'s structure.
+
+    Raises:
+      TypeError: ``discrete_actions`` is neither (the message says what it is).
+    """
+    value = getattr(env, "discrete_actions", False)
+    sizes, size_tree = jax.tree.flatten(env.action_size, is_leaf=is_size)
+    if isinstance(value, bool | np.bool_):
+        return [bool(value)] * len(sizes)
+    flags, flag_tree = jax.tree.flatten(value)
+    if flag_tree != size_tree or not all(isinstance(f, bool | np.bool_) for f in flags):
+        raise TypeError(
+            f"{type(env).__name__}.discrete_actions must be one bool, or a tree of bools "
+            f"with the structure of its action_size {env.action_size!r}; got {value!r}"
+        )
+    return [bool(f) for f in flags]
+
+
 def check_action_tree(
     action: PyTree[Any],
     env: Any,
@@ -427,7 +452,6 @@ def check_action_tree(
     if not checks_enabled():
         return
     action_size = getattr(env, "action_size", None)
-    discrete = bool(getattr(env, "discrete_actions", False))
     leaves = named_leaves("action", action)
     lead = () if batch_size is None else (batch_size,)
     for leaf_name, leaf in leaves:
@@ -467,8 +491,11 @@ def check_action_tree(
             found=found,
             rule=_RULE_ACTION,
         )
-    for (path, size), (leaf_name, leaf) in zip(sizes, leaves, strict=True):
+    one_kind = isinstance(getattr(env, "discrete_actions", False), bool | np.bool_)
+    flags = discrete_action_flags(env)
+    for (path, size), (leaf_name, leaf), discrete in zip(sizes, leaves, flags, strict=True):
         size_name = "env.action_size" + jax.tree_util.keystr(path)
+        flag_name = "discrete_actions" + ("" if one_kind else jax.tree_util.keystr(path))
         shape = tuple(leaf.shape)[len(lead) :]
         if discrete:
             expected_shape: tuple[int, ...] = ()
@@ -489,7 +516,7 @@ def check_action_tree(
                 leaf=leaf_name,
                 expected=f"shape {_shape_str((*batch_dims, *expected_shape))} "
                 + ("integer" if discrete else "floating")
-                + (" (discrete_actions=True)" if discrete else ""),
+                + (f" ({flag_name}=True)" if discrete else ""),
                 found=describe_leaf(leaf),
                 rule=_RULE_ACTION,
             )

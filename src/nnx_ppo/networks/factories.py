@@ -8,6 +8,7 @@ from flax import nnx
 from jaxtyping import Array
 
 from nnx_ppo.contract.arguments import require_int, require_number
+from nnx_ppo.contract.env_checks import discrete_action_flags
 from nnx_ppo.networks._initializers import variance_scaling_uniform, zeros
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
@@ -395,6 +396,8 @@ def make_default_network(
       ``hidden_sizes[0]`` units;
     - dict actions (one entry per agent, e.g. ``two_agent``): one MLP actor and one
       MLP critic per entry, on that entry's observation, so values are per agent;
+      each actor samples its entry's kind of action (``discrete_actions`` may be
+      a dict of bools);
     - ``env.discrete_actions``: :func:`make_discrete_mlp_actor_critic`;
     - otherwise (Playground envs included): :func:`make_mlp_actor_critic`.
 
@@ -416,7 +419,8 @@ def make_default_network(
     if not hidden:
         raise ValueError(f"{owner}: hidden_sizes is empty")
     obs_size, action_size = env.observation_size, env.action_size
-    discrete = bool(getattr(env, "discrete_actions", False))
+    flags = discrete_action_flags(env)
+    discrete = all(flags)
     entropy = 1e-2 if entropy_weight is None else entropy_weight
     if kind == "lstm" or (kind == "auto" and getattr(env, "requires_memory", False)):
         return make_lstm_actor_critic(
@@ -429,8 +433,9 @@ def make_default_network(
             entropy_weight=entropy,
         )
     if isinstance(action_size, Mapping):
+        per_key = dict(zip(sorted(action_size), flags, strict=True))  # JAX's dict order
         return _per_agent_actor_critic(
-            owner, obs_size, action_size, hidden, rngs, discrete, activation, entropy_weight
+            owner, obs_size, action_size, hidden, rngs, per_key, activation, entropy_weight
         )
     keys: dict[str, Any] = {}
     if isinstance(obs_size, Mapping):
@@ -463,7 +468,7 @@ def _per_agent_actor_critic(
     action_size: Mapping[str, int],
     hidden: list[int],
     rngs: nnx.Rngs,
-    discrete: bool,
+    discrete: Mapping[str, bool],
     activation: Activation | str,
     entropy_weight: float | None,
 ) -> StatefulModule:
@@ -478,7 +483,7 @@ def _per_agent_actor_critic(
     critics: dict[str, StatefulModule] = {}
     for key, size in action_size.items():
         sampler: ActionSampler
-        if discrete:
+        if discrete[key]:
             weight = 1e-2 if entropy_weight is None else entropy_weight
             sampler, n_out = CategoricalSampler(rngs, entropy_weight=weight), size
         else:

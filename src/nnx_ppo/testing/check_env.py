@@ -34,6 +34,7 @@ from nnx_ppo.contract.env_checks import (
     check_action_tree,
     check_env_state,
     check_env_unbatched,
+    discrete_action_flags,
     is_size,
 )
 from nnx_ppo.envs.state import _holds_shared, _vmap_reset, _vmap_step
@@ -94,16 +95,12 @@ def random_action(env: Any, key: PRNGKeyArray) -> PyTree[Shaped[Array, "..."]]:
     action_size = _action_size(env)
     sizes, treedef = jax.tree.flatten(action_size, is_leaf=is_size)
     keys = jax.random.split(key, len(sizes))
-    if getattr(env, "discrete_actions", False):
-        leaves = [
-            jax.random.randint(k, (), 0, int(n), jnp.int32)
-            for k, n in zip(keys, sizes, strict=True)
-        ]
-    else:
-        leaves = [
-            jax.random.uniform(k, _shape(n), minval=-1, maxval=1)
-            for k, n in zip(keys, sizes, strict=True)
-        ]
+    leaves = [
+        jax.random.randint(k, (), 0, int(n), jnp.int32)
+        if discrete
+        else jax.random.uniform(k, _shape(n), minval=-1, maxval=1)
+        for k, n, discrete in zip(keys, sizes, discrete_action_flags(env), strict=True)
+    ]
     return jax.tree.unflatten(treedef, leaves)
 
 
