@@ -410,6 +410,21 @@ class ResetsHalfTheCarry(Leaky):
         return {"h": jnp.zeros_like(prev_state["h"]), "slow": prev_state["slow"]}
 
 
+class CountsStepsAcrossEpisodes(Leaky):
+    """Feeds its policy the time since the episode started, but its reset_state keeps the
+    count: no input changes it, so only the reset itself shows it."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return {"t": jnp.zeros((batch_size,))}
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        t = state["t"] + 1
+        return _out({"t": t}, x + t[:, None])
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return prev_state
+
+
 MODULE_BUGS: dict[
     str, tuple[Any, dict[str, Any], ModuleProperty | tuple[ModuleProperty, ...], str]
 ] = {
@@ -454,13 +469,19 @@ MODULE_BUGS: dict[
         KeepsTheDefaultReset,
         {"time_lengths": (4,)},
         ModuleProperty.EPISODES_INDEPENDENT,
-        "output at step",
+        "reset_state(state)['h']",
     ),
     "reset that forgets part of the carry": (
         ResetsHalfTheCarry,
         {"time_lengths": (4,)},
         ModuleProperty.EPISODES_INDEPENDENT,
-        "output at step",
+        "reset_state(state)['slow']",
+    ),
+    "step count kept across episodes": (
+        CountsStepsAcrossEpisodes,
+        {"time_lengths": (4,)},
+        ModuleProperty.EPISODES_INDEPENDENT,
+        "reset_state(state)['t']",
     ),
     "sampler that resamples in replay": (
         lambda: ResamplesInReplay(nnx.Rngs(0), 0.01),

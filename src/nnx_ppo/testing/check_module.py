@@ -823,6 +823,11 @@ def _check_reset_state(case: _Case) -> None:
 
 
 def _check_episodes_independent(case: _Case) -> None:
+    _check_inputs_before_an_end_are_forgotten(case)
+    _check_reset_forgets_the_carry(case)
+
+
+def _check_inputs_before_an_end_are_forgotten(case: _Case) -> None:
     ex = case.ex
     last_end = np.full(ex.batch_size, -1)
     for t in range(ex.time_length):
@@ -866,6 +871,29 @@ def _check_episodes_independent(case: _Case) -> None:
             lambda row, rows=rows: f"env {rows[row]}",
             steps=[t],
         )
+
+
+def _check_reset_forgets_the_carry(case: _Case) -> None:
+    """``reset_state`` of the rollout's final carry and of its initial one, given the final
+    carry's keys, must agree: what the episode changed (a step count, a buffer's index)
+    may not outlive its end, even where no input changed it."""
+    final = case.rollout.outputs[-1].next_state
+    after = f"after {case.ex.time_length} step{'s' if case.ex.time_length > 1 else ''}"
+    initial = jax.tree.map(lambda start, end: end if is_key(end) else start, case.initial, final)
+    with _phase(ModuleProperty.EPISODES_INDEPENDENT, "reset_state of the initial carry"):
+        from_initial = host(case.kit.reset(case.variables, initial))[0]
+    case.compare(
+        ModuleProperty.EPISODES_INDEPENDENT,
+        [named_leaves("reset_state(state)", from_initial)],
+        [named_leaves("reset_state(state)", case.reset[0])],
+        lambda m: (
+            f"{m.leaf} keeps what the episode changed: reset_state of the carry {after} "
+            "and of the initial carry (given the same keys) differ. If the module remembers "
+            "across episodes on purpose, pass episodic=False (nnx-ppo check --not-episodic).",
+            "reset_state of the initial carry",
+            f"reset_state of the carry {after}",
+        ),
+    )
 
 
 def _check_replay(case: _Case) -> None:
@@ -1227,8 +1255,9 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         ModuleProperty.EPISODES_INDEPENDENT,
         "an episode's end forgets the episode: after reset_state, nothing depends on the "
         "inputs before the end",
-        "where an env's episode ends, a rollout given other inputs up to the end gives the "
-        "same outputs, carries, metrics and extras after it",
+        "``reset_state`` of the rollout's final carry and of its initial carry (given the "
+        "final carry's keys) agree; where an env's episode ends, a rollout given other "
+        "inputs up to the end gives the same outputs, carries, metrics and extras after it",
         _check_episodes_independent,
         Condition("``episodic=True`` (the default)", lambda case: case.kit.episodic),
     ),
