@@ -20,7 +20,11 @@ from cli_runs import STEP, TINY, parameters, train
 from flax import nnx
 
 from nnx_ppo.algorithms import _train
-from nnx_ppo.algorithms.checkpointing import CheckpointError, find_checkpoint, step_directory
+from nnx_ppo.algorithms.checkpointing import (
+    CheckpointError,
+    find_checkpoint,
+    step_directory,
+)
 from nnx_ppo.cli import run_dir as run_dir_module
 from nnx_ppo.cli.main import main
 from nnx_ppo.cli.presets import follow_run_length, parse_run_config, preset
@@ -97,6 +101,54 @@ def test_a_resume_that_cannot_load_its_checkpoint_leaves_config_json_as_it_was(
             item.write_bytes(b"garbage")
     assert resume(run_dir, "--set", "ppo.learning_rate=0.01", "--steps", "1024") == 2
     assert "could not be read" in capsys.readouterr().err
+    assert (run_dir / "config.json").read_bytes() == config
+
+
+def test_a_changed_byte_in_a_checkpoint_is_found_and_the_earlier_one_named(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = copy_of(finished_run, tmp_path)
+    checkpoints, latest = find_checkpoint(run_dir)
+    latest_dir = step_directory(checkpoints, latest)
+    manifest_file = next((latest_dir / "manifest").glob("*.json"), latest_dir / "manifest/metadata")
+    manifest = json.loads(manifest_file.read_text())
+    manifest["checksums"][3] ^= 1  # as if a byte of the fourth array had changed
+    manifest_file.write_text(json.dumps(manifest))
+    metrics = (run_dir / "metrics.jsonl").read_bytes()
+    assert resume(run_dir, "--steps", str(6 * STEP)) == 2
+    shown = " ".join(capsys.readouterr().err.split())
+    assert f"checkpoint {latest_dir} is corrupted: its array" in shown
+    assert "does not match the checksum written with it" in shown
+    assert f"The checkpoint of step 0 is complete: remove {latest_dir} to resume from it" in shown
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics
+    # Bytes changed inside an array file are found too (no checksum in Orbax's files).
+    copy = copy_of(finished_run, tmp_path / "bytes")
+    array_file = max(
+        (f for f in (step_directory(checkpoints, latest) / "arrays").rglob("*") if f.is_file()),
+        key=lambda f: f.stat().st_size,
+    )
+    changed = copy / array_file.relative_to(run_dir)
+    data = bytearray(changed.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 16] = bytes(16)
+    changed.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert resume(copy, "--steps", str(6 * STEP)) == 2
+    shown = capsys.readouterr().err
+    assert "is corrupted: its array" in shown or "could not be read" in shown
+
+
+def test_a_new_run_never_takes_over_the_metrics_of_a_run_without_checkpoints(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = copy_of(finished_run, tmp_path)
+    shutil.rmtree(run_dir / "checkpoints")
+    metrics = (run_dir / "metrics.jsonl").read_bytes()
+    config = (run_dir / "config.json").read_bytes()
+    capsys.readouterr()
+    assert train(run_dir, STEP) == 2
+    shown = " ".join(capsys.readouterr().err.split())
+    assert "holds records up to step 512: a new run there would start the run over" in shown
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics
     assert (run_dir / "config.json").read_bytes() == config
 
 
@@ -192,6 +244,34 @@ def test_a_checkpoint_that_cannot_be_written_is_named_and_never_taken_as_latest(
     assert find_checkpoint(copy) == (checkpoints, latest)
 
 
+def test_a_log_that_cannot_be_closed_never_replaces_the_runs_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def diverging(in_flight: Any) -> Any:
+        raise FloatingPointError("PPO step ending at env step 128: the loss is NaN.")
+
+    def disk_full(self: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_train, "finish", diverging)
+    monkeypatch.setattr(run_dir_module.RunLogger, "close", disk_full)
+    assert train(tmp_path / "run", STEP) == 1
+    shown = " ".join(capsys.readouterr().err.split())
+    assert "training diverged: PPO step ending at env step 128" in shown
+    assert "warning: the run's logs were not closed cleanly: [Errno 28]" in shown
+
+
+def test_an_interrupt_outside_training_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(*args: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("nnx_ppo.cli.main._list_envs", interrupted)
+    assert main(["envs"]) == 130
+    assert capsys.readouterr().err.strip() == "error: interrupted: nnx-ppo envs stopped at once"
+
+
 def test_a_full_disk_during_a_checkpoint_write_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -214,6 +294,20 @@ def test_a_full_disk_during_a_checkpoint_write_is_named(
         save(state.replace(steps_taken=10), 10)
     assert str(tmp_path / "checkpoints") in str(error.value)
     assert find_checkpoint(tmp_path / "checkpoints")[1] == 0
+
+    def tensorstore_full(self: Any, step: int, *args: Any, **kwargs: Any) -> bool:
+        raise ValueError(  # how Orbax's array store reports it
+            'RESOURCE_EXHAUSTED: Error writing "11/0" in OCDBT database: No space left on '
+            "device [os_error_code='28']\nmore detail"
+        )
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", tensorstore_full)
+    with pytest.raises(CheckpointError) as error:
+        save(state.replace(steps_taken=20), 20)
+    assert str(error.value).startswith(
+        f"could not write the checkpoint of step 20 under {tmp_path / 'checkpoints'}: "
+        "RESOURCE_EXHAUSTED"
+    )
 
 
 def test_config_json_and_the_plot_are_replaced_whole_or_not_at_all(

@@ -27,6 +27,7 @@ import dataclasses
 import enum
 import json
 import re
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -364,6 +365,7 @@ def make_checkpoint_fn(
             "format": _FORMAT,
             "steps_taken": int(training_state.steps_taken),
             "leaves": entries,
+            "checksums": [_checksum(array) for array in arrays],
         }
         try:
             manager.save(
@@ -376,7 +378,7 @@ def make_checkpoint_fn(
                 force=True,
             )
             manager.wait_until_finished()
-        except OSError as error:
+        except (OSError, ValueError) as error:  # a full disk reaches Orbax as a ValueError
             raise CheckpointError(_write_failure(root, step, error)) from error
         written.add(step)
 
@@ -411,13 +413,21 @@ def _holds(root: Path, step: int, arrays: list[np.ndarray], entries: list[dict[s
     return all(np.array_equal(np.asarray(a), b) for a, b in zip(stored, arrays, strict=True))
 
 
-def _write_failure(root: Path, step: int, error: OSError) -> str:
-    reason = error.strerror or str(error)
-    where = error.filename or root
+def _write_failure(root: Path, step: int, error: OSError | ValueError) -> str:
+    if isinstance(error, OSError):
+        reason, where = error.strerror or str(error), error.filename or root
+    else:  # Orbax's, whose message names the file
+        reason, where = next(iter(str(error).splitlines()), type(error).__name__), root
     return (
         f"could not write the checkpoint of step {step} under {root}: {reason} ({where}); "
         "the checkpoints already there are intact"
     )
+
+
+def _checksum(array: Any) -> int:
+    """CRC-32 of an array's bytes: the manifest keeps one per stored array, since Orbax's
+    array files hold none and a changed byte would otherwise load as a valid value."""
+    return zlib.crc32(np.ascontiguousarray(array).tobytes())
 
 
 # ------------------------------------------------------------------------------ load
@@ -464,8 +474,7 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
     own_step = _step_of(path)
     if step is None and own_step is not None and (path / "manifest").exists():
         return path.parent, own_step
-    named = ((_step_of(p), p) for p in path.iterdir() if p.is_dir())
-    steps = sorted(found for found, p in named if found is not None and _complete(p))
+    steps = _complete_steps(path)
     if not steps:
         raise CheckpointError(
             f"no checkpoint in {path}: expected step directories (e.g. "
@@ -478,6 +487,23 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
     return path, step
 
 
+def _earlier(step_dir: Path) -> str:
+    """Where a damaged checkpoint leaves its run: the complete one before it, if any."""
+    step = _step_of(step_dir)
+    earlier = [s for s in _complete_steps(step_dir.parent) if step is not None and s < step]
+    if not earlier:
+        return ""
+    return (
+        f". The checkpoint of step {earlier[-1]} is complete: remove {step_dir} to resume from it"
+    )
+
+
+def _complete_steps(root: Path) -> list[int]:
+    """The steps of the complete checkpoints under ``root``, in order."""
+    named = ((_step_of(p), p) for p in root.iterdir() if p.is_dir())
+    return sorted(found for found, p in named if found is not None and _complete(p))
+
+
 def _read_json(step_dir: Path, item: str) -> Any:
     candidates = [step_dir / item / "metadata", *sorted((step_dir / item).glob("*.json"))]
     for candidate in candidates:
@@ -486,10 +512,12 @@ def _read_json(step_dir: Path, item: str) -> Any:
                 return json.loads(candidate.read_text())
             except json.JSONDecodeError as error:
                 raise CheckpointError(
-                    f"checkpoint {step_dir} is corrupted: its {item} is not valid JSON ({error})"
+                    f"checkpoint {step_dir} is corrupted: its {item} is not valid JSON "
+                    f"({error}){_earlier(step_dir)}"
                 ) from error
     raise CheckpointError(
         f"checkpoint {step_dir} is incomplete or corrupted: its {item} is missing"
+        f"{_earlier(step_dir)}"
     )
 
 
@@ -579,7 +607,22 @@ def load_checkpoint(
     try:
         restored = _restore_arrays(root, step, [specs[path] for path in stored])
     except Exception as error:
-        raise CheckpointError(f"checkpoint {step_dir} could not be read: {error}") from error
+        raise CheckpointError(
+            f"checkpoint {step_dir} could not be read: {error}{_earlier(step_dir)}"
+        ) from error
+    restored = [np.asarray(array) for array in restored]
+    checksums = manifest.get("checksums", [None] * len(stored))  # None: written before them
+    if len(checksums) != len(stored):
+        raise CheckpointError(
+            f"checkpoint {step_dir} is corrupted: its manifest lists {len(checksums)} "
+            f"checksums for {len(stored)} arrays{_earlier(step_dir)}"
+        )
+    for path, array, checksum in zip(stored, restored, checksums, strict=True):
+        if checksum is not None and _checksum(array) != checksum:
+            raise CheckpointError(
+                f"checkpoint {step_dir} is corrupted: its array {path} does not match the "
+                f"checksum written with it{_earlier(step_dir)}"
+            )
     by_path = {path: np.zeros(spec.shape, spec.dtype) for path, spec in specs.items()}
     by_path |= dict(zip(stored, restored, strict=True))
 

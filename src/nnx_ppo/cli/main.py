@@ -35,6 +35,7 @@ from nnx_ppo.cli import check
 if TYPE_CHECKING:  # the command imports the library lazily, to start fast
     from nnx_ppo.algorithms.config import TrainConfig, VideoData
     from nnx_ppo.algorithms.types import RLEnv
+    from nnx_ppo.cli.run_dir import RunLogger
     from nnx_ppo.networks.types import StatefulModule
 
 __all__ = ["main"]
@@ -369,15 +370,19 @@ def _train_locked(
             )
             return 0
         console.print(f"resuming {run_dir} from step {start_step:,}", soft_wrap=True)
-    elif args.resume is not None:
+    else:
         logged = [r.get("step", 0) for r in read_metrics(run_dir / "metrics.jsonl")]
         if max(logged, default=0) > 0:
+            doing = "resuming" if args.resume is not None else "a new run there"
             raise ValueError(
                 f"{run_dir} has no usable checkpoint, but its metrics.jsonl holds records up "
-                f"to step {max(logged):,}: resuming would start the run over and drop them. "
+                f"to step {max(logged):,}: {doing} would start the run over and drop them. "
                 "Restore its checkpoints, or start a new run with another --run-dir"
             )
-        console.print(f"{run_dir} has no checkpoint yet: starting it from step 0", soft_wrap=True)
+        if args.resume is not None:
+            console.print(
+                f"{run_dir} has no checkpoint yet: starting it from step 0", soft_wrap=True
+            )
 
     primary = jax.process_index() == 0
     # train_ppo logs again from the step after a checkpoint past 0, and from step 0 itself
@@ -418,6 +423,7 @@ def _train_locked(
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     logger = RunLogger(run_dir, purge_from=logged_until + 1) if primary else None
     simulator_log = _log_simulator_warnings(run_dir) if primary else None
+    trained = False
     try:
         with (
             SimulatorWarnings() as simulator,
@@ -445,6 +451,7 @@ def _train_locked(
                 )
             except FloatingPointError as error:
                 raise _Diverged(str(error), run_dir) from error
+        trained = True
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -452,7 +459,7 @@ def _train_locked(
             _SIMULATOR_LOGGER.removeHandler(simulator_log)
             simulator_log.close()
         if logger is not None:
-            logger.close()
+            _close_logger(logger, raise_errors=trained)
             _plot(run_dir, run_config["env"])
     extra = {"run directory": str(run_dir), "checkpoint": f"step {result.total_steps:,}"}
     if video_fn is not None:
@@ -460,7 +467,7 @@ def _train_locked(
     if backend is not None or simulator.count:
         where = f" (logged in {run_dir / SIMULATOR_LOG})" if simulator.count else ""
         extra["simulator warnings"] = f"{simulator.count:,}{where}"
-    if stop.is_set():
+    if stop.is_set() and result.total_steps < planned:
         extra["stopped by"] = f"{stop.signal_name}; resume with nnx-ppo train --resume {run_dir}"
     console.print(progress.summary(extra))
     return 0
@@ -545,6 +552,21 @@ class _Diverged(Exception):
     def __init__(self, message: str, run_dir: Path) -> None:
         super().__init__(message)
         self.run_dir = run_dir
+
+
+def _close_logger(logger: RunLogger, *, raise_errors: bool) -> None:
+    """Close the run's logs; after a failed run, a failure here (the disk that stopped the
+    run is still full) is a warning, never an error in place of the run's own."""
+    try:
+        logger.close()
+    except OSError as error:
+        if raise_errors:
+            raise
+        Console(stderr=True).print(
+            f"[yellow]warning:[/yellow] the run's logs were not closed cleanly: "
+            f"{escape(str(error))}",
+            soft_wrap=True,
+        )
 
 
 def _plot(run_dir: Path, title: str) -> None:
@@ -667,13 +689,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, OSError, ImportError, RunLockedError) as error:
         _print_error(errors, str(error))
         return 2
-    except KeyboardInterrupt as error:  # a second Ctrl-C: stop at once, without a traceback
-        run_dir = error.run_dir if isinstance(error, _InterruptedAgain) else "RUN_DIR"
+    except _InterruptedAgain as error:  # a second Ctrl-C: stop at once, without a traceback
         _print_error(
             errors,
             "interrupted again: stopped at once, without a final checkpoint; the checkpoints "
-            f"written before are intact (resume with nnx-ppo train --resume {run_dir})",
+            f"written before are intact (resume with nnx-ppo train --resume {error.run_dir})",
         )
+        return 130
+    except KeyboardInterrupt:  # before a run's first step, or in another command
+        _print_error(errors, f"interrupted: nnx-ppo {args.command} stopped at once")
         return 130
 
 
