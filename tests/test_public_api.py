@@ -47,9 +47,36 @@ def test_the_paths_and_parameter_names_of_0_3_0_still_work() -> None:
     from nnx_ppo.networks import recording
     from nnx_ppo.networks import types as network_types
 
-    for name in ("DistillationConfig", "DistillationTrainConfig", "DistillationTrainResult"):
+    for name in (
+        "DistillationConfig",
+        "DistillationState",
+        "DistillationTrainConfig",
+        "DistillationTrainResult",
+    ):
         assert getattr(config, name) is getattr(distillation, name)
     assert types.DistillationState is distillation.DistillationState
+    # What 0.3.0's ppo module imported, and so its users' scripts imported from it.
+    for name in (
+        "PPOConfig",
+        "TrainConfig",
+        "EvalConfig",
+        "VideoConfig",
+        "VideoData",
+        "TrainResult",
+    ):
+        assert getattr(ppo, name) is getattr(config, name)
+    for name in ("TrainingState", "LoggingLevel", "RLEnv", "EnvState"):
+        assert getattr(ppo, name) is getattr(types, name)
+    assert ppo.rollout is rollout
+    assert (ppo.StatefulModule, ppo.ModuleState) == (
+        network_types.StatefulModule,
+        network_types.ModuleState,
+    )
+    assert (
+        ppo.compute_metrics.__module__
+        == ppo.log_weight_stats.__module__
+        == "nnx_ppo.algorithms.metrics"
+    )
     assert network_types.ACTIVATION_KEY is recording.ACTIVATION_KEY
     save = checkpointing.make_checkpoint_fn("never-written")  # nothing is written before a save
     assert isinstance(save, checkpointing.CheckpointCallback)

@@ -25,7 +25,7 @@ from nnx_ppo.networks.delay import Delay
 from nnx_ppo.networks.factories import make_lstm_actor_critic
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalTanhSampler
-from nnx_ppo.networks.utils import Scale
+from nnx_ppo.networks.utils import Filter, Flattener, Scale
 from nnx_ppo.wrappers import Wrapper
 
 ENV = make("memory")
@@ -107,6 +107,29 @@ def test_samplers_of_another_kind_are_named_before_anything_compiles():
     )
     with pytest.raises(ValueError, match=r"the samplers of action differ.*\(\) int32.*\(2,\)"):
         new_distillation_state(ENV, lstm_teacher(ENV), continuous, 8, seed=0)
+
+
+def test_a_network_that_fails_to_trace_is_named_by_its_role():
+    rngs = nnx.Rngs(3)
+    reads_a_dict = Sequential(
+        [
+            Filter({"obs": "state"}),  # the memory task's observation is an array, not a dict
+            Flattener(),
+            PPOAdapter(
+                action=Sequential(
+                    [
+                        Dense(ENV.observation_size, ENV.action_size, rngs),
+                        CategoricalSampler(rngs, 0.0),
+                    ]
+                ),
+                value=Dense(ENV.observation_size, 1, rngs),
+            ),
+        ]
+    )
+    with pytest.raises(TypeError) as error:
+        new_distillation_state(ENV, lstm_teacher(ENV), reads_a_dict, 8, seed=0)
+    assert "x has no entry 'state' (it is an array of shape (8, 4) float32)" in str(error.value)
+    assert "(raised while distillation traced the student network)" in error.value.__notes__
 
 
 def test_steps_lower_the_students_nll_and_leave_the_teacher_untouched():

@@ -41,12 +41,17 @@ def _linear_decay(start: float, updates: int) -> Callable[[Any], Any]:
 
 
 def __getattr__(name: str) -> Any:
-    """The distillation configs at 0.3.0's path: defined in ``algorithms.distillation``.
+    """The distillation configs and state at 0.3.0's path: defined in ``algorithms.distillation``.
 
     That module imports this one, so they are fetched on first use (PEP 562); they are
     not in ``__all__``, whose names are this module's own.
     """
-    if name in ("DistillationConfig", "DistillationTrainConfig", "DistillationTrainResult"):
+    if name in (
+        "DistillationConfig",
+        "DistillationState",
+        "DistillationTrainConfig",
+        "DistillationTrainResult",
+    ):
         from nnx_ppo.algorithms import distillation
 
         return getattr(distillation, name)

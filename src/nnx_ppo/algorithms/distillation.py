@@ -280,7 +280,11 @@ def _sampler_leaves(network: StatefulModule, obs: BatchedTree, role: str) -> _Sa
             _SamplerLeaves(jax.tree.structure(output.actions), tuple(paths), tuple(shapes))
         )
 
-    nnx.eval_shape(traced, probe, obs)
+    try:
+        nnx.eval_shape(traced, probe, obs)
+    except Exception as error:
+        error.add_note(f"(raised while distillation traced the {role} network)")
+        raise
     return found[0]
 
 

@@ -21,11 +21,27 @@ The step is compiled once per (env, network structure, optimizer,
 compiled function and reuses it for every call.
 """
 
+# The names 0.3.0's module imported, which its users' scripts import from here too.
+from nnx_ppo.algorithms import rollout as rollout
 from nnx_ppo.algorithms._advantages import compute_advantages, gae
 from nnx_ppo.algorithms._loss import ppo_loss
 from nnx_ppo.algorithms._runs import train_ppo_runs
 from nnx_ppo.algorithms._step import ppo_step, ppo_steps
 from nnx_ppo.algorithms._train import default_config, new_training_state, train_ppo
+from nnx_ppo.algorithms.config import EvalConfig as EvalConfig
+from nnx_ppo.algorithms.config import PPOConfig as PPOConfig
+from nnx_ppo.algorithms.config import TrainConfig as TrainConfig
+from nnx_ppo.algorithms.config import TrainResult as TrainResult
+from nnx_ppo.algorithms.config import VideoConfig as VideoConfig
+from nnx_ppo.algorithms.config import VideoData as VideoData
+from nnx_ppo.algorithms.metrics import compute_metrics as compute_metrics
+from nnx_ppo.algorithms.metrics import log_weight_stats as log_weight_stats
+from nnx_ppo.algorithms.types import EnvState as EnvState
+from nnx_ppo.algorithms.types import LoggingLevel as LoggingLevel
+from nnx_ppo.algorithms.types import RLEnv as RLEnv
+from nnx_ppo.algorithms.types import TrainingState as TrainingState
+from nnx_ppo.networks.types import ModuleState as ModuleState
+from nnx_ppo.networks.types import StatefulModule as StatefulModule
 
 __all__ = [
     "compute_advantages",

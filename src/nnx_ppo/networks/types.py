@@ -147,8 +147,9 @@ def checked_ppo_output(output: Any, where: str, rewards: Any = None) -> PPONetwo
     if not isinstance(output, PPONetworkOutput):
         raise ContractError.violation(
             where,
-            f"the network returned a {type(output).__name__}, not a PPONetworkOutput.",
+            "the network's output is not a PPONetworkOutput.",
             expected="output=PPONetworkOutput(actions, loglikelihoods, value_estimates)",
+            found=describe_leaf(output),
             rule=_RULE_PPO_OUTPUT,
         )
     if not checks_enabled():

@@ -31,6 +31,7 @@ from jaxtyping import Array, Float, Key
 
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.axes import BatchedTree, Carry, Extras
+from nnx_ppo.contract.checks import describe_leaf
 from nnx_ppo.networks.containers import Parallel, _KeyedContainer
 from nnx_ppo.networks.types import (
     EntryTypeError,
@@ -205,11 +206,16 @@ def _extract(x: BatchedTree, how: FilterSpec, out_key: str) -> Any:
         try:
             value = value[key]
         except (KeyError, IndexError, TypeError) as error:
-            available = sorted(value) if isinstance(value, Mapping) else type(value).__name__
+            if isinstance(value, Mapping):
+                available = f"it holds {sorted(value)}"
+            elif hasattr(value, "shape"):  # an array, or a tracer while JAX traces
+                available = f"it is an array of {describe_leaf(value)}"
+            else:
+                available = f"it is a {type(value).__name__}"
             message = (
                 f"Filter output {out_key!r} reads x{''.join(f'[{k!r}]' for k in path)}, but "
                 f"x{''.join(f'[{k!r}]' for k in path[:depth])} has no entry {key!r} "
-                f"(it holds {available})"
+                f"({available})"
             )
             # The error types 0.3.0 let escape from the lookup, each also a ValueError.
             kind = EntryTypeError if isinstance(error, TypeError) else MissingEntryError
