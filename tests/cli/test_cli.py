@@ -453,3 +453,19 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path: Path) -> None:
     assert load_checkpoint(tmp_path, state)["training_state"].steps_taken == 30
     with pytest.raises(ValueError, match="keep_last must be a positive int"):
         make_checkpoint_fn(tmp_path, keep_last=0)
+
+
+def test_a_warp_simulator_is_asked_for_warnings_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MuJoCo Warp prints a line per kernel module it loads; the command keeps them off."""
+    from types import ModuleType, SimpleNamespace
+
+    current, older = ModuleType("warp"), ModuleType("warp")
+    current.config, current.LOG_WARNING = SimpleNamespace(log_level=20), 30  # type: ignore[attr-defined]
+    older.config = SimpleNamespace(quiet=False)  # type: ignore[attr-defined]
+    config = {"env": "cartpole", "env_kwargs": {"impl": "warp"}}
+    for warp in (current, older):
+        monkeypatch.setitem(sys.modules, "warp", warp)
+        with pytest.raises(ValueError, match="impl is not an option"):  # not a Playground env
+            cli_main._make_env(config)
+    assert current.config.log_level == 30  # type: ignore[attr-defined]
+    assert older.config.quiet is True  # type: ignore[attr-defined]

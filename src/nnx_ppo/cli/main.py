@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import logging
@@ -118,10 +119,23 @@ def _make_env(run_config: dict[str, Any]) -> Any:
     from nnx_ppo import envs
     from nnx_ppo.wrappers import EpisodeWrapper
 
-    env = envs.make(run_config["env"], **run_config.get("env_kwargs", {}))
+    options = run_config.get("env_kwargs", {})
+    if options.get("impl", envs.playground_backend(run_config["env"])) == "warp":
+        _quiet_warp()
+    env = envs.make(run_config["env"], **options)
     if run_config.get("episode_length"):
         env = EpisodeWrapper(env, int(run_config["episode_length"]))
     return env
+
+
+def _quiet_warp() -> None:
+    """Keep MuJoCo Warp's compiler off the display: it prints a line per kernel module it
+    loads (dozens at a run's start) unless its log level is raised; warnings still show."""
+    warp: Any = importlib.import_module("warp")  # installed with Playground
+    if hasattr(warp.config, "log_level"):
+        warp.config.log_level = warp.LOG_WARNING
+    else:  # warp before log_level
+        warp.config.quiet = True
 
 
 def _simulator_backend(run_config: dict[str, Any]) -> str | None:
