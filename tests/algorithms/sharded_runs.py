@@ -295,6 +295,7 @@ def runs() -> dict[str, Any]:
 
 def distributed(directory: Path, port: int, process_id: int) -> dict[str, Any]:
     import nnx_ppo.algorithms.ppo as ppo
+    from nnx_ppo.algorithms import sharding
     from nnx_ppo.cli.main import main
 
     results = []
@@ -331,11 +332,29 @@ def distributed(directory: Path, port: int, process_id: int) -> dict[str, Any]:
     )
     networks = results[-1].training_state.networks
     np.savez(directory / f"parameters_{process_id}.npz", *parameters(networks))
+    # Two devices of four are process 0's alone; process 1 would have no share of the envs.
+    try:
+        sharding.data_mesh(2)
+        too_few = "no error"
+    except ValueError as error:
+        too_few = str(error)
+    # Each process seeds its own state: the replicated copies would differ.
+    env = make("cartpole")
+    network = make_default_network(env, nnx.Rngs(process_id), hidden_sizes=[8])
+    try:
+        sharding.shard_training_state(
+            ppo.new_training_state(env, network, 8, process_id), sharding.data_mesh()
+        )
+        unlike = "no error"
+    except ValueError as error:
+        unlike = str(error)
     return {
         "status": status,
         "devices": jax.device_count(),
         "local_devices": jax.local_device_count(),
         "steps": results[-1].total_steps,
+        "too_few": too_few,
+        "unlike": unlike,
     }
 
 

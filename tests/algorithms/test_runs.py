@@ -148,16 +148,22 @@ def test_a_video_config_is_warned_of_since_several_runs_record_none() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "error", "message"),
     [
-        ({}, "give seeds, learning_rates or both"),
-        ({"seeds": []}, "seeds is empty"),
-        ({"seeds": [0, 1], "learning_rates": [1e-3]}, "2 seeds but 1 learning_rates"),
-        ({"learning_rates": [1e-3, 0.0]}, "learning_rates must be positive"),
+        ({}, ValueError, "give seeds, learning_rates or both"),
+        ({"seeds": []}, ValueError, "seeds is empty"),
+        ({"learning_rates": []}, ValueError, "learning_rates is empty"),
+        ({"seeds": 3}, TypeError, "seeds must be a sequence with one entry per run, got int"),
+        ({"seeds": [0, 1], "learning_rates": [1e-3]}, ValueError, "2 seeds but 1 learning_rates"),
+        ({"learning_rates": [1e-3, 0.0]}, ValueError, r"learning_rates\[1\] must be > 0"),
+        ({"learning_rates": [float("inf")]}, TypeError, r"learning_rates\[0\] must be a finite"),
+        ({"learning_rates": ["1e-3"]}, TypeError, r"learning_rates\[0\] must be a finite"),
+        ({"learning_rates": [True]}, TypeError, r"learning_rates\[0\] must be a finite"),
+        ({"learning_rates": [[1e-3, 1e-4]]}, TypeError, r"learning_rates\[0\] must be a finite"),
     ],
 )
-def test_bad_run_lists_are_named(kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+def test_bad_run_lists_are_named(kwargs: dict, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=f"train_ppo_runs: .*{message}"):
         train_ppo_runs(ENV, network, config(), **kwargs)
 
 

@@ -120,7 +120,10 @@ def test_two_processes_train_as_one_and_only_process_0_writes(tmp_path):
         assert process.returncode == 0, output[-3000:]
     reports = [json.loads((tmp_path / f"process_{i}.json").read_text()) for i in range(2)]
     for report in reports:
+        too_few, unlike = report.pop("too_few"), report.pop("unlike")
         assert report == {"status": 0, "devices": 4, "local_devices": 2, "steps": 1024}
+        assert "the 2 devices chosen belong to process(es) [0] only, but 2 processes" in too_few
+        assert "the processes start from different training states" in unlike
     first, second = (np.load(tmp_path / f"parameters_{i}.npz") for i in range(2))
     for name in first.files:
         np.testing.assert_array_equal(first[name], second[name])

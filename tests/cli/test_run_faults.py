@@ -152,6 +152,20 @@ def test_a_new_run_never_takes_over_the_metrics_of_a_run_without_checkpoints(
     assert (run_dir / "config.json").read_bytes() == config
 
 
+def test_a_resume_on_fewer_devices_than_the_run_had_names_where_the_count_came_from(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = copy_of(finished_run, tmp_path)
+    config = json.loads((run_dir / "config.json").read_text())
+    config["train"]["devices"] = 2  # trained on two devices, resumed where there is one
+    (run_dir / "config.json").write_text(json.dumps(config))
+    assert resume(run_dir, "--steps", str(6 * STEP)) == 2
+    shown = " ".join(capsys.readouterr().err.split())
+    assert "2 devices asked for, but JAX sees 1" in shown
+    assert f"(devices = 2 is the run's, from {run_dir / 'config.json'}; resume on" in shown
+    assert "with --devices N)" in shown
+
+
 def test_resuming_a_complete_run_says_it_is_complete_and_writes_nothing(
     finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -51,6 +51,7 @@ from nnx_ppo.algorithms._train import (
 )
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, TrainResult, _linear_decay
 from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState
+from nnx_ppo.contract.arguments import require_number
 from nnx_ppo.contract.checks import is_key
 from nnx_ppo.networks.types import StatefulModule
 
@@ -114,11 +115,10 @@ def _require_runs(
     if seeds is None and learning_rates is None:
         raise ValueError("train_ppo_runs: give seeds, learning_rates or both (one entry per run)")
     if learning_rates is not None:
-        learning_rates = [float(rate) for rate in learning_rates]
-        if not learning_rates or any(not rate > 0 for rate in learning_rates):
-            raise ValueError(
-                f"train_ppo_runs: learning_rates must be positive numbers, got {learning_rates}"
-            )
+        learning_rates = [
+            require_number("train_ppo_runs", f"learning_rates[{i}]", rate, minimum=0.0, strict=True)
+            for i, rate in enumerate(_per_run("learning_rates", learning_rates))
+        ]
         if callable(config.ppo.learning_rate):
             raise ValueError(
                 "train_ppo_runs: learning_rates replace config.ppo.learning_rate, which is an "
@@ -128,15 +128,25 @@ def _require_runs(
     if seeds is None:
         assert learning_rates is not None
         seeds = [config.seed] * len(learning_rates)
-    seeds = list(seeds)
-    if not seeds:
-        raise ValueError("train_ppo_runs: seeds is empty; give one seed per run")
+    seeds = _per_run("seeds", seeds)
     if learning_rates is not None and len(learning_rates) != len(seeds):
         raise ValueError(
             f"train_ppo_runs: {len(seeds)} seeds but {len(learning_rates)} learning_rates; "
             "give one of each per run"
         )
     return seeds, learning_rates
+
+
+def _per_run(name: str, values: Any) -> list[Any]:
+    """``values`` as a list with one entry per run; anything else is a named error."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray):
+        raise TypeError(
+            f"train_ppo_runs: {name} must be a sequence with one entry per run, got "
+            f"{type(values).__name__} {values!r}"
+        )
+    if len(values) == 0:
+        raise ValueError(f"train_ppo_runs: {name} is empty; give one entry per run")
+    return list(values)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,12 +21,14 @@ process holds the envs of its own devices.
 from __future__ import annotations
 
 import contextlib
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from nnx_ppo.algorithms.types import TrainingState
@@ -80,6 +82,14 @@ def data_mesh(devices: int | Sequence[Any] | None = None) -> Mesh:
         chosen = list(devices)
         if not chosen:
             raise ValueError("data_mesh: devices is an empty sequence")
+    owners = {device.process_index for device in chosen}
+    if len(owners) < jax.process_count():
+        raise ValueError(
+            f"data_mesh: the {len(chosen)} devices chosen belong to process(es) "
+            f"{sorted(owners)} only, but {jax.process_count()} processes train together and "
+            "each must own a device of the mesh: use every device (devices=None; on the "
+            "command line, leave out --devices)"
+        )
     return Mesh(np.array(chosen), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
 
 
@@ -238,6 +248,7 @@ def shard_training_state(training_state: TrainingState, mesh: Mesh) -> TrainingS
       ValueError: an env-state leaf is not an array (so cannot be placed).
     """
     n_envs = int(np.shape(_first_done(training_state))[0])
+    _require_alike_on_every_process(training_state)
     replicated = NamedSharding(mesh, PartitionSpec())
     for module in (training_state.networks, training_state.optimizer):
         state = nnx.state(module)
@@ -251,6 +262,44 @@ def shard_training_state(training_state: TrainingState, mesh: Mesh) -> TrainingS
         ),
         rng_key=_replicate(training_state.rng_key, mesh),
     )
+
+
+def _require_alike_on_every_process(training_state: TrainingState) -> None:
+    """Raise unless every process holds the same values where the state is not placed yet.
+
+    Each process places its own copy of a value (:func:`_put`), so the copies must be
+    equal: processes given different seeds or settings would otherwise train replicated
+    parameters that differ from process to process. Once placed, nothing is compared
+    again (no collective runs per step).
+    """
+    if jax.process_count() == 1:
+        return
+    tree = (
+        nnx.state(training_state.networks),
+        nnx.state(training_state.optimizer),
+        training_state.env_states,
+        training_state.network_states,
+        training_state.running_episodes,
+        training_state.rng_key,
+    )
+    local = [
+        jax.random.key_data(leaf) if is_key(leaf) else leaf
+        for leaf in jax.tree.leaves(tree)
+        if not (isinstance(leaf, jax.Array) and not leaf.is_fully_addressable)
+    ]
+    if not local:
+        return
+    checksum = 0
+    for leaf in local:
+        checksum = zlib.crc32(np.ascontiguousarray(np.asarray(leaf)).tobytes(), checksum)
+    gathered = multihost_utils.process_allgather(np.array([checksum], np.uint32))
+    checksums = [int(c) for c in np.ravel(gathered)]
+    if len(set(checksums)) > 1:
+        raise ValueError(
+            "the processes start from different training states (CRC-32 per process: "
+            f"{checksums}): every process must build it alike, from the same settings, seed "
+            "and checkpoint, since each places its own copy of the replicated parameters"
+        )
 
 
 # ------------------------------------------------------------------- inside the trace

@@ -294,7 +294,15 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         console = Console(quiet=True)
     # Everything a config error can stop happens before the run directory exists.
     run_config, train_config = parse_run_config(_resolve_config(args))
-    mesh = sharding.resolve_mesh(train_config.devices)  # more devices than there are
+    try:
+        mesh = sharding.resolve_mesh(train_config.devices)  # more devices than there are
+    except ValueError as error:
+        if args.resume is None or args.devices is not None:
+            raise
+        raise ValueError(
+            f"{error} (devices = {train_config.devices} is the run's, from "
+            f"{Path(args.resume) / 'config.json'}; resume on another count with --devices N)"
+        ) from error
     ppo = train_config.ppo
     eval_envs = train_config.eval.n_envs if train_config.eval.enabled else None
     sharding.require_divisible("train", mesh, ppo.n_envs, ppo.n_minibatches, eval_envs)
