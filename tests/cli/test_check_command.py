@@ -142,3 +142,41 @@ def test_a_missing_or_unknown_example_file_is_named(
     (tmp_path / "sample.txt").write_text("0 0 0")
     assert check(f"{cells}:make_good", "--example-input", "sample.txt") == 2
     assert "must be a .npy or .npz file" in capsys.readouterr().err
+
+
+def test_a_file_that_is_no_array_and_a_dtype_it_would_ignore_are_named(
+    cells: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "garbage.npy").write_text("not an array")
+    assert check(f"{cells}:make_good", "--example-input", "garbage.npy") == 2
+    shown = capsys.readouterr().err
+    assert "--example-input garbage.npy is not a .npy or .npz file of numeric arrays" in shown
+    np.save(tmp_path / "sample.npy", np.zeros(3, np.float32))
+    given_a_dtype = ("--example-input", "sample.npy", "--input-dtype", "int32")
+    assert check(f"{cells}:make_good", *given_a_dtype) == 2
+    assert "--input-dtype goes with --input-shape" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("source", "raised"),
+    [("def broken(:\n", "SyntaxError"), ("raise RuntimeError('no GPU here')\n", "RuntimeError")],
+)
+def test_a_package_that_fails_to_import_exits_2_not_as_a_failed_property(
+    cells: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str, raised: str
+) -> None:
+    (tmp_path / f"kit_cli_broken_{raised}.py").write_text(source)
+    assert check(f"kit_cli_broken_{raised}:make", "--input-shape", "3") == 2
+    assert f"cannot import kit_cli_broken_{raised}: {raised}" in capsys.readouterr().err
+
+
+def test_negative_sizes_and_seeds_beyond_int64_are_usage_errors(
+    cells: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        check(f"{cells}:make_good", "--input-shape", "-4")
+    assert exited.value.code == 2
+    assert "-4 is not an axis length" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["eval", "somewhere", "--seed", str(2**70)])
+    assert exited.value.code == 2
+    assert "beyond the int64 range a seed may take" in capsys.readouterr().err

@@ -442,7 +442,9 @@ def test_eval_of_a_missing_run_or_checkpoint_is_named(
     run_dir.mkdir()
     (run_dir / "config.json").write_text(json.dumps(preset("cartpole")))
     assert main(["eval", str(run_dir)]) == 2
-    assert "no checkpoint" in capsys.readouterr().err
+    shown = " ".join(capsys.readouterr().err.split())
+    assert f"no checkpoint in {run_dir}: expected step directories (e.g. " in shown
+    assert str(run_dir / "checkpoints" / "step_0000100000") in shown  # where a run keeps them
 
 
 def test_logging_level_takes_flag_names_and_hidden_sizes_a_single_width() -> None:

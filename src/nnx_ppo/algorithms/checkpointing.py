@@ -476,9 +476,11 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
         return path.parent, own_step
     steps = _complete_steps(path)
     if not steps:
+        # A run directory keeps its checkpoints in a subdirectory, absent until the first.
+        where = path / CHECKPOINT_SUBDIR if (path / "config.json").is_file() else path
         raise CheckpointError(
             f"no checkpoint in {path}: expected step directories (e.g. "
-            f"{step_directory(path, 100000)}) written by make_checkpoint_fn"
+            f"{step_directory(where, 100000)}) written by make_checkpoint_fn"
         )
     if step is None:
         return path, steps[-1]

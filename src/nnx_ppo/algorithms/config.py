@@ -308,7 +308,8 @@ class TrainConfig:
                     f"TrainConfig.{name} must be a {kind.__name__}, got {type(value).__name__}"
                 )
             value.validate()
-        require_int("TrainConfig", "seed", self.seed, minimum=None)
+        # The int64 range jax.random.key takes (its keys keep the low 32 bits).
+        require_int("TrainConfig", "seed", self.seed, minimum=-(2**63), maximum=2**63 - 1)
         require_int("TrainConfig", "checkpoint_every_steps", self.checkpoint_every_steps)
         if self.devices is not None:
             require_int("TrainConfig", "devices", self.devices)

@@ -43,7 +43,7 @@ def add_parser(commands: Any) -> None:
     example = check.add_mutually_exclusive_group(required=True)
     example.add_argument(
         "--input-shape",
-        type=int,
+        type=_dimension,
         nargs="+",
         metavar="N",
         help="the shape of one sample's input, without the batch axis, e.g. --input-shape 4",
@@ -56,7 +56,6 @@ def add_parser(commands: Any) -> None:
     )
     check.add_argument(
         "--input-dtype",
-        default="float32",
         metavar="DTYPE",
         help="the dtype of --input-shape (default float32)",
     )
@@ -76,6 +75,17 @@ def add_parser(commands: Any) -> None:
     )
 
 
+def _dimension(text: str) -> int:
+    """An argparse type: an axis length, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not an axis length (0 or more)")
+    return value
+
+
 def _load(target: str) -> Any:
     """The object ``MODULE:FACTORY`` names (attributes may be dotted: ``pkg.mod:Class.make``)."""
     module_name, colon, attribute = target.partition(":")
@@ -83,10 +93,10 @@ def _load(target: str) -> Any:
         raise ValueError(f"expected MODULE:FACTORY, e.g. my_pkg.cells:make_cell, got {target!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    try:
+    try:  # importing runs the user's code: whatever it raises means it cannot be imported
         found: Any = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"cannot import {module_name}: {error}") from error
+    except Exception as error:
+        raise ValueError(f"cannot import {module_name}: {type(error).__name__}: {error}") from error
     for part in attribute.split("."):
         if not hasattr(found, part):
             raise ValueError(f"{module_name} has no attribute {attribute!r}")
@@ -99,16 +109,23 @@ def _example_input(args: argparse.Namespace) -> Any:
 
     if args.input_shape is not None:
         try:
-            dtype = np.dtype(args.input_dtype)
+            dtype = np.dtype(args.input_dtype or "float32")
         except TypeError:
             raise ValueError(f"--input-dtype {args.input_dtype!r} is not a dtype") from None
         return jax.ShapeDtypeStruct(tuple(args.input_shape), dtype)
     path: Path = args.example_input
+    if args.input_dtype is not None:
+        raise ValueError("--input-dtype goes with --input-shape; --example-input keeps its dtypes")
     if path.suffix not in (".npy", ".npz"):
         raise ValueError(f"--example-input must be a .npy or .npz file, got {path}")
     if not path.exists():
         raise FileNotFoundError(f"--example-input {path} does not exist")
-    loaded = np.load(path)
+    try:
+        loaded = np.load(path)  # allow_pickle stays off: an input is numeric arrays
+    except (ValueError, OSError) as error:
+        raise ValueError(
+            f"--example-input {path} is not a .npy or .npz file of numeric arrays ({error})"
+        ) from error
     if isinstance(loaded, np.ndarray):
         return loaded
     with loaded:

@@ -42,6 +42,17 @@ if TYPE_CHECKING:  # the command imports the library lazily, to start fast
 __all__ = ["main"]
 
 
+def _seed(text: str) -> int:
+    """An argparse type: a seed in the int64 range ``jax.random.key`` takes."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not -(2**63) <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{value} is beyond the int64 range a seed may take")
+    return value
+
+
 def _positive_int(text: str) -> int:
     """An argparse type: a positive integer, or a one-line usage error."""
     try:
@@ -66,7 +77,7 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         help="total environment steps (rounded up to whole PPO steps of n_envs * rollout_length)",
     )
-    train.add_argument("--seed", type=int, help="seed of the run")
+    train.add_argument("--seed", type=_seed, help="seed of the run")
     train.add_argument("--config", type=Path, help="a JSON or TOML file of config overrides")
     train.add_argument(
         "--set",
@@ -101,7 +112,7 @@ def _build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="evaluate a run's latest checkpoint")
     evaluate.add_argument("run_dir", type=Path)
     evaluate.add_argument("--episodes", type=_positive_int, default=64, help="evaluation episodes")
-    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--seed", type=_seed, default=0)
 
     commands.add_parser("envs", help="list environments with their observation/action specs")
     show_preset = commands.add_parser(

@@ -265,8 +265,9 @@ def summary(
       is not raised here: it is the summary's ``error``, and its rows stop there.
 
     Raises:
-      Exception: any other exception the step raises (e.g. a matrix-size mismatch
-        from an ``example_input`` of the wrong width), unchanged.
+      Exception: any other exception the step raises, unchanged (e.g. a matrix-size
+        mismatch in a module without annotations; ``Dense`` reports an input of the
+        wrong width as a ``ContractError``).
 
     Example::
 
