@@ -553,3 +553,17 @@ def test_resume_refuses_only_the_settings_that_shape_the_saved_state() -> None:
         'network.activation is "tanh" in the run, "relu" here',
         "ppo.gradient_clipping is 0.5 in the run, null here",
     ]
+
+
+def test_the_closed_loop_noise_of_a_failed_checkpoint_read_is_dropped_and_nothing_else() -> None:
+    from types import SimpleNamespace
+
+    from nnx_ppo.cli.main import _without_closed_loop_noise
+
+    seen: list[BaseException] = []
+    hook = _without_closed_loop_noise(lambda unraisable: seen.append(unraisable.exc_value))
+    closed, other = RuntimeError("Event loop is closed"), RuntimeError("a real failure")
+    for error in (closed, other, ValueError("Event loop is closed")):
+        hook(SimpleNamespace(exc_value=error))
+    assert [str(e) for e in seen] == ["a real failure", "Event loop is closed"]
+    assert isinstance(seen[1], ValueError)

@@ -20,7 +20,7 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -699,6 +699,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nnx_ppo.cli.run_dir import RunLockedError
 
     args = _build_parser().parse_args(argv)
+    if not hasattr(sys.unraisablehook, _QUIET_MARK):  # once per process
+        sys.unraisablehook = _without_closed_loop_noise(sys.unraisablehook)
     console = Console()
     errors = Console(stderr=True)  # kept off stdout, which `nnx-ppo preset NAME > FILE` redirects
     try:
@@ -732,6 +734,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # before a run's first step, or in another command
         _print_error(errors, f"interrupted: nnx-ppo {args.command} stopped at once")
         return 130
+
+
+def _without_closed_loop_noise(
+    hook: Callable[[Any], object],
+) -> Callable[[Any], object]:
+    """``hook``, minus the "Event loop is closed" errors of Orbax's array store.
+
+    When reading a damaged checkpoint fails, Orbax closes its event loop while the
+    store's callbacks are still due; each then reports an unraisable ``RuntimeError``,
+    a dozen tracebacks around the one ``error:`` line that says what happened.
+    """
+
+    def filtered(unraisable: Any) -> None:
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        hook(unraisable)
+
+    setattr(filtered, _QUIET_MARK, True)
+    return filtered
+
+
+_QUIET_MARK = "_nnx_ppo_without_closed_loop_noise"
 
 
 def _print_error(console: Console, message: str) -> None:
