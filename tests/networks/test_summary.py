@@ -249,6 +249,23 @@ def test_print_summary_prints_and_returns_the_summary() -> None:
     assert isinstance(result.rows[1], ModuleRow)
 
 
+def test_statistics_under_frozen_statistics_show_as_frozen() -> None:
+    from nnx_ppo.networks.containers import FrozenStatistics
+    from nnx_ppo.networks.normalizer import Normalizer
+
+    buffer = io.StringIO()
+    print_summary(
+        Sequential([FrozenStatistics(Normalizer(3)), Normalizer(3)]),
+        jnp.zeros(3),
+        Console(file=buffer, width=160, color_system=None),
+    )
+    lines = [line.rstrip() for line in buffer.getvalue().splitlines()]
+    frozen = next(line for line in lines if ".module (Normalizer)" in line)
+    live = next(line for line in lines if ".layers[1] (Normalizer)" in line)
+    assert frozen.endswith("frozen")  # the step completed; no history reaches it
+    assert live.endswith("(T, B, 3)")
+
+
 def test_off_a_terminal_the_summary_is_not_folded_to_the_consoles_width() -> None:
     env = envs.make("cartpole")
     network = make_default_network(env, nnx.Rngs(0), hidden_sizes=[8])

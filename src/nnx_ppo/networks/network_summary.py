@@ -174,7 +174,9 @@ class NetworkSummary:
         Its columns: the module (its name, see above, and class), ``input``,
         ``output``, ``carry``, ``extras``, ``params``, and ``statistics``: for a module
         that keeps running statistics, the history its ``update_statistics`` received
-        (``yes`` when the step ended before it), blank for the others. ``-`` marks what
+        (``yes`` when the step ended before it, ``frozen`` when the step gave it none,
+        as under :class:`~nnx_ppo.networks.containers.FrozenStatistics`), blank for the
+        others. ``-`` marks what
         a call did not return.
         """
         table = Table(
@@ -190,8 +192,10 @@ class NetworkSummary:
         table.add_column("statistics", overflow="fold")
         for row, label in zip(self.rows, self._labels(), strict=True):
             statistics = ""
-            if row.keeps_statistics:
-                statistics = _cell(row.history) if row.history is not None else "yes"
+            if row.keeps_statistics and row.history is not None:
+                statistics = _cell(row.history)
+            elif row.keeps_statistics:  # FrozenStatistics passes no history on
+                statistics = "yes" if self.error is not None else "frozen"
             table.add_row(
                 Text(f"{label} ({row.module_class})").append(
                     " ✗" if row.error is not None else "", style="bold red"
