@@ -25,7 +25,7 @@ class Reach1D:
         return State(
             obs=jax.random.uniform(rng, (1,), minval=-1.0, maxval=1.0),
             reward=jnp.zeros(()),
-            done=jnp.zeros(()),
+            done=jnp.zeros((), jnp.float32),
             metrics={"distance": jnp.zeros(())},
             info={"truncated": jnp.zeros((), bool)},
             data={"steps": jnp.zeros((), jnp.int32)},

@@ -19,7 +19,7 @@ class Drift:
         return State(
             obs=jax.random.uniform(rng, (1,), minval=-1, maxval=1),
             reward=jnp.zeros(()),
-            done=jnp.zeros(()),
+            done=jnp.zeros((), jnp.float32),
             metrics={},
             info={"truncated": jnp.zeros((), bool)},
             data={"steps": jnp.zeros((), jnp.int32)},
@@ -41,7 +41,7 @@ class Drift:
 class ForgetfulDrift(Drift):
     def step(self, state, action):
         # Bug: the time limit is reported but the episode goes on.
-        return super().step(state, action).replace(done=jnp.zeros(()))
+        return super().step(state, action).replace(done=jnp.zeros((), jnp.float32))
 
 
 check_env(Drift(), n_envs=4, steps=5)

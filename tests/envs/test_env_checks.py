@@ -62,6 +62,13 @@ def test_valid_states_pass() -> None:
     check_env_state(make_state(reward=per_agent, done=per_agent), where="Env.step")
 
 
+def test_an_integer_reward_is_named() -> None:
+    counts = {"agent_0": scalar(), "agent_1": jax.ShapeDtypeStruct((), jnp.int32)}
+    with pytest.raises(ContractError) as error:
+        check_env_state(make_state(reward=counts, done=scalar()), where="Env.reset")
+    assert "Env.reset: state.reward['agent_1'] is int32, not a float." in str(error.value)
+
+
 def test_a_batched_env_is_caught_at_reset() -> None:
     with pytest.raises(ContractError) as error:
         check_env_unbatched(BatchedCartPole())

@@ -96,6 +96,28 @@ def test_episode_wrapper_spreads_one_truncation_flag_over_per_agent_ends() -> No
     assert np.asarray(states.info["truncated"]["b"]).tolist() == [False, False, True]
 
 
+class FlagsWithoutEnding(PerAgentEnds):
+    """Sets its truncation flag on every step but never ends an episode (a flag that,
+    by the contract, only counts where ``done`` holds); Playground names it ``truncation``."""
+
+    def reset(self, key: jax.Array) -> envs.State:
+        state = super().reset(key)
+        return state.replace(info={**state.info, "truncation": jnp.zeros(())})
+
+    def step(self, state: envs.State, action: jax.Array) -> envs.State:
+        never = {"a": jnp.zeros(()), "b": jnp.zeros(())}
+        info = {"truncated": jnp.ones((), bool), "truncation": jnp.ones(())}
+        return super().step(state, action).replace(done=never, info=info)
+
+
+def test_episode_wrapper_reads_the_wrapped_flags_only_where_done_holds() -> None:
+    wrapped = EpisodeWrapper(FlagsWithoutEnding(), max_len=3)
+    _, states = rollout(wrapped, jax.random.key(0), jnp.zeros((3, 1)))
+    for agent in ("a", "b"):
+        assert np.asarray(states.done[agent]).tolist() == [0.0, 0.0, 1.0]  # the limit alone
+        assert np.asarray(states.info["truncated"][agent]).tolist() == [False, False, True]
+
+
 def test_episode_wrapper_randomises_the_counter_only_when_asked() -> None:
     env = envs.CartPole()
     keys = jax.random.split(jax.random.key(0), 64)

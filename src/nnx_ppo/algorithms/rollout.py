@@ -43,7 +43,13 @@ from nnx_ppo.contract.axes import (
 from nnx_ppo.contract.checks import is_key, typechecked
 from nnx_ppo.contract.env_checks import check_action_tree, check_env_state, check_env_unbatched
 from nnx_ppo.contract.errors import rule_text
-from nnx_ppo.envs.state import _holds_shared, _is_shared, _vmap_reset, _vmap_step
+from nnx_ppo.envs.state import (
+    _holds_shared,
+    _is_shared,
+    _vmap_reset,
+    _vmap_step,
+    episode_flags,
+)
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule, checked_ppo_output
 
 __all__ = [
@@ -136,25 +142,6 @@ def scan_module(
         return body(nnx.merge(graphdef, state), carry, x)
 
     return jax.lax.scan(step, init, xs, length=length)
-
-
-def episode_flags(state: EnvState) -> tuple[PyTree[Bool[Array, "..."]], PyTree[Bool[Array, "..."]]]:
-    """``(done, truncated)`` of a (batched) env state, as ``bool`` trees shaped like ``done``.
-
-    Truncation is read from ``info["truncated"]`` (this library) and
-    ``info["truncation"]`` (MuJoCo Playground), either of which may be absent,
-    and only counts where ``done`` holds.
-    """
-    done = jax.tree.map(lambda d: jnp.asarray(d).astype(bool), state.done)
-    truncated = jax.tree.map(jnp.zeros_like, done)
-    for name in ("truncated", "truncation"):
-        if name not in state.info:
-            continue
-        mark = state.info[name]
-        if hasattr(mark, "shape"):
-            mark = jax.tree.map(lambda _, m=mark: m, done)
-        truncated = jax.tree.map(lambda t, m: t | jnp.asarray(m).astype(bool), truncated, mark)
-    return done, jax.tree.map(jnp.logical_and, truncated, done)
 
 
 def episode_ended(done: PyTree[Bool[Array, "..."]]) -> Bool[Array, "..."]:

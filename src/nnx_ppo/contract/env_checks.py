@@ -296,6 +296,16 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
     obs, reward, done, metrics, info = (_field(state, name, where) for name in _STATE_FIELDS)
     _check_like_reward(where, "state.done", done, reward, "one end-of-episode flag")
     _check_scalar_leaves(where, "state.reward", reward, "one environment's reward")
+    for leaf_name, leaf in named_leaves("state.reward", reward):
+        if not jnp.issubdtype(leaf.dtype, jnp.floating):  # GAE and the loss take floats
+            raise _violation(
+                where,
+                f"{leaf_name} is {leaf.dtype}, not a float.",
+                leaf=leaf_name,
+                expected="a floating-point scalar (e.g. float32)",
+                found=describe_leaf(leaf),
+                rule=_RULE_ONE_ENV,
+            )
     obs_leaves = named_leaves("state.obs", obs)
     if not obs_leaves:
         raise _violation(

@@ -57,7 +57,7 @@ class CartPole:
         return State(
             obs=obs,
             reward=jnp.zeros(()),
-            done=jnp.zeros(()),
+            done=jnp.zeros((), jnp.float32),
             metrics={},
             info={"truncated": jnp.zeros((), bool)},
             data={"steps": jnp.zeros((), jnp.int32)},

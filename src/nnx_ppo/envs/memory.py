@@ -61,7 +61,7 @@ class MemoryTask:
         return State(
             obs=self._observe(cue, time),
             reward=jnp.zeros(()),
-            done=jnp.zeros(()),
+            done=jnp.zeros((), jnp.float32),
             metrics={},
             info={"truncated": jnp.zeros((), bool)},
             data={"cue": cue, "time": time},

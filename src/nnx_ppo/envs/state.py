@@ -34,7 +34,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 from nnx_ppo.contract.axes import Scalar, Unbatched
 from nnx_ppo.contract.errors import ContractError, rule_text
 
-__all__ = ["EnvState", "RLEnv", "Shared", "State", "time_limit"]
+__all__ = ["EnvState", "RLEnv", "Shared", "State", "episode_flags", "time_limit"]
 
 
 @jax.tree_util.register_dataclass
@@ -122,6 +122,25 @@ def time_limit(
     """
     truncated = jnp.logical_and(steps_taken >= max_steps, jnp.logical_not(terminated))
     return jnp.logical_or(terminated, truncated).astype(jnp.float32), truncated
+
+
+def episode_flags(state: EnvState) -> tuple[PyTree[Bool[Array, "..."]], PyTree[Bool[Array, "..."]]]:
+    """``(done, truncated)`` of a (batched) env state, as ``bool`` trees shaped like ``done``.
+
+    Truncation is read from ``info["truncated"]`` (this library) and
+    ``info["truncation"]`` (MuJoCo Playground), either of which may be absent,
+    and only counts where ``done`` holds.
+    """
+    done = jax.tree.map(lambda d: jnp.asarray(d).astype(bool), state.done)
+    truncated = jax.tree.map(jnp.zeros_like, done)
+    for name in ("truncated", "truncation"):
+        if name not in state.info:
+            continue
+        mark = state.info[name]
+        if hasattr(mark, "shape"):
+            mark = jax.tree.map(lambda _, m=mark: m, done)
+        truncated = jax.tree.map(lambda t, m: t | jnp.asarray(m).astype(bool), truncated, mark)
+    return done, jax.tree.map(jnp.logical_and, truncated, done)
 
 
 @jax.tree_util.register_pytree_node_class

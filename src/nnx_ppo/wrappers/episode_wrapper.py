@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
 from nnx_ppo.contract.arguments import require_int
-from nnx_ppo.envs.state import RLEnv
+from nnx_ppo.envs.state import RLEnv, episode_flags
 from nnx_ppo.wrappers.base import Wrapper
 
 __all__ = ["EpisodeWrapper"]
@@ -24,7 +24,8 @@ class EpisodeWrapper(Wrapper):
       (0 after ``reset``);
     - ``"truncated"``: a ``bool`` shaped like ``done``, ``True`` where the
       episode was cut short: by this time limit, or by the wrapped env's own
-      ``info["truncated"]``. A step that terminates on the last allowed step
+      ``info["truncated"]`` (or Playground's ``info["truncation"]``) where its
+      ``done`` holds. A step that terminates on the last allowed step
       counts as terminated, not truncated, so a value target bootstraps only
       where the episode really went on.
 
@@ -63,16 +64,11 @@ class EpisodeWrapper(Wrapper):
         next_state = self.env.step(state, action)
         counter = state.info["step_counter"] + 1
         time_up = counter >= self.max_len
-        inner = next_state.info.get("truncated")
-        if inner is None:
-            inner = jax.tree.map(lambda d: jnp.zeros(jnp.shape(d), bool), next_state.done)
-        elif hasattr(inner, "shape"):  # one flag for a tree of per-agent ``done``
-            inner = jax.tree.map(lambda _, flag=inner: flag, next_state.done)
+        # The wrapped env's own truncations, read as training reads them: only where done.
+        ended, inner = episode_flags(next_state)
         truncated = jax.tree.map(
-            lambda d, t: jnp.logical_or(
-                jnp.asarray(t, bool), jnp.logical_and(time_up, jnp.logical_not(d))
-            ),
-            next_state.done,
+            lambda d, t: jnp.logical_or(t, jnp.logical_and(time_up, jnp.logical_not(d))),
+            ended,
             inner,
         )
         done = jax.tree.map(
