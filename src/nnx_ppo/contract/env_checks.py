@@ -29,7 +29,7 @@ with ``action_size``'s structure says it per leaf (:func:`discrete_action_flags`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -272,6 +272,27 @@ def _check_same_as_reference(where: str, name: str, value: Any, reference: Any) 
             )
 
 
+def _require_each(
+    where: str,
+    leaves: list[tuple[str, Any]],
+    holds: Callable[[Any], Any],
+    problem: str,
+    expected: str,
+    rule: str,
+) -> None:
+    """Raise for the first of the named ``leaves`` that ``holds`` rejects."""
+    for leaf_name, leaf in leaves:
+        if not holds(leaf):
+            raise _violation(
+                where,
+                f"{leaf_name} {problem}.",
+                leaf=leaf_name,
+                expected=expected,
+                found=describe_leaf(leaf),
+                rule=rule,
+            )
+
+
 def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
     """Check one unbatched env state: what ``reset`` or ``step`` returned for one env.
 
@@ -296,16 +317,14 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
     obs, reward, done, metrics, info = (_field(state, name, where) for name in _STATE_FIELDS)
     _check_like_reward(where, "state.done", done, reward, "one end-of-episode flag")
     _check_scalar_leaves(where, "state.reward", reward, "one environment's reward")
-    for leaf_name, leaf in named_leaves("state.reward", reward):
-        if not jnp.issubdtype(leaf.dtype, jnp.floating):  # GAE and the loss take floats
-            raise _violation(
-                where,
-                f"{leaf_name} is {leaf.dtype}, not a float.",
-                leaf=leaf_name,
-                expected="a floating-point scalar (e.g. float32)",
-                found=describe_leaf(leaf),
-                rule=_RULE_ONE_ENV,
-            )
+    _require_each(  # GAE and the loss take floats
+        where,
+        named_leaves("state.reward", reward),
+        lambda leaf: jnp.issubdtype(leaf.dtype, jnp.floating),
+        "is not a float",
+        "a floating-point scalar (e.g. float32)",
+        _RULE_ONE_ENV,
+    )
     obs_leaves = named_leaves("state.obs", obs)
     if not obs_leaves:
         raise _violation(
@@ -316,16 +335,7 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
             found=repr(obs),
             rule=_RULE_FIELDS,
         )
-    for leaf_name, leaf in obs_leaves:
-        if not _is_array(leaf):
-            raise _violation(
-                where,
-                f"{leaf_name} is not an array.",
-                leaf=leaf_name,
-                expected="an array",
-                found=describe_leaf(leaf),
-                rule=_RULE_FIELDS,
-            )
+    _require_each(where, obs_leaves, _is_array, "is not an array", "an array", _RULE_FIELDS)
     _check_mapping(where, "state.metrics", metrics)
     _check_mapping(where, "state.info", info)
     if "truncated" in info:
