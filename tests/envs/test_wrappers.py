@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nnx_ppo import envs
+from nnx_ppo import ContractError, envs
 from nnx_ppo.contract.env_checks import check_env_state, check_env_unbatched
+from nnx_ppo.envs.state import episode_flags
 from nnx_ppo.wrappers import EpisodeWrapper, RewardScalingWrapper
 from nnx_ppo.wrappers.episode_wrapper import EpisodeWrapper as EpisodeWrapperByPath
 from nnx_ppo.wrappers.reward_scaling_wrapper import RewardScalingWrapper as ScalingByPath
@@ -116,6 +117,15 @@ def test_episode_wrapper_reads_the_wrapped_flags_only_where_done_holds() -> None
     for agent in ("a", "b"):
         assert np.asarray(states.done[agent]).tolist() == [0.0, 0.0, 1.0]  # the limit alone
         assert np.asarray(states.info["truncated"][agent]).tolist() == [False, False, True]
+
+
+def test_a_truncation_tree_unlike_done_is_named() -> None:
+    env = envs.Pendulum(max_steps=2)
+    state = env.reset(jax.random.key(0))
+    per_agent = {"a": jnp.zeros((), bool), "b": jnp.zeros((), bool)}
+    with pytest.raises(ContractError) as error:  # a scalar done beside per-agent flags
+        episode_flags(state.replace(info={"truncated": per_agent}))
+    assert 'info["truncated"] is neither one flag nor a tree shaped like done' in str(error.value)
 
 
 def test_episode_wrapper_randomises_the_counter_only_when_asked() -> None:

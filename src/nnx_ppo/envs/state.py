@@ -137,8 +137,17 @@ def episode_flags(state: EnvState) -> tuple[PyTree[Bool[Array, "..."]], PyTree[B
         if name not in state.info:
             continue
         mark = state.info[name]
-        if hasattr(mark, "shape"):
+        if hasattr(mark, "shape"):  # one flag for a tree of per-agent ``done``
             mark = jax.tree.map(lambda _, m=mark: m, done)
+        elif jax.tree.structure(mark) != jax.tree.structure(done):
+            raise ContractError.violation(
+                "episode_flags",
+                f'info["{name}"] is neither one flag nor a tree shaped like done.',
+                leaf=f'info["{name}"]',
+                expected=f"one bool, or bools with done's structure {jax.tree.structure(done)}",
+                found=str(jax.tree.structure(mark)),
+                rule=_RULE_TRUNCATION,
+            )
         truncated = jax.tree.map(lambda t, m: t | jnp.asarray(m).astype(bool), truncated, mark)
     return done, jax.tree.map(jnp.logical_and, truncated, done)
 
@@ -265,6 +274,12 @@ def _shared_values_checked(method: str, state_like: Callable[[], Any]) -> Iterat
         ) from error
 
 
+_RULE_TRUNCATION = rule_text(
+    'info["truncated"] marks where an episode was cut short: one bool, or a tree of bools '
+    "shaped like done (per agent), counted only where done holds",
+    "the-contract",
+    "environments",
+)
 _RULE_SHARED = rule_text(
     "a Shared node of the env state holds one value for every env (a model handle, a "
     "lookup table): the library keeps it unbatched, so it must not depend on the env",
