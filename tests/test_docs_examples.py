@@ -133,7 +133,8 @@ EXPECTED_OUTPUT = {
         "written: ['step_0000000000.gif', 'step_0000000064.gif', 'step_0000000128.gif']",
     ],
     "training_divergence.py": [
-        "PPO step ending at env step 64: the loss is NaN or infinite (epoch 0, minibatch 0); "
+        "PPO step ending at env step 64: the env returned NaN or infinite rewards (reward), "
+        "so the loss is too; "
         "the network and optimizer are left as they were before the call.",
     ],
     "network_summary.py": [

@@ -112,8 +112,8 @@ def test_step_counter_is_exact_beyond_float_precision(counting_env, scripted_net
     assert metrics["total_steps"] == float(start + STEP)
 
 
-def test_nan_loss_stops_training_naming_the_step(poisoned_env, scripted_network):
-    with pytest.raises(FloatingPointError, match=r"env step \d+: the loss is NaN.*epoch 0"):
+def test_nan_rewards_stop_training_naming_the_step_and_the_reward(poisoned_env, scripted_network):
+    with pytest.raises(FloatingPointError, match=r"env step \d+: the env returned NaN or inf"):
         train_ppo(poisoned_env, scripted_network(), train_config(50 * STEP))
 
 

@@ -170,6 +170,7 @@ def _learn_from(
     health = {
         "loss_finite": jnp.isfinite(diagnostics["losses/total"]) | ~ran[:, None],
         "parameters_finite": _finite_leaves(nnx.state(networks, nnx.Param)),
+        "rewards_finite": _finite_leaves(transitions.rewards),
     }
     advanced = StepCarry(collected.network_states, collected.env_states, running, next_key)
     return advanced, StepReport(metrics, episodes, health)
@@ -446,6 +447,13 @@ def _no_running_episodes(env_states: Any) -> RunningEpisodes:
 
 def _raise_if_diverged(health: dict[str, Any], steps: int) -> None:
     """Raise ``FloatingPointError`` naming the step and the first non-finite quantity."""
+    rewards = [name for name, finite in health["rewards_finite"].items() if not finite]
+    if rewards:  # the env's, which a loss of NaN would otherwise hide
+        raise FloatingPointError(
+            f"PPO step ending at env step {steps}: the env returned NaN or infinite rewards "
+            f"(reward{rewards[0] if rewards[0] else ''}), so the loss is too; the network "
+            "and optimizer are left as they were before the call."
+        )
     bad_updates = np.argwhere(~np.asarray(health["loss_finite"]))
     if bad_updates.size:
         epoch, minibatch = bad_updates[0]
