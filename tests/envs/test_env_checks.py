@@ -124,6 +124,28 @@ def test_obs_leaf_shape_changing_between_reset_and_step_is_named() -> None:
     assert "expected: shape (3,) float32" in message and "found:    shape (4,) float32" in message
 
 
+def test_a_numpy_float64_leaf_counts_as_the_dtype_jax_will_hold_it_in() -> None:
+    import numpy as np
+
+    class NumpyReward(envs.CartPole):
+        """Its reset returns a NumPy float64 reward, which JAX holds as float32 (no x64)."""
+
+        def reset(self, key: jax.Array) -> State:
+            return super().reset(key).replace(reward=np.float64(0.0))
+
+    nnx_ppo.testing.check_env(NumpyReward())  # reset was reported as differing from itself
+    with jax.enable_x64(True):
+        check_env_state(
+            make_state(reward=np.float64(0.0)),
+            where="E.reset",
+            reference=make_state(reward=jax.ShapeDtypeStruct((), jnp.float64)),
+        )
+        with pytest.raises(ContractError, match=r"expected: shape \(\) float32"):
+            check_env_state(
+                make_state(reward=np.float64(0.0)), where="E.step", reference=make_state()
+            )
+
+
 def test_info_and_other_fields_changing_between_reset_and_step_are_named() -> None:
     stepped = make_state(info={"truncated": jax.ShapeDtypeStruct((), jnp.float32)})
     with pytest.raises(ContractError, match=r"state.info\['truncated'\] changed shape or dtype"):

@@ -319,3 +319,19 @@ def test_a_violation_in_initialize_state_lists_the_modules_asked_for_a_carry() -
         (".layers[0]", None, False),
         (".layers[1]", None, True),
     ]
+
+
+def test_a_module_at_two_places_has_each_path_and_its_parameters_counted_once() -> None:
+    dense = Dense(4, 4, rngs=nnx.Rngs(0))
+    result = nnx_ppo.summary(Sequential([dense, Sequential([dense]), dense]), jnp.zeros(4))
+    assert [(row.path, row.shared) for row in result.rows] == [
+        ("", False),
+        (".layers[0]", False),
+        (".layers[1]", False),
+        (".layers[1].layers[0]", True),
+        (".layers[2]", True),
+    ]
+    assert result.parameters == param_count(dense) == 20
+    lines = str(result).splitlines()
+    assert lines[0].strip() == "Sequential: 20 parameters"
+    assert [line.split()[-1] for line in lines[3:]] == ["20", "20", "20", "shared", "shared"]

@@ -260,12 +260,17 @@ def _check_same_as_reference(where: str, name: str, value: Any, reference: Any) 
     ):
         if not (_is_array(ref_leaf) and _is_array(leaf)):
             continue
-        if tuple(ref_leaf.shape) != tuple(leaf.shape) or ref_leaf.dtype != leaf.dtype:
+        # As JAX will hold it: a NumPy float64 leaf becomes float32 without JAX_ENABLE_X64.
+        dtype, ref_dtype = (
+            jax.dtypes.canonicalize_dtype(x.dtype, allow_extended_dtype=True)
+            for x in (leaf, ref_leaf)
+        )
+        if tuple(ref_leaf.shape) != tuple(leaf.shape) or ref_dtype != dtype:
             raise _violation(
                 where,
                 f"{leaf_name} changed shape or dtype from what env.reset returned.",
                 leaf=leaf_name,
-                expected=f"shape {_shape_str(tuple(ref_leaf.shape))} {ref_leaf.dtype} "
+                expected=f"shape {_shape_str(tuple(ref_leaf.shape))} {ref_dtype} "
                 "(as returned by env.reset)",
                 found=describe_leaf(leaf),
                 rule=_RULE_CARRY,

@@ -107,7 +107,9 @@ class ModuleRow:
       path: where the module sits in the network, as Python would write it
         (``".layers[1].components['action']"``); ``""`` for the network itself, and
         ``"(not in the network's graph)"`` for a module the network does not hold in
-        an NNX-tracked attribute.
+        an NNX-tracked attribute. A module held at several paths is named in each of
+        its rows by its first path below the enclosing row's that no earlier row took
+        (``Sequential([dense, dense])`` shows ``.layers[0]`` and ``.layers[1]``).
       depth: how many contract modules' calls enclose this one (0 for the network).
       module_class: the module's class name.
       input: the leaves of the ``x`` its ``__call__`` was given; ``None`` when the
@@ -121,6 +123,10 @@ class ModuleRow:
         ``None``, ``None`` when the call did not return.
       parameters: the number of ``nnx.Param`` elements in the module, its children's
         included.
+      shared: whether an earlier row is the same module object (one module placed at
+        two paths, e.g. ``Sequential([dense, dense])``, or called twice in the step).
+        Its parameters are those of the earlier row: the table shows ``shared`` in
+        place of the count, and :attr:`NetworkSummary.parameters` counts them once.
       keeps_statistics: whether the module keeps running statistics (it defines
         ``update_statistics`` and holds no contract module), see
         :func:`nnx_ppo.contract.checks.is_stats_bearing`.
@@ -139,6 +145,7 @@ class ModuleRow:
     carry: tuple[LeafShape, ...]
     extras: tuple[LeafShape, ...] | None
     parameters: int
+    shared: bool
     keeps_statistics: bool
     history: tuple[LeafShape, ...] | None
     error: ContractError | None
@@ -204,7 +211,7 @@ class NetworkSummary:
                 _cell(row.output),
                 _cell(row.carry),
                 _cell(row.extras),
-                f"{row.parameters:,}",
+                "shared" if row.shared else f"{row.parameters:,}",
                 statistics,
             )
         return table
@@ -365,7 +372,7 @@ def _trace_step(network: StatefulModule, x: BatchedTree) -> _Traced:
             )
         except ContractError as raised:
             error = raised
-    paths = {id(node): tuple(path) for path, node in nnx.iter_graph(network)}
+    paths = _paths_by_module(network)
     calls = [r for r in records if r.method == "__call__"] or [
         r for r in records if r.method == "initialize_state"
     ]
@@ -377,9 +384,16 @@ def _trace_step(network: StatefulModule, x: BatchedTree) -> _Traced:
     failed = None if error is None else next(r for r in records if r.error is error)
     batch = (("B", _BATCH),)
     rows = []
+    taken: set[tuple[Any, ...]] = set()
+    row_modules: list[StatefulModule] = []
+    enclosing: list[tuple[Any, ...]] = []
     for record, depth, merged in _preorder(calls):
         module = record.module
-        path = paths.get(id(module))
+        del enclosing[depth:]
+        path = _row_path(paths.get(id(module), []), enclosing[-1] if enclosing else (), taken)
+        enclosing.append(() if path is None else path)
+        shared = any(row_module is module for row_module in row_modules)
+        row_modules.append(module)
         returned = record.result if isinstance(record.result, StatefulModuleOutput) else None
         called = record.method == "__call__"
         carry = record.arguments[0][1] if called else record.result
@@ -394,6 +408,7 @@ def _trace_step(network: StatefulModule, x: BatchedTree) -> _Traced:
                 carry=_leaf_shapes(carry, batch),
                 extras=_leaf_shapes(returned.rollout_extras, batch) if returned else None,
                 parameters=_parameter_count(module),
+                shared=shared,
                 keeps_statistics=is_stats_bearing(module),
                 history=None if history is None else _leaf_shapes(history, (("T", _TIME), *batch)),
                 error=error
@@ -402,6 +417,35 @@ def _trace_step(network: StatefulModule, x: BatchedTree) -> _Traced:
             )
         )
     return _Traced(tuple(rows), error)
+
+
+def _paths_by_module(network: StatefulModule) -> dict[int, list[tuple[Any, ...]]]:
+    """Every path of every graph node below ``network``, by the node's ``id``, in graph order.
+
+    Unlike ``nnx.iter_graph``, which reaches a shared node once, this lists each
+    place it is held (a cycle is not followed)."""
+    paths: dict[int, list[tuple[Any, ...]]] = {}
+
+    def visit(node: Any, path: tuple[Any, ...], ancestors: frozenset[int]) -> None:
+        paths.setdefault(id(node), []).append(path)
+        for key, child in nnx.iter_children(node):
+            if not isinstance(child, nnx.Variable) and id(child) not in ancestors:
+                visit(child, (*path, key), ancestors | {id(child)})
+
+    visit(network, (), frozenset({id(network)}))
+    return paths
+
+
+def _row_path(
+    candidates: list[tuple[Any, ...]], enclosing: tuple[Any, ...], taken: set[tuple[Any, ...]]
+) -> tuple[Any, ...] | None:
+    """The path a row names its module by: the first of ``candidates`` below ``enclosing`` (the
+    enclosing row's path) that no earlier row took; else the first below it; else the first."""
+    below = [path for path in candidates if path[: len(enclosing)] == enclosing] or candidates
+    path = next((path for path in below if path not in taken), below[0] if below else None)
+    if path is not None:
+        taken.add(path)
+    return path
 
 
 def _parameter_count(module: StatefulModule) -> int:
