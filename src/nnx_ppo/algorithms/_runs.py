@@ -246,8 +246,8 @@ def train_ppo_runs(
       eval_env: the evaluation environment; ``env`` when ``None``.
 
     Returns:
-      One :class:`TrainResult` per run, in order; run ``i`` trained the network
-      ``make_networks(seeds[i])`` returned, in place.
+      One :class:`~nnx_ppo.algorithms.config.TrainResult` per run, in order; run
+      ``i`` trained the network ``make_networks(seeds[i])`` returned, in place.
 
     Raises:
       ValueError: no runs, lengths that differ, a learning rate that is not

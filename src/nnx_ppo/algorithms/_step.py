@@ -492,8 +492,8 @@ def ppo_step(
       dict (with ``total_steps``).
 
     Raises:
-      TypeError: ``training_state`` is not a :class:`TrainingState` or ``config``
-        not a :class:`PPOConfig`.
+      TypeError: ``training_state`` is not a :class:`~nnx_ppo.algorithms.types.TrainingState` or
+        ``config`` not a :class:`~nnx_ppo.algorithms.config.PPOConfig`.
       ValueError: the state holds a different number of envs than ``config.n_envs``,
         or a field of ``config`` is invalid (it is checked again here, in case it
         changed after the config was built).

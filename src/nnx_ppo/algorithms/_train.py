@@ -302,7 +302,7 @@ def _new_training_state(
 
 
 def default_config() -> TrainConfig:
-    """The default :class:`TrainConfig`."""
+    """The default :class:`~nnx_ppo.algorithms.config.TrainConfig`."""
     return TrainConfig()
 
 
@@ -507,7 +507,7 @@ def train_ppo(
         split over the devices, parameters replicated).
       log_fn: called as ``log_fn(metrics, step)`` after every PPO step (and after
         the initial evaluation), ``metrics`` a flat ``str -> float`` dict.
-      video_fn: receives a :class:`VideoData` per recording.
+      video_fn: receives a :class:`~nnx_ppo.algorithms.config.VideoData` per recording.
       checkpoint_fn: called as ``checkpoint_fn(training_state, step)`` at step 0,
         every ``config.checkpoint_every_steps`` and at the last step, after that
         step's ``log_fn``.
@@ -522,12 +522,14 @@ def train_ppo(
         given, writes a final checkpoint of the state reached.
 
     Returns:
-      A :class:`TrainResult`; ``eval_history`` holds ``{"step": s, **eval_metrics}``
-      per evaluation, with ``episode_reward_mean`` naming ``eval/episode_reward/mean``.
+      A :class:`~nnx_ppo.algorithms.config.TrainResult`; ``eval_history`` holds
+      ``{"step": s, **eval_metrics}`` per evaluation, with ``episode_reward_mean``
+      naming ``eval/episode_reward/mean``.
 
     Raises:
-      TypeError: ``config`` is not a :class:`TrainConfig`, ``initial_state`` not a
-        :class:`TrainingState`, or video is asked of an eval env without ``render``.
+      TypeError: ``config`` is not a :class:`~nnx_ppo.algorithms.config.TrainConfig`,
+        ``initial_state`` not a :class:`~nnx_ppo.algorithms.types.TrainingState`, or
+        video is asked of an eval env without ``render``.
       ValueError: ``networks`` is not ``initial_state.networks``, or ``n_envs``
         (training or evaluation) does not split evenly over the devices; raised
         before anything compiles.

@@ -116,7 +116,8 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
 
 
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:
-    """Rebuild a validated :class:`TrainConfig` from :func:`config_to_dict`'s output.
+    """Rebuild a validated :class:`~nnx_ppo.algorithms.config.TrainConfig` from
+    :func:`config_to_dict`'s output.
 
     Every field is parsed by its type, so a config file or a ``--set`` value of
     the wrong form is named with the form expected. ``logging_level`` takes a
@@ -568,10 +569,11 @@ def load_checkpoint(
     Args:
       path: a run directory, its ``checkpoints`` directory (the latest checkpoint
         is taken), or one step directory.
-      template: a :class:`TrainingState` of the same architecture and ``n_envs``
-        (e.g. from :func:`~nnx_ppo.algorithms.ppo.new_training_state`), to resume
-        training; or just the network (with ``optimizer`` optionally), to restore
-        its parameters and statistics for evaluation. Modules are updated in place.
+      template: a :class:`~nnx_ppo.algorithms.types.TrainingState` of the same
+        architecture and ``n_envs`` (e.g. from
+        :func:`~nnx_ppo.algorithms.ppo.new_training_state`), to resume training; or
+        just the network (with ``optimizer`` optionally), to restore its parameters
+        and statistics for evaluation. Modules are updated in place.
       optimizer: with a network ``template``, an optimizer to restore as well.
       step: a specific step instead of the latest.
 

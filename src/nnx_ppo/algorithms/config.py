@@ -3,8 +3,9 @@
 Fields and defaults are those of nnx-ppo 0.3.0, so its scripts run unchanged;
 the options after ``logging_percentiles`` in :class:`PPOConfig` are new and
 default to 0.3.0's behaviour. Every config checks its fields in
-``__post_init__`` and again in :meth:`validate` (``train_ppo`` calls it, so a
-field changed after construction is checked too).
+``__post_init__`` and again in its ``validate`` method
+(:meth:`TrainConfig.validate <nnx_ppo.algorithms.config.TrainConfig.validate>` validates
+every sub-config; ``train_ppo`` calls it, so a field changed after construction is checked too).
 """
 
 from __future__ import annotations
@@ -203,13 +204,13 @@ class PPOConfig:
 
     @property
     def total_updates(self) -> int:
-        """Gradient steps over the run: one per minibatch of every epoch of every PPO step."""
+        """Gradient steps over the run, one per minibatch of every epoch of every PPO step."""
         iterations = -(-self.total_steps // self.steps_per_iteration)
         return iterations * self.n_epochs * self.n_minibatches
 
     @property
     def steps_per_iteration(self) -> int:
-        """Env steps one PPO step collects: ``n_envs * rollout_length``."""
+        """Env steps one PPO step collects, ``n_envs * rollout_length``."""
         return self.n_envs * self.rollout_length
 
 

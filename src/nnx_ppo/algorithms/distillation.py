@@ -131,7 +131,7 @@ class DistillationConfig:
 
     @property
     def steps_per_iteration(self) -> int:
-        """Env steps one distillation step collects: ``n_envs * rollout_length``."""
+        """Env steps one distillation step collects, ``n_envs * rollout_length``."""
         return self.n_envs * self.rollout_length
 
 

@@ -5,7 +5,8 @@ A tree of values becomes one entry per leaf, its path appended to the name
 ``std``, or by ``p<N>`` percentiles when percentiles are asked for; a boolean
 array by the fraction that holds; a scalar is logged as it is.
 
-Which metrics a training step computes follows the :class:`LoggingLevel` flags:
+Which metrics a training step computes follows the
+:class:`~nnx_ppo.algorithms.types.LoggingLevel` flags:
 
 =============== ================================================================
 flag            metrics

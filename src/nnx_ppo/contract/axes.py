@@ -48,7 +48,7 @@ __all__ = [
 _Arrays: TypeAlias = Array | np.ndarray
 
 Batched: TypeAlias = Shaped[_Arrays, "B ..."]
-"""One array of a module call: the batch axis, then features (each argument its own)."""
+"""One array of a module call, the batch axis then features (each argument its own)."""
 
 BatchedTree: TypeAlias = PyTree[Shaped[_Arrays, "B ..."]]
 """A module's input or output: a pytree whose every leaf leads with ``B``."""
@@ -60,25 +60,25 @@ CarrySlice: TypeAlias = PyTree[Shaped[_Arrays, "..."]]
 """What ``reset_state`` sees: a batched carry, or under ``vmap`` one env's slice of it."""
 
 Extras: TypeAlias = PyTree[Shaped[_Arrays, "B ..."]] | None
-"""The ``rollout_extras`` of one call: ``(B, *feat)`` leaves, or ``None``."""
+"""The ``rollout_extras`` of one call, ``(B, *feat)`` leaves or ``None``."""
 
 History: TypeAlias = Shaped[_Arrays, "T B ..."]
-"""One leaf of a rollout history: time, then batch, then features (each leaf its own)."""
+"""One leaf of a rollout history, time then batch then features (each leaf its own)."""
 
 HistoryTree: TypeAlias = PyTree[Shaped[_Arrays, "T B ..."]]
 """What ``update_statistics`` receives: the stacked emissions, leaves ``(T, B, *feat)``."""
 
 FloatBatch: TypeAlias = Float[_Arrays, " B"]
-"""One float per sample: a log-likelihood, a value estimate."""
+"""One float per sample, such as a log-likelihood or a value estimate."""
 
 FloatHistory: TypeAlias = Float[_Arrays, "T B"]
-"""One float per step and env: rewards, values, advantages of a rollout."""
+"""One float per step and env, such as the rewards, values or advantages of a rollout."""
 
 BoolHistory: TypeAlias = Bool[_Arrays, "T B"]
-"""One flag per step and env: where episodes ended, and which were truncated."""
+"""One flag per step and env, such as where episodes ended and which were truncated."""
 
 RegularizationLoss: TypeAlias = Float[_Arrays, ""] | Float[_Arrays, " B"]
-"""A module's regularization: a scalar, or one value per sample."""
+"""A module's regularization, a scalar or one value per sample."""
 
 PerEnvKeys: TypeAlias = Key[Array, " B"]
 """One typed PRNG key per environment, carried in state."""

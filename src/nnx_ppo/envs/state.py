@@ -70,10 +70,10 @@ class EnvState(Protocol):
     """One environment's state, as in MuJoCo Playground.
 
     The fields are read-only properties so that frozen dataclasses (Playground's
-    ``State``, :class:`nnx_ppo.envs.State`) satisfy the protocol. ``done`` is a
-    scalar (``float`` in Playground, ``bool`` elsewhere) or one scalar per reward
-    leaf; ``info["truncated"]`` (ours) or ``info["truncation"]`` (Playground)
-    marks an episode cut short by a time limit.
+    ``State``, :class:`nnx_ppo.envs.State <nnx_ppo.envs.state.State>`) satisfy the
+    protocol. ``done`` is a scalar (``float`` in Playground, ``bool`` elsewhere) or
+    one scalar per reward leaf; ``info["truncated"]`` (ours) or
+    ``info["truncation"]`` (Playground) marks an episode cut short by a time limit.
     """
 
     @property

@@ -48,7 +48,8 @@ def make_mlp_layers(
     activation_last_layer: bool = True,
     **linear_kwargs: Any,
 ) -> list[Dense]:
-    """The :class:`Dense` layers of an MLP, to splice into a :class:`Sequential`.
+    """The :class:`~nnx_ppo.networks.feedforward.Dense` layers of an MLP, to splice into a
+    :class:`~nnx_ppo.networks.containers.Sequential`.
 
     Args:
       sizes: the widths from input to output, e.g. ``[obs_size, 64, 64, action_size]``;
@@ -85,7 +86,8 @@ def make_mlp(
     activation_last_layer: bool = True,
     **linear_kwargs: Any,
 ) -> Sequential:
-    """An MLP as a :class:`Sequential` of :class:`Dense` layers; see :func:`make_mlp_layers`."""
+    """An MLP as a :class:`~nnx_ppo.networks.containers.Sequential` of
+    :class:`~nnx_ppo.networks.feedforward.Dense` layers; see :func:`make_mlp_layers`."""
     return Sequential(
         make_mlp_layers(sizes, rngs, activation, activation_last_layer, **linear_kwargs)
     )

@@ -15,7 +15,8 @@ __all__ = ["Dense"]
 
 
 class Dense(StatefulModule):
-    """An affine layer, ``activation(x @ W + b)``, as a :class:`StatefulModule`.
+    """An affine layer, ``activation(x @ W + b)``, as a
+    :class:`~nnx_ppo.networks.types.StatefulModule`.
 
     Input ``(B, in_features)``, output ``(B, out_features)``. Stateless: its carry
     is ``()``; it emits no ``rollout_extras`` and no regularization.

@@ -1,6 +1,6 @@
 """A table of a network's contract modules: shapes, carry, extras, parameters, statistics.
 
-:func:`summary` runs one step of a network abstractly, with :func:`flax.nnx.eval_shape`:
+:func:`~nnx_ppo.summary` runs one step of a network abstractly, with :func:`flax.nnx.eval_shape`:
 no floating-point work is done and no activation is allocated, so it costs the same
 for any network size. It builds a batch from one unbatched example input,
 initialises the carry, calls the network, and folds the emitted ``rollout_extras``,
@@ -153,7 +153,7 @@ class ModuleRow:
 
 @dataclass(frozen=True)
 class NetworkSummary:
-    """What :func:`summary` returns: one row per contract-module call, outermost first.
+    """What :func:`~nnx_ppo.summary` returns: one row per contract-module call, outermost first.
 
     Print it (``print(s)``, or ``rich.print(s)`` for colour) to see the table: one
     line per module, indented under the container that called it and named by its
@@ -272,8 +272,9 @@ def summary(
         ``jax.ShapeDtypeStruct`` leaves. The summary adds the batch axis itself.
 
     Returns:
-      A :class:`NetworkSummary`. A :class:`~nnx_ppo.ContractError` raised in the step
-      is not raised here: it is the summary's ``error``, and its rows stop there.
+      A :class:`~nnx_ppo.networks.network_summary.NetworkSummary`. A
+      :class:`~nnx_ppo.ContractError` raised in the step is not raised here: it is
+      the summary's ``error``, and its rows stop there.
 
     Raises:
       Exception: any other exception the step raises, unchanged (e.g. a matrix-size
@@ -299,7 +300,8 @@ def print_summary(
     example_input: PyTree[Shaped[Array, "..."] | jax.ShapeDtypeStruct],
     console: Console | None = None,
 ) -> NetworkSummary:
-    """:func:`summary` of ``network``, printed to ``console`` (default: a new one), returned."""
+    """:func:`~nnx_ppo.summary` of ``network``, printed to ``console`` (default: a new one),
+    returned."""
     result = summary(network, example_input)
     console = console or Console()
     if console.is_terminal:

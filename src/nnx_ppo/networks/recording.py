@@ -7,9 +7,9 @@ network's checked calls with :func:`nnx_ppo.contract.checks.observe_calls`. Each
 contract module's ``output`` of that call is collected under the module's path in
 the network, as Python would write it (``""`` for the network itself,
 ``".layers[0]"``, ``".components['action']"``), and the collection is returned in
-the call's ``metrics`` under :data:`ACTIVATION_KEY` (the network's own metrics
-under ``"network"``), where
-:func:`extract_activations` finds it.
+the call's ``metrics`` under :data:`~nnx_ppo.networks.types.ACTIVATION_KEY` (the
+network's own metrics under ``"network"``), where :func:`extract_activations`
+finds it.
 
 The activations are the call's own traced values, so a recorder works under
 ``jit`` and ``scan``: returned from a scan body they stack to ``(T, B, *feat)``
@@ -44,8 +44,8 @@ class Recorder(StatefulModule):
     ``initialize_state``, ``reset_state`` and ``update_statistics`` are the
     network's own; ``__call__`` returns the network's ``StatefulModuleOutput`` with
     its ``metrics`` nested under ``"network"`` and, beside them under
-    :data:`ACTIVATION_KEY`, a dict from each contract module's path in the network
-    (see the module docstring) to the ``output`` of its ``__call__``, leaves
+    :data:`~nnx_ppo.networks.types.ACTIVATION_KEY`, a dict from each contract module's
+    path in the network (see the module docstring) to the ``output`` of its ``__call__``, leaves
     ``(B, *feat)``. (Nesting keeps the keys of one dict all strings: a
     ``Sequential``'s metrics are keyed by layer index.) The contract checks are
     turned on inside the call, since the recording reads them; they cost nothing

@@ -117,11 +117,13 @@ class ActionSampler(StatefulModule):
     def log_likelihood(
         self, raw_action: Shaped[Array, "B *raw"], parameters: DistributionParameters
     ) -> Float[Array, " B"]:
-        """The log-likelihood of the action that ``raw_action`` becomes after :meth:`squash`."""
+        """The log-likelihood of the action that ``raw_action`` becomes after
+        :meth:`~nnx_ppo.networks.sampling_layers.ActionSampler.squash`."""
 
     @abc.abstractmethod
     def entropy(self, parameters: DistributionParameters) -> Float[Array, " B"]:
-        """The entropy of the action distribution (after :meth:`squash`), one per sample."""
+        """The entropy of the action distribution (after
+        :meth:`~nnx_ppo.networks.sampling_layers.ActionSampler.squash`), one per sample."""
 
     def squash(self, raw_action: Shaped[Array, "B *raw"]) -> Shaped[Array, "B *action"]:
         """The action handed to the environment. The identity unless overridden."""

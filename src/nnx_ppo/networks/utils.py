@@ -55,7 +55,7 @@ __all__ = [
 
 
 KeySource: TypeAlias = nnx.Rngs | nnx.RngStream | Callable[[], Key[Array, ""]]
-"""What seeds a stochastic module's per-env keys: anything that returns a fresh key when called.
+"""What seeds a stochastic module's per-env keys, anything that returns a fresh key when called.
 
 An ``nnx.Rngs`` (its default stream), one of its streams (``rngs.params``), or a
 function; nnx-ppo 0.3.0's modules called their ``rng`` the same way, so all three

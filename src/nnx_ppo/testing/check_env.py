@@ -58,7 +58,7 @@ class EnvProperty(enum.StrEnum):
     """The names of the properties :func:`check_env` checks.
 
     The order they run in, their rules and what each compares are the rows of
-    :data:`ENV_PROPERTIES`.
+    :data:`~nnx_ppo.testing.ENV_PROPERTIES`.
     """
 
     RESET = "single-env reset"

@@ -101,7 +101,7 @@ class ModuleProperty(enum.StrEnum):
     """The names of the properties :func:`check_module` checks.
 
     The order they run in, their rules and what each compares are the rows of
-    :data:`MODULE_PROPERTIES`.
+    :data:`~nnx_ppo.testing.MODULE_PROPERTIES`.
     """
 
     INITIALIZE_STATE = "initialize_state"

@@ -171,4 +171,4 @@ def make_stats_recorder(in_features: int, rngs: nnx.Rngs) -> StatsRecorder:
 
 
 LEAF_FACTORIES: tuple[LeafFactory, ...] = (make_linear, make_running_sum, make_stats_recorder)
-"""One factory of each kind: stateless, stateful, stats-bearing."""
+"""One factory of each kind, stateless, stateful and stats-bearing."""
