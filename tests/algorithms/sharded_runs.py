@@ -13,6 +13,9 @@ Modes:
                       the differences, placements, collectives and refusals.
   ``distributed DIR PORT PROCESS_ID``  one of two processes (2 devices each) running
                       ``nnx-ppo train`` over all 4; saves its final parameters.
+  ``lost DIR PORT PROCESS_ID``  the same with one device each, but process 1 dies
+                      (``os._exit``) after its second PPO step; process 0's ``main``
+                      exits without returning.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 THREADS_PER_DEVICE = 4
 HANG_REPORT_SECONDS = 250
-DEVICES = 2 if sys.argv[1] == "distributed" else 4
+DEVICES = {"distributed": 2, "lost": 1}.get(sys.argv[1], 4)
 # Forced devices are threads: on 2 busy cores one can reach an all-reduce more than
 # XLA's default 40 s after the others, which aborts the process. Wait longer.
 os.environ["XLA_FLAGS"] = (
@@ -293,6 +296,32 @@ def runs() -> dict[str, Any]:
     return found
 
 
+def train_command(directory: Path, port: int, process_id: int, steps: int) -> list[str]:
+    """``nnx-ppo train`` as one of two processes, 64 envs over all their devices."""
+    return [
+        "train",
+        "--quiet",
+        "--steps",
+        str(steps),
+        "--set",
+        "ppo.n_envs=64",
+        "--set",
+        "ppo.rollout_length=8",
+        "--set",
+        "eval.n_envs=8",
+        "--set",
+        "eval.max_episode_length=20",
+        "--run-dir",
+        str(directory / f"run_of_process_{process_id}"),
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--num-processes",
+        "2",
+        "--process-id",
+        str(process_id),
+    ]
+
+
 def distributed(directory: Path, port: int, process_id: int) -> dict[str, Any]:
     import nnx_ppo.algorithms.ppo as ppo
     from nnx_ppo.algorithms import sharding
@@ -306,30 +335,7 @@ def distributed(directory: Path, port: int, process_id: int) -> dict[str, Any]:
         return results[-1]
 
     ppo.train_ppo = remembered
-    status = main(
-        [
-            "train",
-            "--quiet",
-            "--steps",
-            str(2 * 64 * 8),
-            "--set",
-            "ppo.n_envs=64",
-            "--set",
-            "ppo.rollout_length=8",
-            "--set",
-            "eval.n_envs=8",
-            "--set",
-            "eval.max_episode_length=20",
-            "--run-dir",
-            str(directory / f"run_of_process_{process_id}"),
-            "--coordinator",
-            f"127.0.0.1:{port}",
-            "--num-processes",
-            "2",
-            "--process-id",
-            str(process_id),
-        ]
-    )
+    status = main(train_command(directory, port, process_id, steps=2 * 64 * 8))
     networks = results[-1].training_state.networks
     np.savez(directory / f"parameters_{process_id}.npz", *parameters(networks))
     # Two devices of four are process 0's alone; process 1 would have no share of the envs.
@@ -358,6 +364,25 @@ def distributed(directory: Path, port: int, process_id: int) -> dict[str, Any]:
     }
 
 
+def lost(directory: Path, port: int, process_id: int) -> dict[str, Any]:
+    import nnx_ppo.algorithms.ppo as ppo
+    from nnx_ppo.cli.main import main
+
+    trained = ppo.train_ppo
+
+    def dies_after_two_steps(*args: Any, log_fn: Any, **kwargs: Any) -> Any:
+        def log_then_die(metrics: dict[str, float], step: int) -> None:
+            log_fn(metrics, step)
+            if step >= 2 * 64 * 8:
+                os._exit(3)
+
+        return trained(*args, log_fn=log_then_die, **kwargs)
+
+    if process_id == 1:
+        ppo.train_ppo = dies_after_two_steps
+    return {"status": main(train_command(directory, port, process_id, steps=100 * 64 * 8))}
+
+
 if __name__ == "__main__":
     mode, out = sys.argv[1], Path(sys.argv[2])
     if mode == "equivalence":
@@ -367,5 +392,6 @@ if __name__ == "__main__":
     elif mode == "runs":
         report = runs()
     else:
-        report = distributed(Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+        run = distributed if mode == "distributed" else lost
+        report = run(Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     out.write_text(json.dumps(report))

@@ -133,6 +133,33 @@ def test_two_processes_train_as_one_and_only_process_0_writes(tmp_path):
     assert not (tmp_path / "run_of_process_1").exists()
 
 
+def test_a_lost_process_stops_the_others_with_one_error_line_at_once(tmp_path):
+    port = str(_free_port())
+    arguments = [[str(tmp_path / f"p{i}.json"), str(tmp_path), port, str(i)] for i in range(2)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), "lost", *arguments[i]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [process.communicate(timeout=600)[0] for process in processes]
+    assert processes[1].returncode == 3, outputs[1][-3000:]
+    # JAX's own exit handlers would wait for the lost process's heartbeat to time out
+    # and then abort with a C++ stack trace; process 0 exits at once instead.
+    assert processes[0].returncode == 1, outputs[0][-3000:]
+    run_dir = tmp_path / "run_of_process_0"
+    assert (
+        "error: process 0 of 2: a collective with the run's other processes failed, most "
+        "likely because one of them stopped" in " ".join(outputs[0].split())
+    )
+    assert f"resume with nnx-ppo train --resume {run_dir}" in " ".join(outputs[0].split())
+    assert "Traceback" not in outputs[0] and "Terminating process" not in outputs[0]
+    assert not (tmp_path / "p0.json").exists()  # main did not return
+
+
 def test_cli_trains_over_four_devices(tmp_path):
     run_dir = tmp_path / "run"
     # As in sharded_runs.py: patient collectives and 4 threads a device, for forced devices

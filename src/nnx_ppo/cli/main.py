@@ -17,13 +17,14 @@ import io
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import jax
 from flax import nnx
@@ -484,6 +485,10 @@ def _train_locked(
                 )
             except FloatingPointError as error:
                 raise _Diverged(str(error), run_dir) from error
+            except jax.errors.JaxRuntimeError as error:
+                if jax.process_count() == 1:
+                    raise
+                raise _ProcessLost(str(error), run_dir) from error
         trained = True
     finally:
         for sig, handler in previous.items():
@@ -585,6 +590,23 @@ class _Diverged(Exception):
     def __init__(self, message: str, run_dir: Path) -> None:
         super().__init__(message)
         self.run_dir = run_dir
+
+
+class _ProcessLost(Exception):
+    """A collective of a multi-process run failed: another process most likely stopped."""
+
+    def __init__(self, message: str, run_dir: Path) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
+
+
+def _exit_at_once(status: int) -> NoReturn:
+    """Exit now, without Python's exit handlers: JAX's would wait at the distributed
+    runtime's shutdown barrier for the lost process until its heartbeat times out
+    (over a minute), then abort with a C++ stack trace."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _close_logger(logger: RunLogger, *, raise_errors: bool) -> None:
@@ -721,6 +743,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--set ppo.learning_rate=...)",
         )
         return 1
+    except _ProcessLost as error:
+        first_line = next(iter(str(error).splitlines()), "")
+        _print_error(
+            errors,
+            f"process {jax.process_index()} of {jax.process_count()}: a collective with the "
+            "run's other processes failed, most likely because one of them stopped (see its "
+            f"output). JAX said: {first_line}. The checkpoints in {error.run_dir} are intact: "
+            f"resume with nnx-ppo train --resume {error.run_dir} and the same distributed "
+            "options, on every process",
+        )
+        _exit_at_once(1)
     except (ValueError, TypeError, OSError, ImportError, RunLockedError) as error:
         _print_error(errors, str(error))
         return 2
