@@ -211,6 +211,14 @@ def test_broken_checkpoints_are_named(tmp_path: Path) -> None:
         checkpoints / f"{step_directory(checkpoints, latest + 128).name}.orbax-checkpoint-tmp-1"
     ).mkdir()
     assert find_checkpoint(run_dir) == (checkpoints, latest)
+    # Of a step the resumed run will not save again: Orbax alone would leave it for good.
+    left = checkpoints / f"{step_directory(checkpoints, 10**6).name}.orbax-checkpoint-tmp-2"
+    left.mkdir()
+    load_checkpoint(run_dir, network)  # a reader (eval beside a live run) removes nothing
+    assert left.is_dir()
+    assert main(["train", "--resume", str(run_dir), "--steps", str(latest + 128)]) == 0
+    assert not any("orbax-checkpoint-tmp" in path.name for path in checkpoints.iterdir())
+    checkpoints, latest = find_checkpoint(run_dir)
 
     manifest = next((step_directory(checkpoints, latest) / "manifest").iterdir())
     manifest.write_text("{ truncated")

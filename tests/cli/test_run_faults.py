@@ -401,6 +401,33 @@ BAD_INPUT = [
 ]
 
 
+def test_a_long_runs_metrics_are_trimmed_and_plotted_without_holding_the_file(
+    tmp_path: Path,
+) -> None:
+    import tracemalloc
+
+    from nnx_ppo.cli.run_dir import EVAL_RETURN_KEY, plot_learning_curve, trim_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    record = {f"metric/{i}": float(i) for i in range(40)}  # about a CLI record's size
+    with path.open("w") as stream:
+        for step in range(5000):
+            stream.write(json.dumps({"step": step, EVAL_RETURN_KEY: 1.0, **record}) + "\n")
+    written = path.read_bytes()
+    plot_learning_curve(path, tmp_path / "curve.png")  # matplotlib's own allocations first
+    tracemalloc.start()
+    try:
+        trim_metrics(path, 3999)
+        plot_learning_curve(path, tmp_path / "curve.png")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # The whole file is 3.9 MB, its parsed records several times that.
+    assert len(written) > 3_900_000 and peak < 1_500_000, peak
+    kept = written.splitlines(keepends=True)[:4000]
+    assert path.read_bytes() == b"".join(kept)  # the kept lines, byte for byte
+
+
 @pytest.mark.parametrize(("argv", "expected"), BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
 def test_bad_input_to_train_is_one_line_naming_the_field(
     argv: list[str],

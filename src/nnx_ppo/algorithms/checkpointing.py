@@ -280,6 +280,9 @@ def _describe(entry: dict[str, Any]) -> str:
 def _manager(directory: Path, keep_last: int | None, create: bool) -> Any:
     import orbax.checkpoint as ocp
 
+    # The writer removes what a killed write left; a reader (`nnx-ppo eval` beside a live
+    # run, another process) must not remove a write in progress.
+    writer = create and jax.process_index() == 0
     solo: dict[str, Any] = {}
     if jax.process_count() > 1:
         # Each process works alone: process 0 writes, and every process reads for itself.
@@ -295,6 +298,7 @@ def _manager(directory: Path, keep_last: int | None, create: bool) -> Any:
         enable_async_checkpointing=False,
         step_prefix=_STEP_PREFIX,
         step_format_fixed_length=_STEP_DIGITS,
+        cleanup_tmp_directories=writer,
         **solo,
     )
     return ocp.CheckpointManager(directory.absolute(), options=options)

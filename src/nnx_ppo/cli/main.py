@@ -367,7 +367,7 @@ def _train_locked(
     from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
     from nnx_ppo.cli.native_output import SimulatorWarnings
     from nnx_ppo.cli.progress import TrainingProgress
-    from nnx_ppo.cli.run_dir import RunLogger, read_metrics, trim_metrics, write_atomically
+    from nnx_ppo.cli.run_dir import RunLogger, iter_metrics, trim_metrics, write_atomically
     from nnx_ppo.networks.network_summary import print_summary
 
     try:
@@ -405,12 +405,13 @@ def _train_locked(
             return 0
         console.print(f"resuming {run_dir} from step {start_step:,}", soft_wrap=True)
     else:
-        logged = [r.get("step", 0) for r in read_metrics(run_dir / "metrics.jsonl")]
-        if max(logged, default=0) > 0:
+        metrics = iter_metrics(run_dir / "metrics.jsonl")
+        logged = max((record["step"] for _, record in metrics), default=0)
+        if logged > 0:
             doing = "resuming" if args.resume is not None else "a new run there"
             raise ValueError(
                 f"{run_dir} has no usable checkpoint, but its metrics.jsonl holds records up "
-                f"to step {max(logged):,}: {doing} would start the run over and drop them. "
+                f"to step {logged:,}: {doing} would start the run over and drop them. "
                 "Restore its checkpoints, or start a new run with another --run-dir"
             )
         if args.resume is not None:
@@ -464,7 +465,7 @@ def _train_locked(
             TrainingProgress(planned, console, start_step) as progress,
         ):
             if primary:
-                progress.remember(read_metrics(run_dir / "metrics.jsonl"))
+                progress.remember(r for _, r in iter_metrics(run_dir / "metrics.jsonl"))
 
             def log_fn(metrics: dict[str, float], step: int) -> None:
                 if logger is not None:

@@ -2,6 +2,7 @@
 
 import sys
 import time
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
@@ -88,7 +89,7 @@ class TrainingProgress:
             returns=" | ".join(returns),
         )
 
-    def remember(self, records: list[dict[str, Any]]) -> None:
+    def remember(self, records: Iterable[dict[str, Any]]) -> None:
         """Take the latest returns (and their steps) from records an earlier session logged."""
         for record in records:
             for key in (EVAL_RETURN_KEY, TRAIN_RETURN_KEY):

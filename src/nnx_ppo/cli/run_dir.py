@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 __all__ = [
     "EVAL_RETURN_KEY",
@@ -33,6 +33,7 @@ __all__ = [
     "RunLockedError",
     "RunLogger",
     "hold_run_lock",
+    "iter_metrics",
     "plot_learning_curve",
     "read_metrics",
     "trim_metrics",
@@ -53,10 +54,18 @@ def write_atomically(path: Path, data: str | bytes) -> None:
 
     Readers see the old content or the new one, never a part of it.
     """
+    with _replacing(path) as stream:
+        stream.write(data.encode() if isinstance(data, str) else data)
+
+
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[BinaryIO]:
+    """A stream to a temporary file that replaces ``path`` when the block ends without an
+    error (synced to disk first); after an error ``path`` is left as it was."""
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with temporary.open("wb") as stream:
-            stream.write(data.encode() if isinstance(data, str) else data)
+            yield stream
             stream.flush()
             os.fsync(stream.fileno())
         temporary.replace(path)
@@ -132,23 +141,37 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl`` file, in order; none if it does not exist yet.
 
     A last line cut short (the process was killed while writing it) is dropped;
-    a broken line before the last is an error naming the file and the line.
+    a broken line before the last is an error naming the file and the line. A long
+    run's file holds a record per PPO step: :func:`iter_metrics` reads one at a time.
+    """
+    return [record for _, record in iter_metrics(path)]
+
+
+def iter_metrics(path: Path) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    """Each record of a ``metrics.jsonl`` file with its line, read one line at a time.
+
+    The same records as :func:`read_metrics`, without holding the file in memory.
     """
     if not path.exists():
-        return []
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    records = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            if number == len(lines):
-                break
-            raise ValueError(f"{path} line {number} is not valid JSON: {error}") from error
-        step = records[-1].get("step") if isinstance(records[-1], dict) else None
-        if isinstance(step, bool) or not isinstance(step, int):
-            raise ValueError(f"{path} line {number} is not a metrics record: it has no int 'step'")
-    return records
+        return
+    with path.open("rb") as stream:
+        lines = ((number, line) for number, line in enumerate(stream, start=1) if line.strip())
+        pending = next(lines, None)
+        while pending is not None:
+            number, line = pending
+            pending = next(lines, None)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                if pending is None:
+                    return  # the last line, cut short
+                raise ValueError(f"{path} line {number} is not valid JSON: {error}") from error
+            step = record.get("step") if isinstance(record, dict) else None
+            if isinstance(step, bool) or not isinstance(step, int):
+                raise ValueError(
+                    f"{path} line {number} is not a metrics record: it has no int 'step'"
+                )
+            yield line if line.endswith(b"\n") else line + b"\n", record
 
 
 def trim_metrics(path: Path, last_step: int) -> None:
@@ -156,11 +179,15 @@ def trim_metrics(path: Path, last_step: int) -> None:
 
     With ``last_step < 0`` nothing is kept and the file is not read (what a run
     that failed before its first checkpoint logged is of no use, even if broken).
+    The kept lines are copied one at a time, as they were written.
     """
     if not path.exists():
         return  # nothing logged yet
-    kept = [r for r in read_metrics(path) if r["step"] <= last_step] if last_step >= 0 else []
-    write_atomically(path, "".join(json.dumps(r) + "\n" for r in kept))
+    with _replacing(path) as stream:
+        if last_step >= 0:
+            for line, record in iter_metrics(path):
+                if record["step"] <= last_step:
+                    stream.write(line)
 
 
 def plot_learning_curve(metrics_path: Path, out_path: Path, title: str = "") -> None:
@@ -176,15 +203,20 @@ def plot_learning_curve(metrics_path: Path, out_path: Path, title: str = "") -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = read_metrics(metrics_path)
-    figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
-    for key, label, marker, line in (
+    curves = (
         (TRAIN_RETURN_KEY, "training episodes", "", "-"),
         (EVAL_RETURN_KEY, "evaluation (deterministic policy)", "o", ""),
-    ):
-        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        if points:
-            steps, returns = zip(*points, strict=True)
+    )
+    points: dict[str, tuple[list[int], list[float]]] = {key: ([], []) for key, *_ in curves}
+    for _, record in iter_metrics(metrics_path):
+        for key, (steps, returns) in points.items():
+            if record.get(key) is not None:
+                steps.append(record["step"])
+                returns.append(record[key])
+    figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
+    for key, label, marker, line in curves:
+        steps, returns = points[key]
+        if steps:
             axes.plot(steps, returns, label=label, marker=marker, linestyle=line)
     axes.set_xlabel("environment steps")
     axes.set_ylabel("episode return")
