@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from nnx_ppo import ContractError
 from nnx_ppo.algorithms.rollout import (
     _BatchedEnv,
+    episode_ended,
     episode_flags,
     eval_rollout,
     record_episode,
@@ -348,3 +349,12 @@ def test_a_shared_value_that_depends_on_the_env_is_named(counting_env):
         reset_envs(KeyedClockEnv(counting_env), jax.random.split(jax.random.key(0), 3))
     assert caught.value.leaf == "state.info['clock']"
     assert "a Shared value of the state env.reset returns differs between envs" in str(caught.value)
+
+
+def test_an_episode_with_per_agent_ends_ends_when_the_last_agent_is_done():
+    done = {
+        "agent_0": jnp.array([True, True, False, False]),
+        "agent_1": jnp.array([True, False, True, False]),
+    }
+    np.testing.assert_array_equal(episode_ended(done), [True, False, False, False])
+    np.testing.assert_array_equal(episode_ended(done["agent_1"]), done["agent_1"])

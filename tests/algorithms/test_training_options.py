@@ -45,6 +45,44 @@ def test_reward_scaling_scales_what_the_critic_learns_and_not_what_is_logged(
     np.testing.assert_allclose(scored, 2.5 * logged)
 
 
+def test_the_step_scores_its_rollout_with_the_configs_lambda_and_gamma(
+    counting_env, scripted_network, monkeypatch
+):
+    from test_gae import reference_gae
+
+    config = PPOConfig(
+        n_envs=4, rollout_length=6, n_minibatches=1, n_epochs=1, gae_lambda=0.8,
+        discounting_factor=0.9,
+    )  # fmt: skip
+    seen: list = []
+    score = _step.compute_advantages
+
+    def scoring(rollout_data, *args):
+        result = score(rollout_data, *args)
+        seen.append(jax.tree.map(np.asarray, (rollout_data, result)))
+        return result
+
+    monkeypatch.setattr(_step, "compute_advantages", scoring)
+    network = scripted_network()
+    state = new_training_state(counting_env, network, config.n_envs, seed=0)
+    carry = _step.StepCarry(
+        state.network_states,
+        state.env_states,
+        _step._no_running_episodes(state.env_states),
+        state.rng_key,
+    )
+    _step._train_step(counting_env, config, network, state.optimizer, carry)  # eagerly
+    ((rollout, (advantages, targets)),) = seen
+    values = rollout.network_output.value_estimates
+    expected = reference_gae(
+        rollout.rewards, values, rollout.next_value_estimates, rollout.done, rollout.truncated,
+        lam=0.8, gamma=0.9,
+    )  # fmt: skip
+    assert np.abs(expected).max() > 0
+    np.testing.assert_allclose(advantages, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(targets, expected + values, rtol=1e-5, atol=1e-6)  # A + V(s)
+
+
 def test_reward_scaling_must_be_positive():
     with pytest.raises(ValueError, match="reward_scaling"):
         PPOConfig(reward_scaling=0.0)
