@@ -144,6 +144,41 @@ def test_diagnostics_at_unchanged_parameters(scripted_network):
     assert float(diagnostics["losses/clipping_fraction"]) == 0.0
 
 
+@pytest.mark.parametrize(
+    ("config", "agents"),
+    [(CONFIGS["plain"], ()), (AGENT_CONFIGS["per_agent"], ("a", "b"))],
+    ids=["single", "agents"],
+)
+def test_diagnostics_match_numpy_with_ratios_on_both_sides_of_the_clip_range(
+    config, agents, scripted_network
+):
+    # Old log-likelihoods 0.3-noisy around the current ones: with clip range 0.1 some
+    # ratios lie above 1 + eps, some below 1 - eps and some inside; the targets'
+    # variance (about 4) differs from the value estimates', so R^2's denominator matters.
+    case = make_case(4, agents)
+    base, done, start, old_loglik, _, _, targets = case
+    loglik, value = replay(W, V, base, done, start)
+    _, diagnostics = ppo_loss(
+        scripted_network(W, V, agents=agents), *as_inputs(case, agents), config
+    )
+    eps = config.clip_range
+    for i, agent in enumerate(old_loglik):
+        s = i + 1.0
+        ratio = np.exp(s * loglik - old_loglik[agent])
+        assert np.any(ratio > 1 + eps) and np.any(ratio < 1 - eps), "the case must clip both ways"
+        assert np.any(np.abs(ratio - 1) < eps), "and keep some ratios inside"
+        v, t = s * value, targets[agent]
+        assert abs(np.var(t) - np.var(v)) > 0.5 * np.var(t)
+        expected = {
+            "losses/clipping_fraction": np.mean(np.abs(ratio - 1) > eps),
+            "losses/approx_kl": np.mean(ratio - 1 - np.log(ratio)),
+            "losses/critic_R^2": 1 - np.mean((v - t) ** 2) / np.var(t),
+        }
+        for metric, reference in expected.items():
+            got = diagnostics[metric][agent] if agents else diagnostics[metric]
+            np.testing.assert_allclose(got, reference, rtol=1e-4, err_msg=f"{metric} {agent}")
+
+
 def test_mismatched_reward_and_action_trees_are_explained(scripted_network):
     case = make_case(0, ("a", "b"))
     start, transitions, advantages, targets = as_inputs(case, ("a", "b"))
