@@ -87,6 +87,11 @@ class PerFeatureRegularization(Cell):
         return StatefulModuleOutput(state, x, jnp.square(x), {}, None)
 
 
+class FeatureSumRegularization(Cell):
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x, jnp.square(x).sum(axis=0), {}, None)
+
+
 class TransposedMetric(Cell):
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
         return StatefulModuleOutput(state, x, jnp.zeros(()), {"layer": {"act": x.T}}, None)
@@ -304,6 +309,15 @@ def test_regularization_loss_of_the_wrong_shape() -> None:
     assert "regularization_loss is neither a scalar nor one value per sample" in message
     assert "expected: () or (B,) with B=8" in message
     assert "found:    shape (8, 3) float32" in message
+
+
+def test_regularization_loss_of_one_axis_that_is_not_the_batch() -> None:
+    # One value per feature, (3,): one axis, as a per-sample loss has, but not of size B.
+    message = _message(lambda: FeatureSumRegularization()(*_batch()))
+
+    assert "regularization_loss is neither a scalar nor one value per sample" in message
+    assert "expected: () or (B,) with B=8" in message
+    assert "found:    shape (3,) float32" in message
 
 
 def test_metric_leaf_with_the_wrong_leading_axis() -> None:

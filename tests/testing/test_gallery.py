@@ -146,6 +146,24 @@ class LastStepStatistics(StatefulModule):
         self.mean[...] = rollout_extras[-1].mean(axis=0)
 
 
+class AveragesSampleBySample(StatefulModule):
+    """Moves its running mean towards each sample in turn, in the order the history lists
+    them: the samples of a step have no order, so the mean depends on which came last."""
+
+    def __init__(self) -> None:
+        self.mean = nnx.BatchStat(jnp.zeros(FEATURES))
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return _out((), x - self.mean[...], x)
+
+    def update_statistics(self, rollout_extras: Array) -> None:
+        def towards(mean: Array, sample: Array) -> tuple[Array, None]:
+            return 0.9 * mean + 0.1 * sample, None
+
+        samples = rollout_extras.reshape(-1, FEATURES)
+        self.mean[...], _ = jax.lax.scan(towards, self.mean[...], samples)
+
+
 class CountsStepsNotSamples(StatefulModule):
     """A running mean that weighs each history by its T steps, forgetting its B envs."""
 
@@ -318,6 +336,21 @@ class OneKeyForAllEnvs(KeysNeverSplit):
         return _out({"keys": next_keys}, x + noise)
 
 
+class NoiseKeyedOnItsInputs(KeysNeverSplit):
+    """Folds every input into its per-env keys (the same observation, the same noise) and
+    keeps the key stream through reset_state, as it may: the keys now carry the episode
+    across its end. reset_state of the final carry and of the initial one, given the same
+    keys, agree; only a rollout given other inputs before the end shows it."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        keys = state["keys"]
+        for bits in jax.lax.bitcast_convert_type(x, jnp.uint32).T:
+            keys = jax.vmap(jax.random.fold_in)(keys, bits)
+        next_keys, step_keys = split_env_keys(keys)
+        noise = jax.vmap(lambda key: jax.random.normal(key, (FEATURES,)))(step_keys)
+        return _out({"keys": next_keys}, x + noise)
+
+
 class LockstepClock(Leaky):
     """Counts each episode's steps in its carry but reads the count off env 0: right while
     every env starts its episode together, wrong once one env's episode ends alone."""
@@ -483,6 +516,12 @@ MODULE_BUGS: dict[
         ModuleProperty.EPISODES_INDEPENDENT,
         "reset_state(state)['t']",
     ),
+    "noise keys that carry the inputs of the episode before": (
+        NoiseKeyedOnItsInputs,
+        {"stochastic": True, "time_lengths": (4,)},
+        ModuleProperty.EPISODES_INDEPENDENT,
+        "output",
+    ),
     "sampler that resamples in replay": (
         lambda: ResamplesInReplay(nnx.Rngs(0), 0.01),
         {"example_input": jnp.zeros(4)},
@@ -506,6 +545,12 @@ MODULE_BUGS: dict[
         {},
         ModuleProperty.STATISTICS_ORDER,
         "LastStepStatistics.mean",
+    ),
+    "statistics that depend on the order of the samples within a step": (
+        AveragesSampleBySample,
+        {},
+        ModuleProperty.STATISTICS_ORDER,
+        "AveragesSampleBySample.mean",
     ),
     "statistics that count the steps of a history, not its samples": (
         CountsStepsNotSamples,
@@ -633,6 +678,18 @@ def test_purity_bugs_are_reported_at_the_smallest_batch_that_shows_them() -> Non
     with pytest.raises(ContractPropertyError) as caught:
         check_module(BatchMeanInForward, jnp.zeros(FEATURES), batch_sizes=(1, 2, 3, 5))
     assert caught.value.sizes == {"B": 2, "T": 1}
+
+
+def test_a_leak_from_earlier_envs_is_reported_by_a_later_env_run_alone() -> None:
+    # Scanning the batch leaves env 0 as it would be alone. The shrunk example keeps the
+    # batch in its order (no permutation) and replays env 0 alone (the smallest subset):
+    # only env 1 run alone shows the leak.
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(ScansTheBatchAsTime, jnp.zeros(FEATURES), batch_sizes=(1, 2))
+    error = caught.value
+    assert error.property == ModuleProperty.BATCH_OF_ONE, str(error)
+    assert error.leaf == "output at step 0, env 1", str(error)
+    assert error.sizes == {"B": 2, "T": 1}
 
 
 # ------------------------------------------------------------------------- environments
