@@ -841,3 +841,12 @@ def test_a_traced_branch_is_reported_with_jax_s_own_error() -> None:
         check_env(PythonBranchEnv(), n_envs=2, steps=3)
     assert isinstance(caught.value.cause, jax.errors.TracerBoolConversionError)
     assert "TracerBoolConversionError" in str(caught.value)
+
+
+def test_statistics_order_moves_the_last_sample_even_at_two_samples() -> None:
+    # One step of two envs: a seeded shuffle of two samples can be the identity.
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(
+            AveragesSampleBySample, jnp.zeros(FEATURES), batch_sizes=(2,), time_lengths=(1,)
+        )
+    assert caught.value.property == ModuleProperty.STATISTICS_ORDER, str(caught.value)
