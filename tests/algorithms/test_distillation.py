@@ -149,6 +149,29 @@ def test_steps_lower_the_students_nll_and_leave_the_teacher_untouched():
         np.testing.assert_array_equal(before, after)
 
 
+def test_a_step_adds_the_regularization_folds_statistics_and_carries_the_teacher_on():
+    from nnx_ppo.networks.normalizer import NormalizerStatistics
+
+    teacher = lstm_teacher(ENV)
+    student = make_lstm_actor_critic(  # its sampler's entropy bonus is a regularization
+        ENV.observation_size, ENV.action_size, 16, nnx.Rngs(3), discrete=True,
+        activation=nnx.tanh, normalize_obs=True,
+    )  # fmt: skip
+    state = new_distillation_state(ENV, teacher, student, STEP[0], 0, LEARNING_RATE)
+    statistics = leaves(nnx.state(student, NormalizerStatistics))
+    teacher_carry = leaves(state.teacher_states)
+    state, metrics = distillation_step(ENV, teacher, state, *STEP)
+    regularization = metrics["losses/regularization/mean"]
+    assert regularization != 0.0
+    assert metrics["losses/total/mean"] == pytest.approx(
+        metrics["losses/distillation_nll/mean"] + regularization, rel=1e-5
+    )
+    folded = leaves(nnx.state(student, NormalizerStatistics))
+    assert any(not np.array_equal(a, b) for a, b in zip(statistics, folded, strict=True))
+    carried = leaves(state.teacher_states)
+    assert any(not np.array_equal(a, b) for a, b in zip(teacher_carry, carried, strict=True))
+
+
 def test_configs_name_the_invalid_field():
     with pytest.raises(ValueError, match=r"n_envs \(6\) must be divisible by n_minibatches"):
         DistillationConfig(n_envs=6, n_minibatches=4)
@@ -171,7 +194,7 @@ def test_checkpoint_resumes_the_student_and_both_carries(tmp_path):
     )
     loaded = load_distillation_checkpoint(tmp_path, fresh)
     assert loaded.steps_taken == state.steps_taken
-    for tree in ("student_states", "teacher_states", "env_states"):
+    for tree in ("student_states", "teacher_states", "env_states", "rng_key"):
         for a, b in zip(leaves(getattr(state, tree)), leaves(getattr(loaded, tree)), strict=True):
             np.testing.assert_array_equal(a, b)
     for a, b in zip(
