@@ -85,6 +85,14 @@ def test_runs_in_one_program_equal_the_runs_one_by_one() -> None:
         ]
         assert [step for r, step, _ in saved if r == run] == [0, 2 * STEP, 4 * STEP]
         assert results[run].training_state.steps_taken == 4 * STEP
+        losses = sorted(k for k in expected.final_metrics if k.startswith("losses/"))
+        assert losses
+        np.testing.assert_allclose(
+            [results[run].final_metrics[k] for k in losses],
+            [expected.final_metrics[k] for k in losses],
+            rtol=1e-4,
+            atol=1e-5,
+        )
         # A checkpointed run holds the optimizer state of a single run at its rate, so
         # it loads into new_training_state(..., learning_rate=rate, ...).
         checkpointed = nnx.state(saved[-2 + run][2].optimizer)

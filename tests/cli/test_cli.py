@@ -477,3 +477,32 @@ def test_a_warp_simulator_is_asked_for_warnings_only(monkeypatch: pytest.MonkeyP
             cli_main._make_env(config)
     assert current.config.log_level == 30  # type: ignore[attr-defined]
     assert older.config.quiet is True  # type: ignore[attr-defined]
+
+
+def test_a_network_and_its_optimizer_load_as_a_training_state_does(tmp_path: Path) -> None:
+    from nnx_ppo.algorithms.ppo import new_training_state
+
+    run_dir = tmp_path / "run"
+    assert train(run_dir, 256) == 0
+    env = make("cartpole")
+
+    ppo = load_checkpoint(run_dir, make_default_network(env, nnx.Rngs(7), hidden_sizes=[16]))[
+        "config"
+    ].ppo
+
+    def fresh() -> Any:  # with the run's optimizer settings, as train_ppo builds it
+        network = make_default_network(env, nnx.Rngs(7), hidden_sizes=[16])
+        return new_training_state(
+            env, network, ppo.n_envs, 7, ppo.optimizer_learning_rate(), ppo.gradient_clipping,
+            ppo.weight_decay,
+        )  # fmt: skip
+
+    whole = load_checkpoint(run_dir, fresh())["training_state"]
+    parts = fresh()
+    untouched = [np.asarray(x) for x in jax.tree.leaves(nnx.state(parts.optimizer))]
+    load_checkpoint(run_dir, parts.networks, parts.optimizer)
+    loaded = [np.asarray(x) for x in jax.tree.leaves(nnx.state(parts.optimizer))]
+    restored = [np.asarray(x) for x in jax.tree.leaves(nnx.state(whole.optimizer))]
+    assert any(not np.array_equal(a, b) for a, b in zip(untouched, restored, strict=True))
+    for got, want in zip(loaded, restored, strict=True):
+        np.testing.assert_array_equal(got, want)

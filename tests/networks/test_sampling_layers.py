@@ -196,6 +196,18 @@ def test_tanh_std_uses_min_std_and_std_scale():
 # ---------------------------------------------------------------------- NormalSampler
 
 
+def test_normal_std_uses_min_std_and_std_scale_with_a_raw_or_a_learned_std():
+    raw_std = NormalSampler(nnx.Rngs(0), entropy_weight=0.0, min_std=0.2, std_scale=3.0)
+    sigma = raw_std.distribution_parameters(jnp.array([[0.0, 1.0, -1.0, 0.5]]))["sigma"]
+    np.testing.assert_allclose(sigma[0], (np.log1p(np.exp([-1.0, 0.5])) + 0.2) * 3.0, rtol=1e-6)
+    learned = NormalSampler(
+        nnx.Rngs(0), entropy_weight=0.0, min_std=0.2, std_scale=3.0, action_size=2,
+        initial_log_std=-0.5,
+    )  # fmt: skip
+    sigma = learned.distribution_parameters(jnp.zeros((1, 2)))["sigma"]
+    np.testing.assert_allclose(sigma[0], np.full(2, (np.exp(-0.5) + 0.2) * 3.0), rtol=1e-6)
+
+
 @given(seed=st.integers(0, 2**16))
 def test_normal_log_likelihood_and_entropy_match_scipy(seed: int):
     batch = BATCH
