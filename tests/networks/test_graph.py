@@ -1,5 +1,7 @@
 """PopulationGraph: the contract, exact delays, resets, static order and clear build errors."""
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +22,7 @@ from nnx_ppo.networks import (
     Sequential,
 )
 from nnx_ppo.networks.graph import PopulationGraph
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.testing import check_module
 from nnx_ppo.testing.modules import RunningSum, StatsRecorder
 
@@ -97,6 +100,36 @@ def test_a_delay_k_connection_delivers_the_source_output_from_k_steps_earlier():
             expected = inputs(step - k, 3)["x"] if step >= k else jnp.zeros((3, 2))
             np.testing.assert_array_equal(out.output[f"d{k}"], expected)
         state = out.next_state
+
+
+class ReplaysItsInput(StatefulModule):
+    """Hands its input on and emits it; given that emission back (a replay), hands it on
+    instead of the new input, as a sampler replays its stored action."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        out = x if rollout_extras is None else rollout_extras
+        return StatefulModuleOutput(
+            next_state=state,
+            output=out,
+            rollout_extras=x,
+            metrics={},
+            regularization_loss=jnp.zeros(()),
+        )
+
+
+def test_a_replay_hands_each_connection_its_own_emitted_extras():
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("src", 2, input_from="x")
+    graph.add_output("out", 2)
+    graph.add_output("other", 2)
+    graph.connect("src", "out", transform=ReplaysItsInput())
+    graph.connect("src", "other", transform=Scale(3.0))
+    graph.finalize()
+    state = graph.initialize_state(3)
+    first = graph(state, inputs(0, 3))
+    replayed = graph(state, inputs(1, 3), first.rollout_extras)
+    np.testing.assert_array_equal(replayed.output["out"], inputs(0, 3)["x"])
+    np.testing.assert_array_equal(replayed.output["other"], 3 * inputs(1, 3)["x"])
 
 
 def test_a_delayed_self_loop_accumulates():

@@ -128,6 +128,18 @@ def test_recorder_runs_the_network_unchanged(network):
         assert with_recording(recorder) is recorder
 
 
+def test_a_recorder_replays_what_it_recorded():
+    stochastic = make_discrete_mlp_actor_critic(4, 3, [8], [6], nnx.Rngs(1), normalize_obs=False)
+    recorder = with_recording(stochastic)
+    state, obs = stochastic.initialize_state(64), jnp.ones((64, 4))
+    first = recorder(state, obs)
+    again = recorder(first.next_state, obs)  # other keys: other actions
+    assert not np.array_equal(first.output.actions, again.output.actions)
+    replayed = recorder(first.next_state, obs, first.rollout_extras)  # other keys, same actions
+    np.testing.assert_array_equal(replayed.output.actions, first.output.actions)
+    np.testing.assert_array_equal(replayed.output.loglikelihoods, first.output.loglikelihoods)
+
+
 def test_a_nested_recorder_keeps_the_container_keys():
     inner = Sequential([Dense(3, 2, nnx.Rngs(0))])
     outer = Sequential([with_recording(inner), Dense(2, 1, nnx.Rngs(1))])
