@@ -24,7 +24,11 @@ from nnx_ppo.networks.containers import Concat, Parallel, Sequential
 from nnx_ppo.networks.delay import Delay
 from nnx_ppo.networks.factories import make_lstm_actor_critic
 from nnx_ppo.networks.feedforward import Dense
-from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalTanhSampler
+from nnx_ppo.networks.sampling_layers import (
+    ActionSampler,
+    CategoricalSampler,
+    NormalTanhSampler,
+)
 from nnx_ppo.networks.utils import Filter, Flattener, Scale
 from nnx_ppo.wrappers import Wrapper
 
@@ -172,6 +176,51 @@ def test_a_step_adds_the_regularization_folds_statistics_and_carries_the_teacher
     assert any(not np.array_equal(a, b) for a, b in zip(teacher_carry, carried, strict=True))
 
 
+def test_the_loss_replays_the_student_from_a_reset_carry_after_an_episode_end():
+    import jax.numpy as jnp
+
+    from nnx_ppo.algorithms.distillation import distillation_loss
+    from nnx_ppo.algorithms.types import Transition
+
+    student = make_lstm_actor_critic(
+        ENV.observation_size, ENV.action_size, 8, nnx.Rngs(2), discrete=True,
+        normalize_obs=False,
+    )  # fmt: skip
+    steps, envs, end = 6, 4, 2
+    obs = jax.random.normal(jax.random.key(0), (steps, envs, ENV.observation_size))
+    first = carry = student.initialize_state(envs)
+    extras, loglikelihoods = [], []
+    for t in range(steps):  # the student's own rollout, its carry reset after step `end`
+        out = student(carry, obs[t])
+        extras.append(out.rollout_extras)
+        loglikelihoods.append(out.output.loglikelihoods)
+        carry = student.reset_state(out.next_state) if t == end else out.next_state
+    done = jnp.zeros((steps, envs), bool).at[end].set(True)
+    zeros = jnp.zeros((steps, envs))
+    data = Transition(
+        obs=obs, network_output=None, rewards=zeros, done=done, truncated=done & False,
+        next_obs=obs, metrics={},
+    )  # fmt: skip
+    targets = jax.tree.map(lambda *leaves: jnp.stack(leaves), *extras)
+    # Scoring the student's own actions: the replay must meet the carries of the rollout.
+    _, diagnostics = distillation_loss(student, first, data, targets)
+    expected = -np.mean(np.stack(loglikelihoods))
+    np.testing.assert_allclose(diagnostics["losses/distillation_nll"], expected, rtol=1e-5)
+
+
+def test_the_teacher_acts_deterministically_in_either_mode_and_keeps_its_mode():
+    results = []
+    for mode in ("eval", "train"):
+        teacher = lstm_teacher(ENV)
+        getattr(teacher, mode)()
+        state = new_distillation_state(ENV, teacher, delay_student(ENV), STEP[0], 0, LEARNING_RATE)
+        state, metrics = distillation_step(ENV, teacher, state, *STEP)
+        results.append(metrics["losses/distillation_nll/mean"])
+        samplers = [n for _, n in nnx.iter_graph(teacher) if isinstance(n, ActionSampler)]
+        assert samplers and {s.deterministic for s in samplers} == {mode == "eval"}
+    assert results[0] == results[1]
+
+
 def test_configs_name_the_invalid_field():
     with pytest.raises(ValueError, match=r"n_envs \(6\) must be divisible by n_minibatches"):
         DistillationConfig(n_envs=6, n_minibatches=4)
@@ -297,6 +346,21 @@ def test_train_distillation_resumes_without_repeating_its_start_and_saves_its_en
     )
     assert events == [("log", 144), ("checkpoint", 144)]
     assert [entry["step"] for entry in result.eval_history] == [144]
+
+
+def test_evaluation_runs_the_student_deterministically_in_either_mode():
+    config = _train_config()
+    config.distillation.total_steps = 48
+    config.eval.n_envs = 16
+    histories = []
+    for mode in ("eval", "train"):
+        student = delay_student(ENV)
+        getattr(student, mode)()
+        result = train_distillation(ENV, lstm_teacher(ENV), student, config)
+        histories.append(result.eval_history)
+        samplers = [n for _, n in nnx.iter_graph(student) if isinstance(n, ActionSampler)]
+        assert {s.deterministic for s in samplers} == {mode == "eval"}  # its mode is kept
+    assert histories[0] == histories[1]
 
 
 class DrawnMemory(Wrapper):
