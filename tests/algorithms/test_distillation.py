@@ -363,6 +363,21 @@ def test_evaluation_runs_the_student_deterministically_in_either_mode():
     assert histories[0] == histories[1]
 
 
+def test_the_seed_and_total_steps_arguments_override_the_config():
+    def final_key(config, **overrides):
+        config.eval.enabled = False
+        teacher, student = lstm_teacher(ENV), delay_student(ENV)
+        result = train_distillation(ENV, teacher, student, config, **overrides)
+        assert result.total_steps == 48
+        return leaves(result.training_state.rng_key)[0]
+
+    by_config = _train_config(seed=5)
+    by_config.distillation.total_steps = 48
+    by_arguments = final_key(_train_config(seed=0), seed=5, total_steps=48)
+    np.testing.assert_array_equal(by_arguments, final_key(by_config))
+    assert not np.array_equal(by_arguments, final_key(_train_config(seed=0), total_steps=48))
+
+
 class DrawnMemory(Wrapper):
     """The memory task with a one-pixel renderer: lit on the query step."""
 
