@@ -102,6 +102,8 @@ def test_a_linear_schedule_decays_to_zero_over_the_runs_updates():
     updates = 3 * 2 * 2
     np.testing.assert_allclose([rate(0), rate(updates // 2), rate(updates)], [1e-3, 5e-4, 0.0])
     assert config.optimizer_learning_rate() is rate  # one schedule: one compiled step
+    # A run whose length is not whole PPO steps rounds up: 2.5 steps train 3.
+    assert small_config("linear", n_epochs=2, total_steps=80).total_updates == 3 * 2 * 4
     assert PPOConfig(learning_rate=1e-3).optimizer_learning_rate() == 1e-3
 
 
