@@ -88,3 +88,29 @@ def test_entropy_weight_reaches_the_sampler_and_bad_values_are_named() -> None:
         config["network"]["entropy_weight"] = bad
         with pytest.raises(ValueError, match=r"network.entropy_weight must be a number >= 0"):
             parse_run_config(config)
+
+
+def test_cadences_a_user_set_are_kept_and_a_resumed_runs_are_its_own(tmp_path: Path) -> None:
+    import json
+
+    parser = _build_parser()
+    config_file = tmp_path / "cadence.json"
+    config_file.write_text(json.dumps({"train": {"checkpoint_every_steps": 4096}}))
+    resolved = _resolve_config(
+        parser.parse_args(["train", "--config", str(config_file), "--steps", "500000",
+                           "--set", "eval.every_steps=8192"])
+    )["train"]  # fmt: skip
+    assert (resolved["checkpoint_every_steps"], resolved["eval"]["every_steps"]) == (4096, 8192)
+    scaled = _resolve_config(parser.parse_args(["train", "--steps", "500000"]))["train"]
+    assert scaled["checkpoint_every_steps"] != 4096 and scaled["eval"]["every_steps"] != 8192
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    original = _resolve_config(parser.parse_args(["train", "--steps", "50000"]))
+    (run_dir / "config.json").write_text(json.dumps(original))
+    resumed = _resolve_config(parser.parse_args(["train", "--resume", str(run_dir),
+                                                 "--steps", "500000"]))["train"]  # fmt: skip
+    assert resumed["ppo"]["total_steps"] == 500_000
+    # A resumed run keeps the cadences it had.
+    assert resumed["checkpoint_every_steps"] == original["train"]["checkpoint_every_steps"]
+    assert resumed["eval"]["every_steps"] == original["train"]["eval"]["every_steps"]

@@ -401,6 +401,21 @@ BAD_INPUT = [
 ]
 
 
+def test_a_resume_from_step_0_keeps_step_0s_record_and_nan_is_written_as_null(
+    tmp_path: Path,
+) -> None:
+    from nnx_ppo.cli.run_dir import RunLogger, trim_metrics
+
+    logger = RunLogger(tmp_path)
+    for step in (0, 128):
+        logger({"loss": float("nan") if step else 1.0}, step)
+    logger.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[1])["loss"] is None and "NaN" not in lines[1]  # valid JSON
+    trim_metrics(tmp_path / "metrics.jsonl", 0)  # the checkpoint at step 0 resumed
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0]
+
+
 def test_a_long_runs_metrics_are_trimmed_and_plotted_without_holding_the_file(
     tmp_path: Path,
 ) -> None:

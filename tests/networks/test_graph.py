@@ -89,8 +89,8 @@ def inputs(step: int, batch: int) -> dict[str, jax.Array]:
     return {"x": jnp.asarray(100.0 * (step + 1) + 10.0 * env + np.arange(2), jnp.float32)}
 
 
-def test_a_delay_k_connection_delivers_the_source_output_from_k_steps_earlier():
-    delays = (1, 2, 4)
+@pytest.mark.parametrize("delays", [(1, 2, 4), (4, 1, 2)])
+def test_a_delay_k_connection_delivers_the_source_output_from_k_steps_earlier(delays):
     graph = delay_line(delays)
     state = graph.initialize_state(3)
     assert state["populations"]["src"]["buffer"].shape == (3, 4, 2)
