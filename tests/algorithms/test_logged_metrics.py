@@ -172,3 +172,20 @@ def test_ppo_step_logs_the_explained_variance_of_its_own_rollout(counting_env, s
     np.testing.assert_allclose(
         metrics["losses/explained_variance"], explained_variance(values, targets), rtol=1e-4
     )
+
+
+def test_the_policy_entropy_is_minus_the_mean_log_likelihood_of_the_actions_taken():
+    from nnx_ppo.algorithms.metrics import compute_metrics
+
+    loglikelihoods = -jnp.arange(1.0, 7.0).reshape(3, 2)  # every action less likely than 1
+    transitions = Transition(
+        obs=jnp.zeros((3, 2, 1)),
+        network_output=PPONetworkOutput(jnp.zeros((3, 2, 1)), loglikelihoods, jnp.zeros((3, 2))),
+        rewards=jnp.zeros((3, 2)),
+        done=jnp.zeros((3, 2), bool),
+        truncated=jnp.zeros((3, 2), bool),
+        next_obs=jnp.zeros((3, 2, 1)),
+        metrics={"env": {}, "net": {}},
+    )
+    metrics = compute_metrics({}, transitions, LoggingLevel.ACTOR_EXTRA)
+    assert metrics["policy/entropy"] == pytest.approx(3.5)

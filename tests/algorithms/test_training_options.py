@@ -127,3 +127,20 @@ def test_train_ppo_gives_the_optimizer_the_schedule(counting_env, scripted_netwo
     # Adam counts its updates; a scheduled rate adds the schedule's own count of them.
     assert counters("constant") == [2]  # Adam's count
     assert counters("linear") == [2, 2]
+
+
+def test_the_seed_and_total_steps_arguments_override_the_config(counting_env, scripted_network):
+    def final_key(config, **overrides):
+        config.eval.enabled = False
+        result = train_ppo(counting_env, scripted_network(), config, **overrides)
+        assert result.total_steps == 64
+        return jax.random.key_data(result.training_state.rng_key)
+
+    def config(seed):
+        return TrainConfig(ppo=small_config("constant", n_minibatches=1), seed=seed)
+
+    by_arguments = final_key(config(0), seed=5, total_steps=64)
+    by_config = config(5)
+    by_config.ppo.total_steps = 64
+    np.testing.assert_array_equal(by_arguments, final_key(by_config))
+    assert not np.array_equal(by_arguments, final_key(config(0), total_steps=64))
