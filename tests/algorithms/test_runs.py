@@ -248,3 +248,11 @@ def test_the_envs_draws_in_the_many_runs_program_hash_without_jax_loop() -> None
     its initial state); ``test_an_env_keeping_a_key_trains_in_one_program_as_alone``
     shows an env keeping a key still finds JAX's own in its state, with the same numbers."""
     assert _key_types_drawn_from(_many_runs_jaxpr().jaxpr) == {"key<fry_sl>"}
+
+
+def test_learning_rates_alone_give_every_run_the_configs_seed() -> None:
+    from nnx_ppo.algorithms._runs import _require_runs
+
+    single = config()
+    single.seed = 9
+    assert _require_runs(None, [1e-3, 3e-3], single) == ([9, 9], [1e-3, 3e-3])

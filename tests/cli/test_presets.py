@@ -84,6 +84,8 @@ def test_entropy_weight_reaches_the_sampler_and_bad_values_are_named() -> None:
     network = _make_network(make("cartpole"), config)
     samplers = [m for _, m in nnx.iter_modules(network) if isinstance(m, ActionSampler)]
     assert [sampler.entropy_weight for sampler in samplers] == [0.05]
+    config["network"]["entropy_weight"] = 0  # no entropy bonus is a setting, not an error
+    assert parse_run_config(config)[0]["network"]["entropy_weight"] == 0
     for bad in (-1, "high", True):
         config["network"]["entropy_weight"] = bad
         with pytest.raises(ValueError, match=r"network.entropy_weight must be a number >= 0"):
