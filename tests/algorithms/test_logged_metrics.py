@@ -189,3 +189,32 @@ def test_the_policy_entropy_is_minus_the_mean_log_likelihood_of_the_actions_take
     )
     metrics = compute_metrics({}, transitions, LoggingLevel.ACTOR_EXTRA)
     assert metrics["policy/entropy"] == pytest.approx(3.5)
+
+
+def test_weight_statistics_follow_the_logging_percentiles():
+    from flax import nnx
+
+    from nnx_ppo.algorithms.metrics import log_weight_stats
+
+    layer = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+    pooled = np.concatenate([np.ravel(layer.kernel[...]), np.ravel(layer.bias[...])])
+    metrics: dict = {}
+    log_weight_stats(metrics, layer, (0, 50, 100))
+    assert metrics.keys() == {"weights/p0", "weights/p50", "weights/p100"}
+    np.testing.assert_allclose(
+        [metrics["weights/p0"], metrics["weights/p50"], metrics["weights/p100"]],
+        np.percentile(pooled, [0, 50, 100]),
+        rtol=1e-6,
+    )
+
+
+def test_without_evaluation_the_first_record_is_the_first_ppo_steps(counting_env, scripted_network):
+    ppo = PPOConfig(n_envs=2, rollout_length=5, n_minibatches=1, n_epochs=1, total_steps=20)
+    logged = []
+    train_ppo(
+        counting_env,
+        scripted_network(),
+        TrainConfig(ppo=ppo, eval=EvalConfig(enabled=False)),
+        log_fn=lambda metrics, step: logged.append(step),
+    )
+    assert logged == [10, 20]  # no empty record at step 0

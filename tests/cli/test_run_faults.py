@@ -500,6 +500,7 @@ def test_logging_level_takes_flag_names_and_hidden_sizes_a_single_width() -> Non
     for written, level in (
         ("ALL", LoggingLevel.ALL),
         ("LOSSES|GRAD_NORM", LoggingLevel.LOSSES | LoggingLevel.GRAD_NORM),
+        ("LOSSES | WEIGHTS", LoggingLevel.LOSSES | LoggingLevel.WEIGHTS),
         (["LOSSES", "WEIGHTS"], LoggingLevel.LOSSES | LoggingLevel.WEIGHTS),
     ):
         config["train"]["ppo"]["logging_level"] = written
@@ -595,9 +596,11 @@ def test_resume_refuses_only_the_settings_that_shape_the_saved_state() -> None:
     assert changed_on_resume(saved, wanted) == []
     wanted["train"]["ppo"]["gradient_clipping"] = None  # off: another optimizer state
     wanted["network"]["activation"] = "relu"
+    wanted["train"]["ppo"]["learning_rate_schedule"] = "linear"  # another optimizer state
     assert changed_on_resume(saved, wanted) == [
         'network.activation is "tanh" in the run, "relu" here',
         "ppo.gradient_clipping is 0.5 in the run, null here",
+        'ppo.learning_rate_schedule is "constant" in the run, "linear" here',
     ]
 
 
