@@ -506,3 +506,9 @@ def test_a_network_and_its_optimizer_load_as_a_training_state_does(tmp_path: Pat
     assert any(not np.array_equal(a, b) for a, b in zip(untouched, restored, strict=True))
     for got, want in zip(loaded, restored, strict=True):
         np.testing.assert_array_equal(got, want)
+
+    checkpoints, latest = find_checkpoint(run_dir)
+    step_dir = step_directory(checkpoints, latest)
+    assert find_checkpoint(step_dir) == find_checkpoint(step_dir, latest) == (checkpoints, latest)
+    with pytest.raises(CheckpointError, match=f"is the checkpoint of step {latest}, not 0"):
+        find_checkpoint(step_dir, 0)  # never the directory's own step in place of step 0

@@ -200,3 +200,12 @@ def test_reward_scaling_of_a_scalar_reward() -> None:
     wrapped = RewardScalingWrapper(envs.CartPole(), 0.25)
     state = wrapped.step(wrapped.reset(jax.random.key(0)), jnp.asarray(0))
     assert state.reward == 0.25 and state.reward.shape == ()
+
+
+def test_a_random_initial_step_draws_from_a_key_split_off_the_envs():
+    env = envs.CartPole()
+    key = jax.random.key(3)
+    wrapped = EpisodeWrapper(env, 100, random_initial_step=True).reset(key)
+    env_key, counter_key = jax.random.split(key)
+    np.testing.assert_array_equal(wrapped.obs, env.reset(env_key).obs)
+    assert int(wrapped.info["step_counter"]) == int(jax.random.randint(counter_key, (), 0, 50))

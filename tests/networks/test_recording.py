@@ -128,6 +128,14 @@ def test_recorder_runs_the_network_unchanged(network):
         assert with_recording(recorder) is recorder
 
 
+def test_a_network_already_recorded_is_recorded_once(network):
+    env, key = CartPole(max_steps=MAX_STEPS), jax.random.key(7)
+    plain, _ = record_activations_rollout(env, network, ENVS, 2, key)
+    wrapped, _ = record_activations_rollout(env, with_recording(network), ENVS, 2, key)
+    assert sorted(wrapped) == sorted(plain)  # not nested under another recorder's keys
+    jax.tree.map(np.testing.assert_array_equal, wrapped, plain)
+
+
 def test_a_recorder_replays_what_it_recorded():
     stochastic = make_discrete_mlp_actor_critic(4, 3, [8], [6], nnx.Rngs(1), normalize_obs=False)
     recorder = with_recording(stochastic)

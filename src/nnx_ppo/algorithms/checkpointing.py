@@ -469,7 +469,8 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
     a crash left without Orbax's metadata or the manifest is never taken.
 
     Raises:
-      CheckpointError: nothing usable there; the message says what was looked for.
+      CheckpointError: nothing usable there, or a step directory given with another
+        ``step``; the message says what was looked for.
     """
     path = Path(path)
     if not path.exists():
@@ -477,7 +478,12 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
     if (path / CHECKPOINT_SUBDIR).is_dir():
         path = path / CHECKPOINT_SUBDIR
     own_step = _step_of(path)
-    if step is None and own_step is not None and (path / "manifest").exists():
+    if own_step is not None and (path / "manifest").exists():
+        if step is not None and step != own_step:
+            raise CheckpointError(
+                f"{path} is the checkpoint of step {own_step}, not {step}: pass its "
+                f"checkpoints directory {path.parent} to choose another step"
+            )
         return path.parent, own_step
     steps = _complete_steps(path)
     if not steps:
