@@ -507,6 +507,18 @@ def test_a_network_and_its_optimizer_load_as_a_training_state_does(tmp_path: Pat
     for got, want in zip(loaded, restored, strict=True):
         np.testing.assert_array_equal(got, want)
 
+    unclipped = new_training_state(env, make_default_network(env, nnx.Rngs(7), hidden_sizes=[16]),
+                                   ppo.n_envs, 7, ppo.optimizer_learning_rate())  # fmt: skip
+    with pytest.raises(CheckpointError, match="optimizer state does not fit this template's"):
+        load_checkpoint(run_dir, unclipped)
+    for clipping in (ppo.gradient_clipping, None):  # a wider network, the optimizer alike or not
+        network = make_default_network(env, nnx.Rngs(7), hidden_sizes=[32])
+        wider = new_training_state(
+            env, network, ppo.n_envs, 7, ppo.optimizer_learning_rate(), clipping
+        )
+        with pytest.raises(CheckpointError, match="does not fit this network"):
+            load_checkpoint(run_dir, wider)
+
     checkpoints, latest = find_checkpoint(run_dir)
     step_dir = step_directory(checkpoints, latest)
     assert find_checkpoint(step_dir) == find_checkpoint(step_dir, latest) == (checkpoints, latest)

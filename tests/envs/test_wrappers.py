@@ -209,3 +209,13 @@ def test_a_random_initial_step_draws_from_a_key_split_off_the_envs():
     env_key, counter_key = jax.random.split(key)
     np.testing.assert_array_equal(wrapped.obs, env.reset(env_key).obs)
     assert int(wrapped.info["step_counter"]) == int(jax.random.randint(counter_key, (), 0, 50))
+
+
+def test_reward_scaling_scales_the_reward_reset_returns_too():
+    class RewardOnReset(envs.CartPole):
+        def reset(self, key: jax.Array) -> Any:
+            state = super().reset(key)
+            return state.replace(reward=jnp.ones((), jnp.float32))
+
+    state = RewardScalingWrapper(RewardOnReset(), 2.5).reset(jax.random.key(0))
+    assert float(state.reward) == 2.5

@@ -552,9 +552,8 @@ def _compare(saved: dict[str, dict[str, Any]], wanted: dict[str, dict[str, Any]]
             break
     if not problems:
         return
-    differing = [*missing, *unexpected] or [
-        p for p, e in wanted.items() if p in saved and saved[p]["shape"] != e["shape"]
-    ]
+    reshaped = [p for p, e in wanted.items() if p in saved and saved[p]["shape"] != e["shape"]]
+    differing = [*missing, *unexpected, *reshaped]
     if all(path.startswith("['optimizer']") for path in differing):
         cause = (
             "its optimizer state does not fit this template's optimizer: build the template "
