@@ -85,7 +85,13 @@ def test_runs_in_one_program_equal_the_runs_one_by_one() -> None:
         ]
         assert [step for r, step, _ in saved if r == run] == [0, 2 * STEP, 4 * STEP]
         assert results[run].training_state.steps_taken == 4 * STEP
-        losses = sorted(k for k in expected.final_metrics if k.startswith("losses/"))
+        # Not the clipping fraction: a count of ratios past a threshold, which a ratio
+        # 1e-6 from it moves by a whole sample on another CPU.
+        losses = sorted(
+            k
+            for k in expected.final_metrics
+            if k.startswith("losses/") and "clipping_fraction" not in k
+        )
         assert losses
         np.testing.assert_allclose(
             [results[run].final_metrics[k] for k in losses],

@@ -14,6 +14,18 @@ from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
 
 
+def train_step_eagerly(env, network, config: PPOConfig) -> None:
+    """One PPO step of a fresh state, run eagerly so that patched functions see arrays."""
+    state = new_training_state(env, network, config.n_envs, seed=0)
+    carry = _step.StepCarry(
+        state.network_states,
+        state.env_states,
+        _step._no_running_episodes(state.env_states),
+        state.rng_key,
+    )
+    _step._train_step(env, config, network, state.optimizer, carry)
+
+
 def test_reward_scaling_scales_what_the_critic_learns_and_not_what_is_logged(
     counting_env, scripted_network, monkeypatch
 ):
@@ -31,15 +43,7 @@ def test_reward_scaling_scales_what_the_critic_learns_and_not_what_is_logged(
 
     monkeypatch.setattr(_step, "compute_advantages", scoring)
     monkeypatch.setattr(_step, "track_episodes", tracking)
-    network = scripted_network()
-    state = new_training_state(counting_env, network, config.n_envs, seed=0)
-    carry = _step.StepCarry(
-        state.network_states,
-        state.env_states,
-        _step._no_running_episodes(state.env_states),
-        state.rng_key,
-    )
-    _step._train_step(counting_env, config, network, state.optimizer, carry)  # eagerly
+    train_step_eagerly(counting_env, scripted_network(), config)
     (scored,), (logged,) = seen["scored"], seen["logged"]
     assert logged.max() > 0
     np.testing.assert_allclose(scored, 2.5 * logged)
@@ -63,15 +67,7 @@ def test_the_step_scores_its_rollout_with_the_configs_lambda_and_gamma(
         return result
 
     monkeypatch.setattr(_step, "compute_advantages", scoring)
-    network = scripted_network()
-    state = new_training_state(counting_env, network, config.n_envs, seed=0)
-    carry = _step.StepCarry(
-        state.network_states,
-        state.env_states,
-        _step._no_running_episodes(state.env_states),
-        state.rng_key,
-    )
-    _step._train_step(counting_env, config, network, state.optimizer, carry)  # eagerly
+    train_step_eagerly(counting_env, scripted_network(), config)
     ((rollout, (advantages, targets)),) = seen
     values = rollout.network_output.value_estimates
     expected = reference_gae(

@@ -585,20 +585,20 @@ def _log_simulator_warnings(run_dir: Path) -> logging.Handler:
     return handler
 
 
-class _Diverged(Exception):
-    """Training diverged; the run's checkpoints are intact."""
+class _RunStopped(Exception):
+    """Training stopped on an error; the run's checkpoints are intact."""
 
     def __init__(self, message: str, run_dir: Path) -> None:
         super().__init__(message)
         self.run_dir = run_dir
 
 
-class _ProcessLost(Exception):
+class _Diverged(_RunStopped):
+    """Training diverged."""
+
+
+class _ProcessLost(_RunStopped):
     """A collective of a multi-process run failed: another process most likely stopped."""
-
-    def __init__(self, message: str, run_dir: Path) -> None:
-        super().__init__(message)
-        self.run_dir = run_dir
 
 
 def _exit_at_once(status: int) -> NoReturn:
