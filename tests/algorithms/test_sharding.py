@@ -236,3 +236,26 @@ def test_devices_is_a_config_field():
     assert config_from_dict({"devices": None}).devices is None
     with pytest.raises(ValueError, match="config field devices must be an integer"):
         config_from_dict({"devices": "all"})
+
+
+def test_only_leaves_with_an_env_axis_are_split_over_the_mesh(counting_env, scripted_network):
+    from nnx_ppo.algorithms.ppo import new_training_state
+
+    n_envs = 4
+    state = new_training_state(counting_env, scripted_network(), n_envs, 0)
+    # A table every env reads alike (its leading axis is not the env axis), and a
+    # model-wide scalar, beside the per-env fields.
+    env_states = state.env_states.replace(
+        data=state.env_states.data | {"table": np.arange(3.0), "gravity": np.float32(9.8)}
+    )
+    placed = sharding.shard_training_state(
+        state.replace(env_states=env_states), sharding.data_mesh(1)
+    )
+    split, whole = jax.sharding.PartitionSpec("data"), jax.sharding.PartitionSpec()
+    data = placed.env_states.data
+    assert data["table"].sharding.spec == whole
+    assert data["gravity"].sharding.spec == whole
+    assert data["t"].sharding.spec == split
+    assert placed.env_states.done.sharding.spec == split
+    assert placed.network_states.sharding.spec == split
+    np.testing.assert_array_equal(data["table"], np.arange(3.0))
