@@ -98,3 +98,40 @@ def test_an_mjx_data_is_cut_to_slim_data(network):
     assert states.data.qpos.shape == (2, 2)
     assert states.data.mocap_quat.shape == (2, 4)
     assert final_state.data.time.shape == ()
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PositionsOnlyData:
+    """An env's own data that shares only ``qpos`` with an MJX Data."""
+
+    qpos: jax.Array
+    steps: jax.Array
+
+
+class PositionsOnlyCartPole(CartPole):
+    """CartPole with its data in a dataclass that has a ``qpos`` but no other MJX field."""
+
+    def reset(self, rng):
+        return self._with_data(super().reset(rng))
+
+    def step(self, state, action):
+        return self._with_data(
+            super().step(state.replace(data={"steps": state.data.steps}), action)
+        )
+
+    def _with_data(self, state):
+        return state.replace(data=PositionsOnlyData(state.obs[:2], state.data["steps"]))
+
+
+def test_a_data_with_only_some_mjx_fields_is_kept_whole(network):
+    states, final_state, _ = nnx.eval_shape(
+        lambda network, key: eval_rollout_for_render_scan(PositionsOnlyCartPole(), network, 2, key),
+        network,
+        jax.random.key(0),
+    )
+    # Not an MJX Data: nothing of it is left out, and its own fields stay readable.
+    assert isinstance(states.data, PositionsOnlyData)
+    assert states.data.qpos.shape == (2, 2)
+    assert states.data.steps.shape == (2,)
+    assert isinstance(final_state.data, PositionsOnlyData)
