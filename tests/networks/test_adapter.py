@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import nnx_ppo
-from nnx_ppo.networks.adapter import PPOAdapter
+from nnx_ppo.networks.adapter import PPOAdapter, is_sampled_action
 from nnx_ppo.networks.containers import Parallel, Sequential
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.normalizer import Normalizer
@@ -157,6 +157,27 @@ class _MatrixLogLikelihood(StatefulModule):
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
         output = {"action": x, "log_likelihood": x}
         return StatefulModuleOutput((), output, jnp.zeros(()), {}, None)
+
+
+class _SamplerWithEntropy(StatefulModule):
+    """A sampler that returns its entropy beside the action and its log-likelihood."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        output = {"action": x, "log_likelihood": x[:, 0], "entropy": x[:, 0]}
+        return StatefulModuleOutput((), output, jnp.zeros(()), {}, None)
+
+
+def test_a_sampled_action_is_exactly_its_two_keys():
+    action, log_likelihood = jnp.zeros((2, 3)), jnp.zeros(2)
+    sampled = {"action": action, "log_likelihood": log_likelihood}
+    assert is_sampled_action(sampled)
+    assert not is_sampled_action({"action": action})
+    assert not is_sampled_action(sampled | {"entropy": log_likelihood})
+    # An action port whose output carries more than a SampledAction is refused, not
+    # silently cut down to its action and log-likelihood.
+    net = PPOAdapter(action=_SamplerWithEntropy(), value=Filter({"v": lambda x: x[:, 0]}))
+    with pytest.raises(nnx_ppo.ContractError, match="is not part of a sampled action"):
+        net(net.initialize_state(2), jnp.ones((2, 3)))
 
 
 def test_an_action_port_without_sampler_is_a_contract_error():
