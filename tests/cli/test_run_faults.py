@@ -8,6 +8,7 @@ import json
 import os
 import random
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -58,6 +59,25 @@ def steps_logged(run_dir: Path) -> list[int]:
 # ---------------------------------------------------------------------- resume, refused
 
 
+def _tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """The ``(step, value)`` points TensorBoard shows for ``tag``: the event files are read
+    in name (start time) order, and a ``SessionLog`` START at step ``s`` discards what the
+    files read before it logged at step ``s`` or later (TensorBoard's purge)."""
+    from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+    shown: list[tuple[int, float]] = []
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):  # records: length (8 bytes), its CRC (4), event, CRC (4)
+            (length,) = struct.unpack_from("<Q", data, offset)
+            event = Event.FromString(data[offset + 12 : offset + 12 + length])
+            offset += 12 + length + 4
+            if event.session_log.status == SessionLog.START:
+                shown = [(step, value) for step, value in shown if step < event.step]
+            shown += [(event.step, v.simple_value) for v in event.summary.value if v.tag == tag]
+    return shown
+
+
 def test_a_refused_resume_leaves_the_run_resumable_and_logs_every_step_once(
     finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -73,12 +93,27 @@ def test_a_refused_resume_leaves_the_run_resumable_and_logs_every_step_once(
     assert (run_dir / "config.json").read_bytes() == config
 
     # Steps logged after the last checkpoint by a killed session, the last line cut short.
+    (first,) = run_dir.glob("events.out.tfevents.*")
+    killed = run_dir_module.RunLogger(run_dir, purge_from=4 * STEP + 1)
+    killed({"losses/total/mean": 1e6}, 5 * STEP)
+    killed.close()
     with (run_dir / "metrics.jsonl").open("a") as stream:
-        stream.write(json.dumps({"step": 5 * STEP, "losses/total/mean": 1.0}) + "\n")
         stream.write('{"step": 768, "losses/tot')
+    # Its TensorBoard file, named as if opened between the first session and the next
+    # (tensorboardX names a file by the second it was opened in).
+    (written,) = set(run_dir.glob("events.out.tfevents.*")) - {first}
+    written.rename(first.with_name(f"{first.name}.killed"))
     assert resume(run_dir, "--steps", str(6 * STEP)) == 0
     shown = capsys.readouterr().out
     assert steps_logged(run_dir) == [k * STEP for k in range(7)]
+    # TensorBoard too shows each step once, as metrics.jsonl holds it: the resumed
+    # session's file discards what the killed one logged after the checkpoint.
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 3
+    tag = "losses/total/mean"
+    logged = [(r["step"], r[tag]) for r in read_metrics(run_dir / "metrics.jsonl") if tag in r]
+    on_tensorboard = _tensorboard_scalars(run_dir, tag)
+    assert [step for step, _ in on_tensorboard] == [step for step, _ in logged]
+    np.testing.assert_allclose([v for _, v in on_tensorboard], [v for _, v in logged], rtol=1e-6)
     evaluations = [
         r["step"]
         for r in read_metrics(run_dir / "metrics.jsonl")
