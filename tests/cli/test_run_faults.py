@@ -451,6 +451,19 @@ def test_a_resume_from_step_0_keeps_step_0s_record_and_nan_is_written_as_null(
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0]
 
 
+def test_sessions_that_open_the_run_in_one_second_keep_both_event_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nnx_ppo.cli.run_dir import RunLogger
+
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.0)  # tensorboardX names by it
+    for step, value in ((0, 1.0), (128, 2.0)):
+        logger = RunLogger(tmp_path, purge_from=step)
+        logger({"loss": value}, step)
+        logger.close()
+    assert _tensorboard_scalars(tmp_path, "loss") == [(0, 1.0), (128, 2.0)]
+
+
 def test_a_long_runs_metrics_are_trimmed_and_plotted_without_holding_the_file(
     tmp_path: Path,
 ) -> None:

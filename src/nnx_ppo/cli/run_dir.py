@@ -117,7 +117,14 @@ class RunLogger:
 
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
-        self._writer = SummaryWriter(logdir=str(run_dir), purge_step=purge_from)
+        # tensorboardX names the file by the whole second it opens it in, and truncates a
+        # file of that name: the second's nanoseconds keep two sessions' files apart (and
+        # in the order TensorBoard must read them, for purge_step).
+        self._writer = SummaryWriter(
+            logdir=str(run_dir),
+            purge_step=purge_from,
+            filename_suffix=f".{time.time_ns() % 1_000_000_000:09d}",
+        )
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
         record = {"step": int(step), "time": time.time()}
