@@ -92,7 +92,9 @@ def test_entropy_weight_reaches_the_sampler_and_bad_values_are_named() -> None:
             parse_run_config(config)
 
 
-def test_cadences_a_user_set_are_kept_and_a_resumed_runs_are_its_own(tmp_path: Path) -> None:
+def test_cadences_a_user_set_are_kept_and_the_others_follow_a_resumed_runs_length(
+    tmp_path: Path,
+) -> None:
     import json
 
     parser = _build_parser()
@@ -106,13 +108,27 @@ def test_cadences_a_user_set_are_kept_and_a_resumed_runs_are_its_own(tmp_path: P
     scaled = _resolve_config(parser.parse_args(["train", "--steps", "500000"]))["train"]
     assert scaled["checkpoint_every_steps"] != 4096 and scaled["eval"]["every_steps"] != 8192
 
+    def resume(*options: str) -> dict:
+        return _resolve_config(parser.parse_args(["train", "--resume", str(run_dir), *options]))
+
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    original = _resolve_config(parser.parse_args(["train", "--steps", "50000"]))
+    original = _resolve_config(
+        parser.parse_args(["train", "--steps", "50000", "--set", "checkpoint_every_steps=6144"])
+    )
     (run_dir / "config.json").write_text(json.dumps(original))
-    resumed = _resolve_config(parser.parse_args(["train", "--resume", str(run_dir),
-                                                 "--steps", "500000"]))["train"]  # fmt: skip
-    assert resumed["ppo"]["total_steps"] == 500_000
-    # A resumed run keeps the cadences it had.
-    assert resumed["checkpoint_every_steps"] == original["train"]["checkpoint_every_steps"]
-    assert resumed["eval"]["every_steps"] == original["train"]["eval"]["every_steps"]
+    # Resumed as it was, nothing changes.
+    assert resume() == original
+    # Resumed for ten times the length: the evaluations follow it, the checkpoint
+    # cadence the run set is kept.
+    longer = resume("--steps", "500000")["train"]
+    assert longer["ppo"]["total_steps"] == 500_000
+    assert longer["eval"]["every_steps"] == scaled["eval"]["every_steps"] == 51_200
+    assert longer["checkpoint_every_steps"] == 6144
+    # A cadence given on the resuming command line is kept too.
+    assert (
+        resume("--steps", "500000", "--set", "eval.every_steps=2048")["train"]["eval"][
+            "every_steps"
+        ]
+        == 2048
+    )

@@ -198,9 +198,13 @@ def _read_run_config(run_dir: Path) -> dict[str, Any]:
 
 
 def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The run configuration: a preset (or the resumed run's), then the file, then ``--set``."""
+    """The run configuration: a preset (or the resumed run's), then the file, then ``--set``.
+
+    Cadences nobody set follow the run's length, a resumed run's new length too.
+    """
     from nnx_ppo.cli.presets import (
         apply_override,
+        cadences_set_by_hand,
         follow_run_length,
         leaf_keys,
         merge,
@@ -210,8 +214,11 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
     )
 
     file_config = read_config_file(args.config) if args.config else {}
+    given = set(leaf_keys(file_config))
     if args.resume is not None:
-        config = merge(_read_run_config(args.resume), file_config)
+        resumed = _read_run_config(args.resume)
+        given |= cadences_set_by_hand(resumed)
+        config = merge(resumed, file_config)
         if args.env is not None:
             config["env"] = args.env  # refused below unless it is the run's
     else:
@@ -225,7 +232,6 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
         env_name = str(env_name or "cartpole")
         config = merge(preset(env_name), file_config)
         config["env"] = env_name
-    given = set(leaf_keys(file_config))
     for assignment in args.overrides:
         parts, value = parse_override(config, assignment)
         config = apply_override(config, assignment)
@@ -240,9 +246,7 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
         config["train"]["seed"] = args.seed
     if args.devices is not None:
         config["train"]["devices"] = args.devices
-    if args.resume is None:
-        config = follow_run_length(config, given)
-    return config
+    return follow_run_length(config, given)
 
 
 class _InterruptedAgain(KeyboardInterrupt):

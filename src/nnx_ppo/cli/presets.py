@@ -34,6 +34,7 @@ from nnx_ppo.networks.factories import ACTIVATIONS
 __all__ = [
     "FIXED_ON_RESUME",
     "apply_override",
+    "cadences_set_by_hand",
     "changed_on_resume",
     "fixed_on_resume",
     "follow_run_length",
@@ -49,6 +50,7 @@ __all__ = [
 
 EVALUATIONS_PER_RUN = 10
 CHECKPOINTS_PER_RUN = 5
+_CADENCES = ("train.eval.every_steps", "train.checkpoint_every_steps")
 
 FIXED_ON_RESUME = (
     "env",
@@ -197,21 +199,35 @@ def follow_run_length(config: dict[str, Any], given: set[str]) -> dict[str, Any]
     a cadence in ``given`` (dotted keys the user set) is kept.
     """
     config = copy.deepcopy(config)
-    train = config["train"]
-    total, per_step = (
-        train["ppo"]["total_steps"],
-        train["ppo"]["n_envs"] * train["ppo"]["rollout_length"],
+    total, n_envs, rollout_length = (
+        _lookup(config, f"train.ppo.{key}") for key in ("total_steps", "n_envs", "rollout_length")
     )
-    if not (_positive_int(total) and _positive_int(per_step)):
-        return config  # parse_run_config names the bad field
+    if not all(_positive_int(value) for value in (total, n_envs, rollout_length)):
+        return config  # parse_run_config names the bad or missing field
+    per_step = n_envs * rollout_length
+    for key, count in zip(_CADENCES, (EVALUATIONS_PER_RUN, CHECKPOINTS_PER_RUN), strict=True):
+        *section, name = key.split(".")
+        table = _lookup(config, ".".join(section))
+        if key not in given and isinstance(table, dict):
+            table[name] = max(math.ceil(total / count / per_step), 1) * per_step
+    return config
 
-    def every(count: int) -> int:
-        return max(math.ceil(total / count / per_step), 1) * per_step
 
-    if "train.eval.every_steps" not in given:
-        train["eval"]["every_steps"] = every(EVALUATIONS_PER_RUN)
-    if "train.checkpoint_every_steps" not in given:
-        train["checkpoint_every_steps"] = every(CHECKPOINTS_PER_RUN)
+def cadences_set_by_hand(config: dict[str, Any]) -> set[str]:
+    """The cadences of a run configuration that its length did not give: a user set them.
+
+    A resumed run's other cadences follow its new length (:func:`follow_run_length`).
+    """
+    by_length = follow_run_length(config, set())
+    return {key for key in _CADENCES if _lookup(config, key) != _lookup(by_length, key)}
+
+
+def _lookup(config: Any, key: str) -> Any:
+    """The value at a dotted key, or None where the configuration has none."""
+    for part in key.split("."):
+        if not isinstance(config, dict):
+            return None
+        config = config.get(part)
     return config
 
 
