@@ -266,6 +266,35 @@ def test_statistics_kept_as_param_are_named() -> None:
     assert "nnx.BatchStat" in str(error.rule)
 
 
+class _MeanOverTimeOnly(StatefulModule):
+    """Averages the history over T alone: the statistic keeps a per-env axis."""
+
+    def __init__(self) -> None:
+        self.mean = nnx.BatchStat(jnp.zeros(3))
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        return StatefulModuleOutput(state, x - self.mean[...], jnp.zeros(()), {}, x)
+
+    def update_statistics(self, rollout_extras: jax.Array) -> None:
+        self.mean.set_value(rollout_extras.mean(0))
+
+
+def test_a_statistic_whose_shape_changes_is_named() -> None:
+    network = Sequential([_MeanOverTimeOnly()])
+    with pytest.raises(ContractError) as caught:
+        network.update_statistics(history_of(network, jnp.ones((2, 3))))
+    error = caught.value
+    assert error.leaf == "Sequential.layers[0].mean (BatchStat)"
+    assert "it changed the shape" in str(error)
+    assert "expected: (3,) float32" in str(error) and "found:    shape (2, 3)" in str(error)
+    assert "no per-step or per-env axis stays behind" in str(error.rule)
+    # Under jit too, where the history is traced.
+    network = Sequential([_MeanOverTimeOnly()])
+    history = history_of(network, jnp.ones((2, 3)))
+    with pytest.raises(ContractError, match="it changed the shape"):
+        nnx.jit(lambda network, history: network.update_statistics(history))(network, history)
+
+
 class _MemoryWithoutReset(StatefulModule):
     """A trace ported from nnx-ppo 0.3.0, which kept the carry by default."""
 

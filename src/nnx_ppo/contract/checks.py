@@ -141,6 +141,11 @@ RULE_NO_WRITES = rule_text(
     "statistics only in update_statistics",
     "variables",
 )
+_RULE_KEPT_SHAPES = rule_text(
+    "update_statistics leaves every statistic with the structure, shapes and dtypes it "
+    "had: the (T, B) samples fold into it, so no per-step or per-env axis stays behind",
+    "variables",
+)
 RULE_STATISTICS_KIND = rule_text(
     "running statistics are nnx.BatchStat (or another non-Param variable): an nnx.Param "
     "is trained by the optimizer, so update_statistics must not write one",
@@ -947,9 +952,11 @@ def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[
         _check_leading(site, (shared.time, shared.batch), extras_name, extras, _RULE_HISTORY, what)
         _check_emitted(site, extras_name, extras, shared)
         params = _variable_values(site.module, _is_param) if top_level else {}
+        statistics = _variable_values(site.module, _is_statistic) if top_level else {}
         result = call()
         if top_level:
             _check_unwritten(site, params, "update_statistics", RULE_STATISTICS_KIND)
+            _check_kept_shapes(site, statistics)
             _check_all_reached(site, site.module, shared.reached, _STATISTICS_ROUTING)
     finally:
         if token is not None:
@@ -959,6 +966,27 @@ def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[
 
 def _is_param(variable: nnx.Variable[Any]) -> bool:
     return isinstance(variable, nnx.Param)
+
+
+def _is_statistic(variable: nnx.Variable[Any]) -> bool:
+    return not isinstance(variable, nnx.Param | nnx.RngState)
+
+
+def _check_kept_shapes(
+    site: _Site, before: dict[tuple[Any, ...], tuple[nnx.Variable[Any], Any]]
+) -> None:
+    """Every statistic holds the tree, shapes and dtypes it held before ``update_statistics``."""
+    for path, (variable, value) in before.items():
+        name = _describe_variable(site.module, path, variable)
+        _check_same_tree(
+            site,
+            "its value before the call",
+            value,
+            name,
+            variable.get_raw_value(),
+            _RULE_KEPT_SHAPES,
+            batch=None,
+        )
 
 
 def _caller(site: _Site) -> str:
