@@ -192,3 +192,9 @@ def test_train_config_checks_its_parts_and_a_field_changed_later():
     config.ppo.n_minibatches = 3
     with pytest.raises(ValueError, match="divisible by n_minibatches"):
         config.validate()
+
+
+@pytest.mark.parametrize("config", [PPOConfig(), EvalConfig(), VideoConfig(), TrainConfig()])
+def test_a_misspelt_field_is_refused_rather_than_ignored(config):
+    with pytest.raises(AttributeError, match="learnin_rate"):
+        config.learnin_rate = 1.0  # type: ignore[attr-defined]

@@ -75,7 +75,7 @@ def _require_logging(owner: str, level: Any, percentiles: Any) -> None:
         require_int(owner, "logging_percentiles entry", p, minimum=0, maximum=100)
 
 
-@dataclass
+@dataclass(slots=True)
 class PPOConfig:
     """The PPO algorithm's parameters.
 
@@ -214,7 +214,7 @@ class PPOConfig:
         return self.n_envs * self.rollout_length
 
 
-@dataclass
+@dataclass(slots=True)
 class EvalConfig:
     """The evaluation rollouts: deterministic policy, one episode per env.
 
@@ -247,7 +247,7 @@ class EvalConfig:
         _require_logging("EvalConfig", self.logging_level, self.logging_percentiles)
 
 
-@dataclass
+@dataclass(slots=True)
 class VideoConfig:
     """Recording a deterministic episode with ``env.render``.
 
@@ -279,7 +279,7 @@ class VideoConfig:
             )
 
 
-@dataclass
+@dataclass(slots=True)
 class TrainConfig:
     """A whole training run: PPO, evaluation, video, seed, checkpoint cadence and devices.
 
