@@ -282,6 +282,8 @@ def test_a_checkpoint_that_cannot_be_written_is_named_and_never_taken_as_latest(
 ) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
+    # A run that never checkpointed, its checkpoint directory taken by a file.
+    shutil.copy(finished_run / "config.json", run_dir / "config.json")
     (run_dir / "checkpoints").write_text("a file where the checkpoint directory should be")
     capsys.readouterr()
     assert train(run_dir, STEP) == 2
@@ -433,6 +435,11 @@ BAD_INPUT = [
     (["--config", "{tmp}/broken.toml"], "broken.toml is not valid TOML"),
     (["--config", "{tmp}/list.json"], "list.json must hold an object of config keys"),
     (["--resume", "{tmp}/nowhere"], "nowhere is not a run directory: it has no config.json"),
+    (["--seed", "3", "--set", "seed=5"], "--seed 3 and --set train.seed=5 disagree"),
+    (["--steps", "100", "--set", "ppo.total_steps=4096"], "--steps 100 and --set train.ppo"),
+    (["--env", "cartpole", "--set", "env=pendulum"], '--env cartpole and --set env="pendulum"'),
+    (["--run-dir", "{tmp}/notes"], "notes holds files of something else (" + "{tmp}/notes is "),
+    (["--run-dir", "{tmp}/other"], "other/config.json is not a run configuration"),
 ]
 
 
@@ -503,11 +510,18 @@ def test_bad_input_to_train_is_one_line_naming_the_field(
     _write(tmp_path / "mistyped.json", '{"train": {"ppo": {"gae_lambda": "high"}}}')
     _write(tmp_path / "broken.toml", "[train.ppo\nn_envs = 3")
     _write(tmp_path / "list.json", "[1, 2]")
+    for directory, name in (("notes", "notes.txt"), ("other", "config.json")):
+        (tmp_path / directory).mkdir()
+        _write(tmp_path / directory / name, '{"theirs": true}')
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
     assert main(["train", *(a.replace("{tmp}", str(tmp_path)) for a in argv)]) == 2
     shown = capsys.readouterr().err
+    expected = expected.replace("{tmp}", str(tmp_path))
     assert shown.startswith("error: ") and expected in shown, shown
+    # Nothing of another program's directory is written over.
+    assert (tmp_path / "other" / "config.json").read_text() == '{"theirs": true}'
+    assert sorted(p.name for p in (tmp_path / "notes").iterdir()) == ["notes.txt"]
     assert len(shown.strip().splitlines()) == 1, shown
     assert not (tmp_path / "runs").exists()  # a config error leaves no run directory behind
 

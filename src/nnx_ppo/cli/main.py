@@ -198,7 +198,9 @@ def _read_run_config(run_dir: Path) -> dict[str, Any]:
 
 
 def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The run configuration: a preset (or the resumed run's), then the file, then ``--set``.
+    """The run configuration: a preset (or the resumed run's), then the file, then
+    ``--set``, then the flags (``--env``, ``--steps``, ``--seed``, ``--devices``), each
+    overriding what came before; a flag and a ``--set`` of the same key must agree.
 
     Cadences nobody set follow the run's length, a resumed run's new length too.
     """
@@ -218,9 +220,7 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
     if args.resume is not None:
         resumed = _read_run_config(args.resume)
         given |= cadences_set_by_hand(resumed)
-        config = merge(resumed, file_config)
-        if args.env is not None:
-            config["env"] = args.env  # refused below unless it is the run's
+        config = merge(resumed, file_config)  # an --env not the run's is refused later
     else:
         # The env picks the preset, so a --set env=... is read before the preset is.
         set_env = [
@@ -232,20 +232,34 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
         env_name = str(env_name or "cartpole")
         config = merge(preset(env_name), file_config)
         config["env"] = env_name
+    set_on_command_line: dict[str, Any] = {}
     for assignment in args.overrides:
         parts, value = parse_override(config, assignment)
         config = apply_override(config, assignment)
         key = ".".join(parts)
+        set_on_command_line[key] = value
         given.add(key)  # an object value sets every key inside it too
         given.update(
             f"{key}.{leaf}" for leaf in (leaf_keys(value) if isinstance(value, dict) else ())
         )
-    if args.steps is not None:
-        config["train"]["ppo"]["total_steps"] = args.steps
-    if args.seed is not None:
-        config["train"]["seed"] = args.seed
-    if args.devices is not None:
-        config["train"]["devices"] = args.devices
+    for flag, key, value in (
+        ("--env", "env", args.env),
+        ("--steps", "train.ppo.total_steps", args.steps),
+        ("--seed", "train.seed", args.seed),
+        ("--devices", "train.devices", args.devices),
+    ):
+        if value is None:
+            continue
+        if key in set_on_command_line and set_on_command_line[key] != value:
+            raise ValueError(
+                f"{flag} {value} and --set {key}={json.dumps(set_on_command_line[key])} "
+                "disagree: give the value once"
+            )
+        *tables, name = key.split(".")
+        table = config
+        for part in tables:
+            table = table[part]
+        table[name] = value
     return follow_run_length(config, given)
 
 
@@ -332,11 +346,27 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = args.run_dir or Path("runs") / f"{run_config['env']}-{stamp}"
+        _refuse_foreign_directory(run_dir)
     if jax.process_index() != 0:
         return _train_locked(args, console, run_dir, run_config, train_config, env, network)
     run_dir.mkdir(parents=True, exist_ok=True)
     with hold_run_lock(run_dir):
         return _train_locked(args, console, run_dir, run_config, train_config, env, network)
+
+
+def _refuse_foreign_directory(run_dir: Path) -> None:
+    """A new run's directory is new, empty, or an earlier run's that never checkpointed."""
+    from nnx_ppo.cli.run_dir import LOCK_FILE
+
+    if not run_dir.is_dir() or all(entry.name == LOCK_FILE for entry in run_dir.iterdir()):
+        return
+    try:
+        _read_run_config(run_dir)
+    except (FileNotFoundError, ValueError) as error:
+        raise ValueError(
+            f"--run-dir {run_dir} holds files of something else ({error}); a run writes "
+            "config.json and more there, so choose a new or empty directory"
+        ) from error
 
 
 def _refuse_changed_settings(run_dir: Path, run_config: dict[str, Any]) -> None:
