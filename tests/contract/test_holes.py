@@ -266,14 +266,11 @@ def test_statistics_kept_as_param_are_named() -> None:
     assert "nnx.BatchStat" in str(error.rule)
 
 
-class _MeanOverTimeOnly(StatefulModule):
+class _MeanOverTimeOnly(_StatisticsAsParam):
     """Averages the history over T alone: the statistic keeps a per-env axis."""
 
     def __init__(self) -> None:
         self.mean = nnx.BatchStat(jnp.zeros(3))
-
-    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
-        return StatefulModuleOutput(state, x - self.mean[...], jnp.zeros(()), {}, x)
 
     def update_statistics(self, rollout_extras: jax.Array) -> None:
         self.mean.set_value(rollout_extras.mean(0))
