@@ -434,6 +434,8 @@ BAD_INPUT = [
     (["--config", "{tmp}/mistyped.json"], "config field ppo.gae_lambda must be a number"),
     (["--config", "{tmp}/broken.toml"], "broken.toml is not valid TOML"),
     (["--config", "{tmp}/list.json"], "list.json must hold an object of config keys"),
+    (["--config", "{tmp}/top.json"], "unknown config key 'seed' (did you mean train.seed?)"),
+    (["--config", "{tmp}/run.yaml"], "run.yaml must be a .toml or .json file"),
     (["--resume", "{tmp}/nowhere"], "nowhere is not a run directory: it has no config.json"),
     (["--seed", "3", "--set", "seed=5"], "--seed 3 and --set train.seed=5 disagree"),
     (["--steps", "100", "--set", "ppo.total_steps=4096"], "--steps 100 and --set train.ppo"),
@@ -510,6 +512,8 @@ def test_bad_input_to_train_is_one_line_naming_the_field(
     _write(tmp_path / "mistyped.json", '{"train": {"ppo": {"gae_lambda": "high"}}}')
     _write(tmp_path / "broken.toml", "[train.ppo\nn_envs = 3")
     _write(tmp_path / "list.json", "[1, 2]")
+    _write(tmp_path / "top.json", '{"seed": 3}')
+    _write(tmp_path / "run.yaml", "seed: 3")
     for directory, name in (("notes", "notes.txt"), ("other", "config.json")):
         (tmp_path / directory).mkdir()
         _write(tmp_path / directory / name, '{"theirs": true}')

@@ -148,7 +148,10 @@ def merge(base: dict[str, Any], update: dict[str, Any], where: str = "") -> dict
             merged[key] = copy.deepcopy(value)
             continue
         if key not in merged:
-            raise ValueError(f"unknown config key {name!r}; known here: {sorted(merged)}")
+            nested = [f"{section}.{key}" for section in ("train", "train.ppo", "train.eval")
+                      if key in (_lookup(merged, section) or {})]  # fmt: skip
+            hint = f" (did you mean {nested[0]}?)" if nested and not where else ""
+            raise ValueError(f"unknown config key {name!r}{hint}; known here: {sorted(merged)}")
         if isinstance(merged[key], dict) and isinstance(value, dict):
             merged[key] = merge(merged[key], value, f"{name}.")
         elif name in _SECTIONS and not isinstance(value, dict):
@@ -165,6 +168,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
     """A run configuration (or part of one) from a JSON or TOML file."""
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist")
+    if path.suffix not in (".toml", ".json"):
+        raise ValueError(f"config file {path} must be a .toml or .json file")
     text = path.read_text()
     if path.suffix == ".toml":
         import tomllib
