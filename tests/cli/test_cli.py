@@ -387,6 +387,31 @@ def test_eval_reports_returns_of_the_latest_checkpoint(
     assert "checkpoint at step 256" in shown and "eval/episode_reward/mean" in shown
 
 
+def test_a_users_env_trains_resumes_and_evaluates_by_module_and_factory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "my_envs.py").write_text(
+        "from nnx_ppo.envs import make\n\n"
+        "def short_cartpole(max_steps=500):\n"
+        "    return make('cartpole', max_steps=max_steps)\n"
+    )
+    monkeypatch.chdir(tmp_path)  # importable from the current directory, as with python -m
+    monkeypatch.syspath_prepend(tmp_path)
+    run_dir = tmp_path / "run"
+    env = ["--env", "my_envs:short_cartpole", "--set", "env_kwargs.max_steps=3"]
+    assert train(run_dir, 256, *env) == 0
+    config = json.loads((run_dir / "config.json").read_text())
+    assert (config["env"], config["env_kwargs"]) == ("my_envs:short_cartpole", {"max_steps": 3})
+    assert main(["train", "--resume", str(run_dir), "--steps", "512"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "4"]) == 0
+    shown = capsys.readouterr().out
+    # Every episode lasts the factory's max_steps (too few for the pole to fall).
+    assert re.search(r"eval/lifespan/mean\s*│\s*3\.000", shown), shown
+    assert main(["train", "--env", "my_envs:missing", "--steps", "256"]) == 2
+    assert "my_envs has no attribute 'missing'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("content", ["[]", "{}", '{"env": "cartpole", "train": 3}'])
 def test_a_config_json_that_is_no_run_configuration_is_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "load_named", "run"]
 
 
 def add_parser(commands: Any) -> None:
@@ -86,8 +86,9 @@ def _dimension(text: str) -> int:
     return value
 
 
-def _load(target: str) -> Any:
-    """The object ``MODULE:FACTORY`` names (attributes may be dotted: ``pkg.mod:Class.make``)."""
+def load_named(target: str) -> Any:
+    """The object ``MODULE:FACTORY`` names (attributes may be dotted: ``pkg.mod:Class.make``),
+    importable from the current directory as with ``python -m``."""
     module_name, colon, attribute = target.partition(":")
     if not colon or not module_name or not attribute:
         raise ValueError(f"expected MODULE:FACTORY, e.g. my_pkg.cells:make_cell, got {target!r}")
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         ) from error
     from nnx_ppo.networks.types import StatefulModule
 
-    found = _load(args.target)
+    found = load_named(args.target)
     example_input = _example_input(args)
     module = found
     if not isinstance(module, StatefulModule) and callable(module):

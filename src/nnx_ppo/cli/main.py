@@ -72,7 +72,11 @@ def _build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a policy and write a run directory")
-    train.add_argument("--env", help="environment name (default: cartpole; see `nnx-ppo envs`)")
+    train.add_argument(
+        "--env",
+        help="environment name (default: cartpole; see `nnx-ppo envs`), or MODULE:FACTORY for "
+        "your own: what it names is called with env_kwargs and returns the env",
+    )
     train.add_argument(
         "--steps",
         type=_positive_int,
@@ -129,12 +133,16 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _make_env(run_config: dict[str, Any]) -> Any:
     from nnx_ppo import envs
+    from nnx_ppo.cli.presets import is_factory_name
     from nnx_ppo.wrappers import EpisodeWrapper
 
     options = run_config.get("env_kwargs", {})
-    if options.get("impl", envs.playground_backend(run_config["env"])) == "warp":
-        _quiet_warp()
-    env = envs.make(run_config["env"], **options)
+    if is_factory_name(run_config["env"]):
+        env = check.load_named(run_config["env"])(**options)
+    else:
+        if options.get("impl", envs.playground_backend(run_config["env"])) == "warp":
+            _quiet_warp()
+        env = envs.make(run_config["env"], **options)
     if run_config.get("episode_length"):
         env = EpisodeWrapper(env, int(run_config["episode_length"]))
     return env

@@ -38,6 +38,7 @@ __all__ = [
     "changed_on_resume",
     "fixed_on_resume",
     "follow_run_length",
+    "is_factory_name",
     "leaf_keys",
     "merge",
     "parse_override",
@@ -96,6 +97,11 @@ _CLI_LOGGING = (
 """What ``nnx-ppo train`` logs unless a config says otherwise."""
 
 
+def is_factory_name(env_name: str) -> bool:
+    """``MODULE:FACTORY``: a user's env, built by calling what it names with ``env_kwargs``."""
+    return ":" in env_name
+
+
 def preset_path(env_name: str) -> Path:
     """The preset file for ``env_name``: its own, else the generic Playground one."""
     own = PRESET_DIR / f"{env_name}.toml"
@@ -112,9 +118,10 @@ def preset(env_name: str) -> dict[str, Any]:
 
     The library's defaults (with the CLI's logging), overridden by the env's
     preset file (:func:`preset_path`); the evaluation and checkpoint cadences
-    the file does not set follow the run's length.
+    the file does not set follow the run's length. A user's env
+    (``MODULE:FACTORY``) has no preset file: it starts from the defaults.
     """
-    settings = read_config_file(preset_path(env_name))
+    settings = {} if is_factory_name(env_name) else read_config_file(preset_path(env_name))
     settings.pop("env", None)
     base = {
         "env": env_name,
