@@ -120,6 +120,10 @@ EXPECTED_OUTPUT = {
         "found:    shape (1,) int32",
     ],
     "training_quickstart.py": ["PPO steps: 8 env steps: 2048", "evaluations at: [0, 1024, 2048]"],
+    "training_run_files.py": [
+        "steps logged: [0, 256, 512, 768, 1024]",
+        "files: ['events', 'learning_curve', 'metrics']",
+    ],
     "training_truncation.py": ["2.3000", "0.5000", "2.9165"],
     "training_optimizer.py": ["200 env steps, ", "trained to 1000 env steps in 4 more steps"],
     "training_multi_agent.py": [

@@ -1,4 +1,4 @@
-"""A NaN reward poisons the loss; training stops with FloatingPointError naming the step and the reward."""
+"""A NaN reward poisons the loss: training stops with FloatingPointError naming the step."""
 
 import jax.numpy as jnp
 from flax import nnx
