@@ -208,6 +208,42 @@ def test_the_loss_replays_the_student_from_a_reset_carry_after_an_episode_end():
     np.testing.assert_allclose(diagnostics["losses/distillation_nll"], expected, rtol=1e-5)
 
 
+def test_a_feedforward_student_is_replayed_in_one_flat_batch_as_its_scan_would(monkeypatch):
+    from nnx_ppo.algorithms import rollout
+    from nnx_ppo.networks.factories import make_discrete_mlp_actor_critic
+
+    def mlp(seed: int, width: int):
+        return make_discrete_mlp_actor_critic(
+            ENV.observation_size, ENV.action_size, [width], [width], nnx.Rngs(seed)
+        )
+
+    def one_step(env, replay: str):
+        callers = []
+        flat = rollout._replay_flat
+
+        def spy(networks, rollout_data, where):
+            callers.append(where)
+            return flat(networks, rollout_data, where)
+
+        monkeypatch.setattr(rollout, "_replay_flat", spy)
+        if replay == "scan":
+            monkeypatch.setattr(rollout, "_carry_follows_parameters", lambda *_: True)
+        teacher, student = mlp(0, 16), mlp(1, 8)  # per-env sampler keys: carries kept
+        state = new_distillation_state(env, teacher, student, STEP[0], 0, LEARNING_RATE)
+        state, metrics = distillation_step(env, teacher, state, *STEP)
+        monkeypatch.undo()
+        return "distillation_loss" in callers, metrics, leaves(nnx.state(student, nnx.Param))
+
+    # A fresh env for each, so each traces its own step.
+    flat, scanned = one_step(make("memory"), "flat"), one_step(make("memory"), "scan")
+    assert flat[0] and not scanned[0]
+    assert flat[1]["losses/distillation_nll/mean"] == pytest.approx(
+        scanned[1]["losses/distillation_nll/mean"], rel=1e-5
+    )
+    for a, b in zip(flat[2], scanned[2], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_the_teacher_acts_deterministically_in_either_mode_and_keeps_its_mode():
     results = []
     for mode in ("eval", "train"):

@@ -1,4 +1,5 @@
-"""The PPO loss of a minibatch of whole environments, and the replay it rests on."""
+"""The PPO loss of a minibatch of whole environments, and the replay it rests on (which
+distillation's loss shares)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ _EPSILON = 1e-8
 
 
 def _replay(
-    networks: StatefulModule, network_state: ModuleState, rollout_data: Transition
+    networks: StatefulModule, network_state: ModuleState, rollout_data: Transition, where: str
 ) -> tuple[PPONetworkOutput, Float[Array, " T"]]:
     """Re-run the network over the stored observations, as the rollout ran it.
 
@@ -38,19 +39,22 @@ def _replay(
     the rollout kept it in ``carries``) is the stored one, so every step is
     replayed at once, in one flat batch of ``T * B``. Otherwise the steps are
     scanned from the rollout's first carry, which is reset where an episode
-    ended, as in the rollout, and gradients flow through the carry.
+    ended, as in the rollout, and gradients flow through the carry. ``where``
+    names the loss in contract errors.
+
+    Returns:
+      The network's output, leaves ``(T, B, ...)``, and its regularisation loss
+      per step, ``(T,)``.
     """
-    if rollout_data.carries is not None:
-        first_obs = jax.tree.map(lambda x: x[0], rollout_data.obs)
-        if not rollout._carry_follows_parameters(networks, network_state, first_obs):
-            return rollout._replay_flat(networks, rollout_data, "ppo_loss")
+    if rollout._replays_flat(networks, network_state, rollout_data):
+        return rollout._replay_flat(networks, rollout_data, where)
 
     def step(
         networks: StatefulModule, carry: ModuleState, inputs: tuple[Any, Any, Any, Any]
     ) -> tuple[ModuleState, tuple[Any, Float[Array, ""]]]:
         obs, ended, extras, rewards = inputs
         out = networks(carry, obs, extras)
-        checked_ppo_output(out.output, "ppo_loss", rewards)
+        checked_ppo_output(out.output, where, rewards)
         carry = rollout.tree_where(ended, networks.reset_state(out.next_state), out.next_state)
         return carry, (out.output, jnp.mean(out.regularization_loss))
 
@@ -137,7 +141,7 @@ def ppo_loss(
       The scalar loss, and per-term diagnostics (``losses/...`` names).
     """
     rollout_data = jax.lax.stop_gradient(rollout_data)
-    output, regularization = _replay(networks, network_state, rollout_data)
+    output, regularization = _replay(networks, network_state, rollout_data, "ppo_loss")
     old = rollout_data.network_output
     log_ratios = jax.tree.map(jnp.subtract, output.loglikelihoods, old.loglikelihoods)
     policy_advantages = _policy_advantages(

@@ -33,9 +33,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jaxtyping import Array, Float, Integer, PRNGKeyArray
+from jaxtyping import Array, Integer, PRNGKeyArray
 
 from nnx_ppo.algorithms import rollout
+from nnx_ppo.algorithms._loss import _replay
 from nnx_ppo.algorithms._train import _crossed, _done_last_at, _key_at
 from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn
 from nnx_ppo.algorithms.config import (
@@ -53,7 +54,6 @@ from nnx_ppo.contract.axes import BatchedTree, Carry, CarrySlice, Extras, Histor
 from nnx_ppo.contract.checks import CallRecord, checks, observe_calls, typechecked
 from nnx_ppo.networks.sampling_layers import ActionSampler
 from nnx_ppo.networks.types import (
-    PPONetworkOutput,
     Replaceable,
     StatefulModule,
     StatefulModuleOutput,
@@ -383,7 +383,9 @@ def distillation_loss(
     Args:
       student: the network being trained.
       student_state: its carry where the rollout started, leaves ``(B, ...)``.
-      rollout_data: the minibatch's transitions, leaves ``(T, B, ...)``.
+      rollout_data: the minibatch's transitions, leaves ``(T, B, ...)``; their
+        ``carries``, where kept, are the student's (it is then replayed in one flat
+        batch where its parameters cannot change its carry, as ``ppo_loss`` is).
       targets: the student's rollout extras with every sampler's raw action replaced by
         the teacher's deterministic one, leaves ``(T, B, ...)``; replaying the student
         on them scores the teacher's actions.
@@ -393,20 +395,8 @@ def distillation_loss(
       ``losses/regularization`` and ``losses/total``.
     """
     rollout_data, targets = jax.lax.stop_gradient((rollout_data, targets))
-    ended = rollout.episode_ended(rollout_data.done)
-
-    def step(
-        student: StatefulModule, carry: Carry, inputs: tuple[Any, Any, Any]
-    ) -> tuple[Carry, tuple[PPONetworkOutput, Float[Array, ""]]]:
-        obs, end, extras = inputs
-        out = student(carry, obs, extras)
-        output = checked_ppo_output(out.output, "distillation_loss")
-        carry = rollout.tree_where(end, student.reset_state(out.next_state), out.next_state)
-        return carry, (output, jnp.mean(out.regularization_loss))
-
-    _, (output, regularization) = rollout.scan_module(
-        student, step, student_state, (rollout_data.obs, ended, targets)
-    )
+    scored = rollout_data.replace(rollout_extras=targets)
+    output, regularization = _replay(student, student_state, scored, "distillation_loss")
     nll = jax.tree.map(lambda ll: -jnp.mean(ll), output.loglikelihoods)
     total = jax.tree.reduce(jnp.add, nll) + jnp.mean(regularization)
     return total, {
@@ -429,7 +419,9 @@ def _learn(
     """Epochs of gradient steps on minibatches of whole environments."""
     graphdef, state = nnx.split((student, optimizer))
     first_carry, transitions, targets = data
-    transitions = transitions.replace(metrics={})
+    # The loss replays the student alone: of the carries the pair's rollout kept, the student's.
+    carries = None if transitions.carries is None else transitions.carries["student"]
+    transitions = transitions.replace(metrics={}, carries=carries)
     per_minibatch = config.n_envs // config.n_minibatches
 
     def update(state: nnx.State, ids: Integer[Array, " b"]) -> tuple[nnx.State, dict[str, Any]]:

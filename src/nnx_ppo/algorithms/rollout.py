@@ -406,6 +406,16 @@ def _carry_follows_parameters(networks: StatefulModule, carry: Carry, obs: Any) 
     return any(isinstance(v, jex_core.Var) and v in tainted for v in jaxpr.outvars)
 
 
+def _replays_flat(networks: StatefulModule, network_state: Carry, rollout_data: Transition) -> bool:
+    """Whether :func:`_replay_flat` may replay this rollout: it kept every step's carry
+    (``carries``), and the parameters cannot change the carry, so the stored one is the
+    carry a replay would reach."""
+    if rollout_data.carries is None:
+        return False
+    first_obs = jax.tree.map(lambda x: x[0], rollout_data.obs)
+    return not _carry_follows_parameters(networks, network_state, first_obs)
+
+
 def _replay_flat(
     networks: StatefulModule, rollout_data: Transition, where: str
 ) -> tuple[PPONetworkOutput, Float[Array, " T"]]:
@@ -455,12 +465,8 @@ def _rollout_values(
     ``B * T`` rows), and XLA drops the scan's own value products, which nothing
     reads any more. A recurrent carry keeps the values computed in the scan.
     """
-    values = transitions.network_output.value_estimates
-    if transitions.carries is None:
-        return values
-    first_obs = jax.tree.map(lambda x: x[0], transitions.obs)
-    if _carry_follows_parameters(networks, network_state, first_obs):
-        return values
+    if not _replays_flat(networks, network_state, transitions):
+        return transitions.network_output.value_estimates
     return _replay_flat(networks, transitions, "unroll_env")[0].value_estimates
 
 
