@@ -422,7 +422,6 @@ def _learn(
     # The loss replays the student alone: of the carries the pair's rollout kept, the student's.
     carries = None if transitions.carries is None else transitions.carries["student"]
     transitions = transitions.replace(metrics={}, carries=carries)
-    per_minibatch = config.n_envs // config.n_minibatches
 
     def update(state: nnx.State, ids: Integer[Array, " b"]) -> tuple[nnx.State, dict[str, Any]]:
         student, optimizer = nnx.merge(graphdef, state)
@@ -437,7 +436,7 @@ def _learn(
 
     def epoch(state: nnx.State, key: PRNGKeyArray) -> tuple[nnx.State, dict[str, Any]]:
         ids = jax.random.permutation(key, config.n_envs).reshape(config.n_minibatches, -1)
-        return jax.lax.scan(update, state, ids[:, :per_minibatch])
+        return jax.lax.scan(update, state, ids)
 
     state, diagnostics = jax.lax.scan(epoch, state, jax.random.split(key, config.n_epochs))
     nnx.update((student, optimizer), state)
@@ -605,6 +604,12 @@ def _matched_by_structure(
     obs_shapes: tuple[tuple[jax.ShapeDtypeStruct, ...], Any],
     networks: _Static,
 ) -> tuple[_SamplerLeaves, _SamplerLeaves]:
+    """:func:`_matched_samplers`' tracing, cached.
+
+    ``teacher_graph``, ``student_graph`` and ``obs_shapes`` are read only as the
+    cache's key: the networks traced are those of ``networks``, which every other
+    ``_Static`` equals (its key is ``None``), so it does not take part in the key.
+    """
     teacher, student = networks.value
     obs = jax.tree.unflatten(obs_shapes[1], obs_shapes[0])
     teacher_leaves = _sampler_leaves(teacher, obs, "teacher")
