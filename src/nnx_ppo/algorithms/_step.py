@@ -12,7 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import dataclasses
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -214,6 +214,9 @@ class _EnvArgument:
         return isinstance(other, _EnvArgument) and other.env is self.env
 
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 _OPTIMIZER_FIELDS = frozenset(
     {
         "total_steps",
@@ -224,17 +227,20 @@ _OPTIMIZER_FIELDS = frozenset(
         "iterations_per_call",
     }
 )
-"""PPOConfig fields the compiled step never reads (they shape the run or the optimizer)."""
+"""Config fields no compiled step reads (they shape the run or the optimizer): PPOConfig's,
+and DistillationConfig's of the same names."""
+
+_Config = TypeVar("_Config", bound="DataclassInstance")
 
 
-class _ConfigArgument:
-    """A jit static argument holding a snapshot of a (mutable) config.
+class _ConfigArgument(Generic[_Config]):
+    """A jit static argument holding a snapshot of a (mutable) config dataclass.
 
     Equal to another when every field the step reads is equal, so a run with a
     different ``total_steps`` or learning rate reuses the compiled step.
     """
 
-    def __init__(self, config: PPOConfig) -> None:
+    def __init__(self, config: _Config) -> None:
         self.config = copy.deepcopy(config)
         self.key = tuple(
             getattr(self.config, f.name)
@@ -277,7 +283,7 @@ class _GraphArgument:
 
 def _scan_steps(
     env: _EnvArgument,
-    config: _ConfigArgument,
+    config: _ConfigArgument[PPOConfig],
     graph: _GraphArgument,
     state: nnx.State,
     carry: StepCarry,
@@ -317,7 +323,7 @@ def _compiled_reset(env: _EnvArgument, key: PRNGKeyArray, n_envs: int) -> EnvSta
 @training_jit(0, 1, 2)
 def _compiled_collect(
     env: _EnvArgument,
-    config: _ConfigArgument,
+    config: _ConfigArgument[PPOConfig],
     graph: _GraphArgument,
     state: nnx.State,
     carry: StepCarry,
@@ -331,7 +337,7 @@ def _compiled_collect(
 @training_jit(0, 1, 2)
 def _compiled_learn(
     env: _EnvArgument,
-    config: _ConfigArgument,
+    config: _ConfigArgument[PPOConfig],
     graph: _GraphArgument,
     state: nnx.State,
     carry: StepCarry,
@@ -368,7 +374,7 @@ _RUN_AXIS = "stacked_runs"
 @training_jit(0, 1, 2, 5, 6)
 def _compiled_run_steps(
     env: _EnvArgument,
-    config: _ConfigArgument,
+    config: _ConfigArgument[PPOConfig],
     graph: _GraphArgument,
     states: nnx.State,
     carries: StepCarry,

@@ -37,6 +37,7 @@ from jaxtyping import Array, Integer, PRNGKeyArray
 
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms._loss import _replay
+from nnx_ppo.algorithms._step import _ConfigArgument, _EnvArgument
 from nnx_ppo.algorithms._train import _crossed, _done_last_at, _key_at
 from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn
 from nnx_ppo.algorithms.config import (
@@ -475,37 +476,17 @@ def _step(
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _compiled_step(
-    static: tuple[Any, ...],
+    static: tuple[
+        _EnvArgument, _ConfigArgument[DistillationConfig], tuple[_SamplerLeaves, _SamplerLeaves]
+    ],
     graphdef: nnx.GraphDef[Any],
     state: nnx.State,
     carry: tuple[dict[str, Carry], Any, PRNGKeyArray],
 ) -> tuple[nnx.State, tuple[dict[str, Carry], Any, PRNGKeyArray], dict[str, Any]]:
     env, config, leaves = static
     pair, optimizer = nnx.merge(graphdef, state)
-    carry, metrics = _step(env.value, config.value, leaves, pair, optimizer, carry)
+    carry, metrics = _step(env.env, config.config, leaves, pair, optimizer, carry)
     return nnx.state((pair, optimizer)), carry, metrics
-
-
-class _Static:
-    """A jit static argument: ``value``, compared by ``key`` (envs and configs need not hash)."""
-
-    def __init__(self, value: Any, key: Any) -> None:
-        self.value = value
-        self.key = key
-
-    def __hash__(self) -> int:
-        return hash(self.key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Static) and other.key == self.key
-
-
-def _env_static(env: RLEnv) -> _Static:
-    return _Static(env, ("env", id(env)))
-
-
-def _config_static(config: DistillationConfig) -> _Static:
-    return _Static(dataclasses.replace(config), ("config", repr(dataclasses.astuple(config))))
 
 
 def _deterministic_copy(teacher: StatefulModule) -> StatefulModule:
@@ -582,7 +563,7 @@ def distillation_step(
         distillation_state.env_states,
         distillation_state.rng_key,
     )
-    static = (_env_static(env), _config_static(config), leaves)
+    static = (_EnvArgument(env), _ConfigArgument(config), leaves)
     state, (states, env_states, key), metrics = _compiled_step(static, graphdef, state, carry)
     nnx.update((pair, distillation_state.optimizer), state)
     total = distillation_state.steps_taken + config.steps_per_iteration
@@ -597,18 +578,31 @@ def distillation_step(
     ), host
 
 
+class _OutsideKey:
+    """A value handed to a cached function outside its cache key: all are equal."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _OutsideKey)
+
+
 @functools.lru_cache(maxsize=32)
 def _matched_by_structure(
     teacher_graph: nnx.GraphDef[Any],
     student_graph: nnx.GraphDef[Any],
     obs_shapes: tuple[tuple[jax.ShapeDtypeStruct, ...], Any],
-    networks: _Static,
+    networks: _OutsideKey,
 ) -> tuple[_SamplerLeaves, _SamplerLeaves]:
     """:func:`_matched_samplers`' tracing, cached.
 
     ``teacher_graph``, ``student_graph`` and ``obs_shapes`` are read only as the
-    cache's key: the networks traced are those of ``networks``, which every other
-    ``_Static`` equals (its key is ``None``), so it does not take part in the key.
+    cache's key; the networks traced are those ``networks`` holds, which takes no
+    part in the key.
     """
     teacher, student = networks.value
     obs = jax.tree.unflatten(obs_shapes[1], obs_shapes[0])
@@ -628,7 +622,7 @@ def _matched_samplers(
     leaves, tree = jax.tree.flatten(obs)
     shapes = (tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves), tree)
     return _matched_by_structure(
-        nnx.graphdef(teacher), nnx.graphdef(student), shapes, _Static((teacher, student), None)
+        nnx.graphdef(teacher), nnx.graphdef(student), shapes, _OutsideKey((teacher, student))
     )
 
 
