@@ -38,7 +38,7 @@ from jaxtyping import Array, Integer, PRNGKeyArray
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms._loss import _replay
 from nnx_ppo.algorithms._step import _ConfigArgument, _EnvArgument
-from nnx_ppo.algorithms._train import _crossed, _done_last_at, _key_at
+from nnx_ppo.algorithms._train import _crossed, _done_last_at, _evaluate, _key_at
 from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn
 from nnx_ppo.algorithms.config import (
     EvalConfig,
@@ -760,37 +760,6 @@ def _with_overrides(
     return config
 
 
-def _evaluator(
-    env: RLEnv, config: EvalConfig, seed: int, timed: bool
-) -> Callable[[StatefulModule, int], dict[str, float]]:
-    """Evaluates a deterministic copy of a network; compiled once per network structure.
-
-    ``timed`` adds ``throughput/eval_sps``."""
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def run(graphdef: nnx.GraphDef[Any], state: nnx.State, key: PRNGKeyArray) -> Any:
-        return rollout.eval_rollout(
-            env,
-            nnx.merge(graphdef, state),
-            config.n_envs,
-            config.max_episode_length,
-            key,
-            config.logging_percentiles,
-            config.logging_level,
-        )
-
-    def evaluate(network: StatefulModule, steps: int) -> dict[str, float]:
-        start = time.perf_counter()
-        graphdef, state = nnx.split(_deterministic_copy(network))
-        metrics = to_host(run(graphdef, state, _key_at(seed, steps)))
-        if timed:
-            elapsed = time.perf_counter() - start
-            metrics["throughput/eval_sps"] = config.n_envs * config.max_episode_length / elapsed
-        return metrics
-
-    return evaluate
-
-
 def _recorder(
     env: RLEnv, config: VideoConfig, seed: int
 ) -> Callable[[StatefulModule, int], VideoData]:
@@ -892,7 +861,6 @@ def train_distillation(
         )
     eval_env = env if eval_env is None else eval_env
     timed = LoggingLevel.THROUGHPUT in settings.logging_level
-    evaluate = _evaluator(eval_env, config.eval, config.seed, timed)
     _warn_unused_video("train_distillation", config.video, video_fn)
     record = None
     if config.video.enabled and video_fn is not None:
@@ -903,7 +871,8 @@ def train_distillation(
     def evaluate_and_record(state: DistillationState) -> dict[str, float]:
         steps, metrics = state.steps_taken, {}
         if config.eval.enabled and _crossed(last["eval"], steps, config.eval.every_steps):
-            metrics = evaluate(state.student, steps)
+            key = _key_at(config.seed, steps)
+            metrics = _evaluate(eval_env, state.student, config.eval, key, timed, None)
             history.append({"step": steps, **metrics})
             last["eval"] = steps
         video_due = _crossed(last["video"], steps, config.video.every_steps)
