@@ -335,6 +335,21 @@ def test_train_distillation_evaluates_logs_and_checkpoints(tmp_path):
     ]
 
 
+def test_a_video_of_an_eval_env_without_render_fails_before_the_first_evaluation():
+    config = _train_config(video=VideoConfig(enabled=True, render_kwargs={}))
+    evaluated = []
+    with pytest.raises(TypeError, match=r"train_distillation: video needs an eval env with render"):
+        train_distillation(
+            ENV,
+            lstm_teacher(ENV),
+            delay_student(ENV),
+            config,
+            log_fn=lambda metrics, step: evaluated.append(step),
+            video_fn=print,
+        )
+    assert evaluated == []
+
+
 def test_train_distillation_resumes_without_repeating_its_start_and_saves_its_end():
     config = _train_config(
         LoggingLevel.LOSSES | LoggingLevel.WEIGHTS | LoggingLevel.THROUGHPUT,

@@ -37,12 +37,14 @@ from nnx_ppo.algorithms.config import (
     EvalConfig,
     TrainConfig,
     TrainResult,
+    VideoConfig,
     VideoData,
     _warn_unused_video,
 )
 from nnx_ppo.algorithms.metrics import (
     to_host,
 )
+from nnx_ppo.algorithms.recording import _unstacked
 from nnx_ppo.algorithms.types import (
     EnvState,
     LoggingLevel,
@@ -396,28 +398,34 @@ def _evaluate(
     return metrics
 
 
+def _render_of(env: RLEnv, where: str) -> Callable[..., Any]:
+    """The eval env's ``render``, which a video needs; ``where`` names the trainer."""
+    render = getattr(env, "render", None)
+    if render is None:
+        raise TypeError(
+            f"{where}: video needs an eval env with render(); {type(env).__name__} has none"
+        )
+    return render
+
+
 def _record(
     env: RLEnv,
     networks: StatefulModule,
-    config: TrainConfig,
+    config: VideoConfig,
+    seed: int,
     steps: int,
-    video_fn: Callable[[VideoData], None],
-) -> None:
-    """Record a deterministic episode with ``env.render`` and hand it to ``video_fn``."""
-    render = getattr(env, "render", None)
-    if render is None:
-        raise TypeError(f"train_ppo: video needs an eval env with render(); {type(env).__name__}")
+    where: str,
+) -> VideoData:
+    """A deterministic episode (``networks.eval()``) recorded with ``env.render``."""
+    render = _render_of(env, where)
     with _eval_mode(networks):
         graphdef, state = nnx.split(networks)
-        length = config.video.episode_length
+        length = config.episode_length
         states, episode_reward = jax.device_get(
-            _compiled_recording(
-                _EnvArgument(env), graphdef, state, length, _key_at(config.seed, steps)
-            )
+            _compiled_recording(_EnvArgument(env), graphdef, state, length, _key_at(seed, steps))
         )
-    trajectory = [jax.tree.map(lambda x, t=t: x[t], states) for t in range(length + 1)]
-    frames = np.stack(render(trajectory, **config.video.render_kwargs))
-    video_fn(VideoData(frames, steps, float(episode_reward), length))
+    frames = np.stack(render(_unstacked(states, length + 1), **config.render_kwargs))
+    return VideoData(frames, steps, float(episode_reward), length)
 
 
 def _steps_until_host_needed(
@@ -589,7 +597,9 @@ def train_ppo(
             last["eval"] = steps
         video_due = _crossed(last["video"], steps, config.video.every_steps)
         if config.video.enabled and video_fn is not None and video_due:
-            _record(eval_env, state.networks, config, steps, video_fn)
+            video_fn(
+                _record(eval_env, state.networks, config.video, config.seed, steps, "train_ppo")
+            )
             last["video"] = steps
         return metrics
 

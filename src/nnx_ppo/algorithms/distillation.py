@@ -30,7 +30,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 from jaxtyping import Array, Integer, PRNGKeyArray
@@ -38,7 +37,14 @@ from jaxtyping import Array, Integer, PRNGKeyArray
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms._loss import _replay
 from nnx_ppo.algorithms._step import _ConfigArgument, _EnvArgument
-from nnx_ppo.algorithms._train import _crossed, _done_last_at, _evaluate, _key_at
+from nnx_ppo.algorithms._train import (
+    _crossed,
+    _done_last_at,
+    _evaluate,
+    _key_at,
+    _record,
+    _render_of,
+)
 from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn
 from nnx_ppo.algorithms.config import (
     EvalConfig,
@@ -760,34 +766,6 @@ def _with_overrides(
     return config
 
 
-def _recorder(
-    env: RLEnv, config: VideoConfig, seed: int
-) -> Callable[[StatefulModule, int], VideoData]:
-    """Records a deterministic copy of a network with ``env.render``."""
-    render = getattr(env, "render", None)
-    if render is None:
-        raise TypeError(
-            f"train_distillation: video needs an eval env with render(); {type(env).__name__} "
-            "has none"
-        )
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def run(graphdef: nnx.GraphDef[Any], state: nnx.State, key: PRNGKeyArray) -> Any:
-        return rollout.record_episode(env, nnx.merge(graphdef, state), config.episode_length, key)
-
-    def record(network: StatefulModule, steps: int) -> VideoData:
-        graphdef, state = nnx.split(_deterministic_copy(network))
-        visited, reward = jax.device_get(run(graphdef, state, _key_at(seed, steps)))
-        trajectory = [
-            jax.tree.map(lambda leaf, t=t: leaf[t], visited)
-            for t in range(config.episode_length + 1)
-        ]
-        frames = np.stack(render(trajectory, **config.render_kwargs))
-        return VideoData(frames, steps, float(reward), config.episode_length)
-
-    return record
-
-
 def train_distillation(
     env: RLEnv,
     teacher: StatefulModule,
@@ -862,9 +840,8 @@ def train_distillation(
     eval_env = env if eval_env is None else eval_env
     timed = LoggingLevel.THROUGHPUT in settings.logging_level
     _warn_unused_video("train_distillation", config.video, video_fn)
-    record = None
     if config.video.enabled and video_fn is not None:
-        record = _recorder(eval_env, config.video, config.seed)
+        _render_of(eval_env, "train_distillation")  # fail before anything compiles
     history: list[dict[str, float]] = []
     last = _done_last_at(state.steps_taken)
 
@@ -876,8 +853,11 @@ def train_distillation(
             history.append({"step": steps, **metrics})
             last["eval"] = steps
         video_due = _crossed(last["video"], steps, config.video.every_steps)
-        if record is not None and video_fn is not None and video_due:
-            video_fn(record(state.student, steps))
+        if config.video.enabled and video_fn is not None and video_due:
+            video = _record(
+                eval_env, state.student, config.video, config.seed, steps, "train_distillation"
+            )
+            video_fn(video)
             last["video"] = steps
         return metrics
 

@@ -13,7 +13,7 @@ Everything here is importable from :mod:`nnx_ppo.algorithms.rollout` too.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -121,6 +121,8 @@ class SlimState(NamedTuple):
 
 _SLIM_FIELDS = SlimData._fields
 
+Tree = TypeVar("Tree")
+
 
 def _slim(state: EnvState) -> SlimState:
     data = getattr(state, "data", ())
@@ -165,7 +167,9 @@ def unstack_trajectory(
             f"unstack_trajectory: max_episode_length={max_episode_length}, but the stacked "
             f"states hold {held} steps"
         )
-    steps = [
-        jax.tree.map(lambda leaf, t=t: leaf[t], stacked_states) for t in range(max_episode_length)
-    ]
-    return [*steps, final_state]
+    return [*_unstacked(stacked_states, max_episode_length), final_state]
+
+
+def _unstacked(stacked: Tree, length: int) -> list[Tree]:
+    """The first ``length`` entries of a tree stacked on a leading axis, one tree each."""
+    return [jax.tree.map(lambda leaf, t=t: leaf[t], stacked) for t in range(length)]
