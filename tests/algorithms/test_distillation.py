@@ -327,6 +327,8 @@ def test_train_distillation_evaluates_logs_and_checkpoints(tmp_path):
     )
     assert result.total_steps == 96 and result.total_iterations == 2
     assert [entry["step"] for entry in result.eval_history] == [0, 48, 96]
+    for entry in result.eval_history:  # the entries of train_ppo's history
+        assert entry["episode_reward_mean"] == entry["eval/episode_reward/mean"]
     assert logged == [0, 48, 96]
     assert saved == [0, 96]
     assert [(video.step, video.frames.shape) for video in videos] == [

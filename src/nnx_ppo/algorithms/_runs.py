@@ -44,6 +44,7 @@ from nnx_ppo.algorithms._train import (
     _crossed,
     _default_optimizer,
     _evaluate,
+    _history_entry,
     _key_at,
     _new_training_state,
     _steps_until_host_needed,
@@ -256,7 +257,7 @@ def train_ppo_runs(
       FloatingPointError: a run's loss or parameters became NaN or infinite,
         named by run; no network is changed by that call.
     """
-    config = _with_overrides(config, None, None, None)
+    config = _with_overrides("train_ppo", TrainConfig, "ppo", config, None)
     if config.video.enabled:
         warnings.warn(
             "train_ppo_runs records no videos: config.video.enabled is ignored. Record a "
@@ -343,8 +344,7 @@ def train_ppo_runs(
         for seed, state, history in zip(seeds, states, histories, strict=True):
             key = _key_at(seed, steps_taken)
             metrics = _evaluate(eval_env, state.networks, config.eval, key, timed, None)
-            headline = metrics["eval/episode_reward/mean"]
-            history.append({"step": steps_taken, **metrics, "episode_reward_mean": headline})
+            history.append(_history_entry(steps_taken, metrics))
             evaluations.append(metrics)
         last["eval"] = steps_taken
         return evaluations

@@ -9,7 +9,7 @@ import copy
 import functools
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -461,21 +461,125 @@ def _done_last_at(steps_taken: int) -> dict[str, int | None]:
     return {"eval": resumed_at, "video": resumed_at, "checkpoint": resumed_at}
 
 
+class _RunConfig(Protocol):
+    """What ``train_ppo``'s and ``train_distillation``'s configs share."""
+
+    eval: EvalConfig
+    video: VideoConfig
+    seed: int
+    checkpoint_every_steps: int
+
+    def validate(self) -> None: ...
+
+
+_Config = TypeVar("_Config", bound=_RunConfig)
+
+
+def _history_entry(steps: int, metrics: dict[str, float]) -> dict[str, float]:
+    """An ``eval_history`` entry: the evaluation at ``steps``, with ``episode_reward_mean``
+    naming ``eval/episode_reward/mean`` (the key nnx-ppo 0.3.0's README read)."""
+    return {"step": steps, **metrics, "episode_reward_mean": metrics["eval/episode_reward/mean"]}
+
+
+class _Steps(Protocol):
+    """A training state, which counts its env steps."""
+
+    @property
+    def steps_taken(self) -> int: ...
+
+
+_State = TypeVar("_State", bound=_Steps)
+
+
+class _HostWork(Generic[_State]):
+    """What a run does on the host between its compiled steps, when due: evaluate (keeping
+    the ``history``), record a video, checkpoint.
+
+    Each is done at the start and whenever the step count passes a multiple of its
+    ``every_steps``; a run resumed past step 0 did all three at the step it resumes from.
+    """
+
+    def __init__(
+        self,
+        where: str,
+        config: _RunConfig,
+        eval_env: RLEnv,
+        steps_taken: int,
+        timed: bool,
+        mesh: sharding.Mesh | None,
+        video_fn: Callable[[VideoData], None] | None,
+        checkpoint_fn: Callable[[_State, int], None] | None,
+    ) -> None:
+        self._where = where
+        self._config = config
+        self._eval_env = eval_env
+        self._timed = timed
+        self._mesh = mesh
+        self._video_fn = video_fn
+        self._checkpoint_fn = checkpoint_fn
+        self._last = _done_last_at(steps_taken)
+        self.history: list[dict[str, float]] = []
+
+    def start(
+        self,
+        state: _State,
+        networks: StatefulModule,
+        log_fn: Callable[[dict[str, float], int], None] | None,
+    ) -> dict[str, float]:
+        """The start's evaluation (logged, with ``total_steps``), video and checkpoint."""
+        steps = state.steps_taken
+        metrics = self.evaluate_and_record(networks, steps)
+        if log_fn is not None and metrics:
+            log_fn(metrics | {"total_steps": float(steps)}, steps)
+        self.checkpoint(state, ends=False)
+        return metrics
+
+    def evaluate_and_record(self, networks: StatefulModule, steps: int) -> dict[str, float]:
+        """The evaluation's metrics where one is due at ``steps`` (else none); a video if due."""
+        config, last, metrics = self._config, self._last, {}
+        if config.eval.enabled and _crossed(last["eval"], steps, config.eval.every_steps):
+            key = _key_at(config.seed, steps)
+            metrics = _evaluate(self._eval_env, networks, config.eval, key, self._timed, self._mesh)
+            self.history.append(_history_entry(steps, metrics))
+            last["eval"] = steps
+        video_due = _crossed(last["video"], steps, config.video.every_steps)
+        if config.video.enabled and self._video_fn is not None and video_due:
+            video = _record(self._eval_env, networks, config.video, config.seed, steps, self._where)
+            self._video_fn(video)
+            last["video"] = steps
+        return metrics
+
+    def checkpoint(self, state: _State, ends: bool) -> None:
+        """Checkpoint ``state`` where one is due or the run ``ends``, once per step."""
+        steps, last = state.steps_taken, self._last
+        due = ends or _crossed(last["checkpoint"], steps, self._config.checkpoint_every_steps)
+        if self._checkpoint_fn is not None and due and last["checkpoint"] != steps:
+            self._checkpoint_fn(state, steps)
+            last["checkpoint"] = steps
+
+
 def _with_overrides(
-    config: TrainConfig | None, total_steps: int | None, seed: int | None, devices: int | None
-) -> TrainConfig:
-    if config is not None and not isinstance(config, TrainConfig):
+    where: str,
+    kind: type[_Config],
+    algorithm: str,
+    config: _Config | None,
+    total_steps: int | None,
+    **fields: Any,
+) -> _Config:
+    """A copy of ``config`` (``kind()`` when ``None``), validated, with a call's overrides:
+    ``total_steps`` of its ``algorithm`` config, and each of ``fields`` not ``None``."""
+    if config is not None and not isinstance(config, kind):
+        inner = type(getattr(kind(), algorithm)).__name__
         raise TypeError(
-            f"train_ppo: config must be a TrainConfig, got a {type(config).__name__}; "
-            "wrap a PPOConfig as TrainConfig(ppo=...)"
+            f"{where}: config must be a {kind.__name__}, got a {type(config).__name__}; "
+            f"wrap a {inner} as {kind.__name__}({algorithm}=...)"
         )
-    config = copy.deepcopy(config) if config is not None else default_config()
+    config = copy.deepcopy(config) if config is not None else kind()
     if total_steps is not None:
-        config.ppo.total_steps = total_steps
-    if seed is not None:
-        config.seed = seed
-    if devices is not None:
-        config.devices = devices
+        getattr(config, algorithm).total_steps = total_steps
+    for name, value in fields.items():
+        if value is not None:
+            setattr(config, name, value)
     config.validate()
     return config
 
@@ -543,7 +647,9 @@ def train_ppo(
         before anything compiles.
       FloatingPointError: the loss or a parameter became NaN or infinite.
     """
-    config = _with_overrides(config, total_steps, seed, devices)
+    config = _with_overrides(
+        "train_ppo", TrainConfig, "ppo", config, total_steps, seed=seed, devices=devices
+    )
     _warn_unused_video("train_ppo", config.video, video_fn)
     mesh = sharding.resolve_mesh(config.devices)
     eval_envs = config.eval.n_envs if config.eval.enabled else None
@@ -584,37 +690,10 @@ def train_ppo(
     if mesh is not None:
         state = sharding.shard_training_state(state, mesh)
     timed = LoggingLevel.THROUGHPUT in config.ppo.logging_level
-    history: list[dict[str, float]] = []
-    last = _done_last_at(state.steps_taken)
-
-    def evaluate_and_record(state: TrainingState) -> dict[str, float]:
-        steps, metrics = state.steps_taken, {}
-        if config.eval.enabled and _crossed(last["eval"], steps, config.eval.every_steps):
-            key = _key_at(config.seed, steps)
-            metrics = _evaluate(eval_env, state.networks, config.eval, key, timed, mesh)
-            headline = metrics["eval/episode_reward/mean"]
-            history.append({"step": steps, **metrics, "episode_reward_mean": headline})
-            last["eval"] = steps
-        video_due = _crossed(last["video"], steps, config.video.every_steps)
-        if config.video.enabled and video_fn is not None and video_due:
-            video_fn(
-                _record(eval_env, state.networks, config.video, config.seed, steps, "train_ppo")
-            )
-            last["video"] = steps
-        return metrics
-
-    def checkpoint(state: TrainingState, due: bool) -> None:
-        if checkpoint_fn is not None and last["checkpoint"] != state.steps_taken and due:
-            checkpoint_fn(state, state.steps_taken)
-            last["checkpoint"] = state.steps_taken
-
-    def checkpoint_due(steps: int) -> bool:
-        return _crossed(last["checkpoint"], steps, config.checkpoint_every_steps)
-
-    metrics = evaluate_and_record(state)
-    if log_fn is not None and metrics:
-        log_fn(metrics | {"total_steps": float(state.steps_taken)}, state.steps_taken)
-    checkpoint(state, checkpoint_due(state.steps_taken))
+    host = _HostWork(
+        "train_ppo", config, eval_env, state.steps_taken, timed, mesh, video_fn, checkpoint_fn
+    )
+    metrics = host.start(state, state.networks, log_fn)
 
     def steps_in_call(steps: int) -> int:
         return _steps_until_host_needed(
@@ -645,14 +724,14 @@ def train_ppo(
             for metrics in per_step:
                 metrics["throughput/train_sps"] = fused * config.ppo.steps_per_iteration / elapsed
         *earlier, metrics = per_step
-        metrics |= evaluate_and_record(state)
+        metrics |= host.evaluate_and_record(state.networks, state.steps_taken)
         if log_fn is not None:
             for logged in earlier:
                 log_fn(logged, int(logged["total_steps"]))
             log_fn(metrics, state.steps_taken)
         stopping = should_stop is not None and should_stop()
         finished = state.steps_taken >= config.ppo.total_steps
-        checkpoint(state, stopping or finished or checkpoint_due(state.steps_taken))
+        host.checkpoint(state, ends=stopping or finished)
         if stopping:
             break
-    return TrainResult(state, metrics, history, state.steps_taken, iterations)
+    return TrainResult(state, metrics, host.history, state.steps_taken, iterations)

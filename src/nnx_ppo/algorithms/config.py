@@ -357,7 +357,8 @@ class TrainResult:
     Attributes:
       training_state: the state after the last PPO step (resume from it).
       final_metrics: the metrics logged last, a flat ``str -> float`` dict.
-      eval_history: one ``{"step": s, **eval_metrics}`` per evaluation.
+      eval_history: one ``{"step": s, **eval_metrics}`` per evaluation, with
+        ``episode_reward_mean`` naming ``eval/episode_reward/mean``.
       total_steps: env steps taken, exact.
       total_iterations: PPO steps taken in this call.
     """

@@ -37,14 +37,7 @@ from jaxtyping import Array, Integer, PRNGKeyArray
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms._loss import _replay
 from nnx_ppo.algorithms._step import _ConfigArgument, _EnvArgument
-from nnx_ppo.algorithms._train import (
-    _crossed,
-    _done_last_at,
-    _evaluate,
-    _key_at,
-    _record,
-    _render_of,
-)
+from nnx_ppo.algorithms._train import _HostWork, _render_of, _with_overrides
 from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn
 from nnx_ppo.algorithms.config import (
     EvalConfig,
@@ -217,7 +210,9 @@ class DistillationTrainResult:
     Attributes:
       training_state: the state after the last step (resume from it).
       final_metrics: the metrics logged last, a flat ``str -> float`` dict.
-      eval_history: one ``{"step": s, **eval_metrics}`` per evaluation of the student.
+      eval_history: one ``{"step": s, **eval_metrics}`` per evaluation of the student,
+        with ``episode_reward_mean`` naming ``eval/episode_reward/mean``, as in
+        :class:`~nnx_ppo.algorithms.config.TrainResult`.
       total_steps: env steps taken, exact.
       total_iterations: distillation steps taken in this call.
     """
@@ -747,25 +742,6 @@ def load_distillation_checkpoint(
 # ------------------------------------------------------------------------------ train
 
 
-def _with_overrides(
-    config: DistillationTrainConfig | None, total_steps: int | None, seed: int | None
-) -> DistillationTrainConfig:
-    if config is not None and not isinstance(config, DistillationTrainConfig):
-        raise TypeError(
-            "train_distillation: config must be a DistillationTrainConfig, got a "
-            f"{type(config).__name__}; wrap a DistillationConfig as "
-            "DistillationTrainConfig(distillation=...)"
-        )
-    config = default_distillation_config() if config is None else config
-    config = dataclasses.replace(config, distillation=dataclasses.replace(config.distillation))
-    if total_steps is not None:
-        config.distillation.total_steps = total_steps
-    if seed is not None:
-        config.seed = seed
-    config.validate()
-    return config
-
-
 def train_distillation(
     env: RLEnv,
     teacher: StatefulModule,
@@ -811,7 +787,14 @@ def train_distillation(
       TypeError: ``config`` is not a :class:`DistillationTrainConfig`, or video is asked
         of an eval env without ``render``.
     """
-    config = _with_overrides(config, total_steps, seed)
+    config = _with_overrides(
+        "train_distillation",
+        DistillationTrainConfig,
+        "distillation",
+        config,
+        total_steps,
+        seed=seed,
+    )
     settings = config.distillation
     if initial_state is None:
         state = new_distillation_state(
@@ -842,36 +825,17 @@ def train_distillation(
     _warn_unused_video("train_distillation", config.video, video_fn)
     if config.video.enabled and video_fn is not None:
         _render_of(eval_env, "train_distillation")  # fail before anything compiles
-    history: list[dict[str, float]] = []
-    last = _done_last_at(state.steps_taken)
-
-    def evaluate_and_record(state: DistillationState) -> dict[str, float]:
-        steps, metrics = state.steps_taken, {}
-        if config.eval.enabled and _crossed(last["eval"], steps, config.eval.every_steps):
-            key = _key_at(config.seed, steps)
-            metrics = _evaluate(eval_env, state.student, config.eval, key, timed, None)
-            history.append({"step": steps, **metrics})
-            last["eval"] = steps
-        video_due = _crossed(last["video"], steps, config.video.every_steps)
-        if config.video.enabled and video_fn is not None and video_due:
-            video = _record(
-                eval_env, state.student, config.video, config.seed, steps, "train_distillation"
-            )
-            video_fn(video)
-            last["video"] = steps
-        return metrics
-
-    def checkpoint(state: DistillationState, finished: bool) -> None:
-        steps = state.steps_taken
-        due = finished or _crossed(last["checkpoint"], steps, config.checkpoint_every_steps)
-        if checkpoint_fn is not None and due and last["checkpoint"] != steps:
-            checkpoint_fn(state, steps)
-            last["checkpoint"] = steps
-
-    metrics = evaluate_and_record(state)
-    if log_fn is not None and metrics:
-        log_fn(metrics | {"total_steps": float(state.steps_taken)}, state.steps_taken)
-    checkpoint(state, finished=False)
+    host = _HostWork(
+        "train_distillation",
+        config,
+        eval_env,
+        state.steps_taken,
+        timed,
+        None,
+        video_fn,
+        checkpoint_fn,
+    )
+    metrics = host.start(state, state.student, log_fn)
     iterations = 0
     while state.steps_taken < settings.total_steps:
         start = time.perf_counter()
@@ -891,8 +855,8 @@ def train_distillation(
                 time.perf_counter() - start
             )
         iterations += 1
-        metrics |= evaluate_and_record(state)
+        metrics |= host.evaluate_and_record(state.student, state.steps_taken)
         if log_fn is not None:
             log_fn(metrics, state.steps_taken)
-        checkpoint(state, finished=state.steps_taken >= settings.total_steps)
-    return DistillationTrainResult(state, metrics, history, state.steps_taken, iterations)
+        host.checkpoint(state, ends=state.steps_taken >= settings.total_steps)
+    return DistillationTrainResult(state, metrics, host.history, state.steps_taken, iterations)
