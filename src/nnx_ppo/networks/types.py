@@ -8,7 +8,7 @@ while JAX traces.
 
 import abc
 import dataclasses
-from typing import Any, TypeAlias
+from typing import Any, Self, TypeAlias
 
 import jax
 from flax import nnx
@@ -80,7 +80,7 @@ CarryOrSlice: TypeAlias = CarrySlice
 class Replaceable:
     """Gives frozen dataclasses a ``replace(**changes)`` method."""
 
-    def replace(self, **changes: Any) -> Any:
+    def replace(self, **changes: Any) -> Self:
         """Return a copy with the given fields replaced."""
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
