@@ -9,7 +9,7 @@ tracers for the fields, fail those checks. A :class:`JaxDataclass` rebuilds with
 
 The class is kept at nnx-ppo 0.3.0's name and import path. The library's own
 pytree dataclasses use ``jax.tree_util.register_dataclass``, which does not call
-``__init__`` either.
+``__init__`` either, and take only :class:`Replaceable`'s ``replace``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Self
 
-__all__ = ["JaxDataclass"]
+__all__ = ["JaxDataclass", "Replaceable"]
 
 
-class JaxDataclass:
+class Replaceable:
+    """A mixin giving a frozen dataclass a ``replace(**changes)`` method."""
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with the given fields replaced (``__init__`` runs, with its checks)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+class JaxDataclass(Replaceable):
     """A mixin giving a frozen dataclass ``replace`` and the pytree methods.
 
     Every dataclass field is a pytree child, in the order the fields are declared;
@@ -34,10 +42,6 @@ class JaxDataclass:
             x: Float[Array, " B"]
             y: Float[Array, " B"]
     """
-
-    def replace(self, **changes: Any) -> Self:
-        """A copy with the given fields replaced (``__init__`` runs, with its checks)."""
-        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
     def tree_flatten(self) -> tuple[list[Any], tuple[str, ...]]:
         """The field values as children, and the field names as auxiliary data."""

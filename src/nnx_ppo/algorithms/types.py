@@ -17,7 +17,8 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo.contract.axes import Carry
 from nnx_ppo.envs.state import EnvState, RLEnv, Shared
-from nnx_ppo.networks.types import PPONetworkOutput, Replaceable
+from nnx_ppo.jax_dataclass import Replaceable
+from nnx_ppo.networks.types import PPONetworkOutput
 
 __all__ = [
     "EnvState",

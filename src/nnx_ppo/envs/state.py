@@ -33,14 +33,18 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from nnx_ppo.contract.axes import Scalar, Unbatched
 from nnx_ppo.contract.errors import ContractError, rule_text
+from nnx_ppo.jax_dataclass import Replaceable
 
 __all__ = ["EnvState", "RLEnv", "Shared", "State", "episode_flags", "time_limit"]
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class State:
+class State(Replaceable):
     """One environment's state: a frozen pytree dataclass with Playground's fields.
+
+    ``state.replace(**changes)`` returns a copy with the given fields replaced, as
+    Playground's ``State.replace`` does.
 
     Attributes:
       obs: the observation, a pytree of arrays.
@@ -59,10 +63,6 @@ class State:
     metrics: dict[str, Any]
     info: dict[str, Any]
     data: Any = ()
-
-    def replace(self, **changes: Any) -> State:
-        """Return a copy with the given fields replaced."""
-        return dataclasses.replace(self, **changes)
 
 
 @runtime_checkable

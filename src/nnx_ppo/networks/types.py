@@ -8,7 +8,7 @@ while JAX traces.
 
 import abc
 import dataclasses
-from typing import Any, Self, TypeAlias
+from typing import Any, TypeAlias
 
 import jax
 from flax import nnx
@@ -26,6 +26,7 @@ from nnx_ppo.contract.axes import (
 )
 from nnx_ppo.contract.checks import CONTRACT_METHODS, describe_leaf, named_leaves
 from nnx_ppo.contract.errors import rule_text
+from nnx_ppo.jax_dataclass import Replaceable
 
 __all__ = [
     "ACTIVATION_KEY",
@@ -34,7 +35,6 @@ __all__ = [
     "MissingEntryError",
     "ModuleState",
     "PPONetworkOutput",
-    "Replaceable",
     "StatefulModule",
     "StatefulModuleOutput",
     "checked_ppo_output",
@@ -75,14 +75,6 @@ ModuleState: TypeAlias = Carry
 
 CarryOrSlice: TypeAlias = CarrySlice
 """What ``reset_state`` sees: :data:`nnx_ppo.contract.axes.CarrySlice` by its older name."""
-
-
-class Replaceable:
-    """Gives frozen dataclasses a ``replace(**changes)`` method."""
-
-    def replace(self, **changes: Any) -> Self:
-        """Return a copy with the given fields replaced."""
-        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
 
 @jax.tree_util.register_dataclass
