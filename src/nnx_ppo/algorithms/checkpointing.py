@@ -30,14 +30,14 @@ import re
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, get_args, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_ppo.algorithms.config import TrainConfig
+from nnx_ppo.algorithms.config import AdvantageNormalization, LearningRateSchedule, TrainConfig
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
 from nnx_ppo.contract.checks import is_key
 
@@ -163,6 +163,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _one_of(choices: Any) -> tuple[str, Callable[[Any], bool]]:
+    """The form and the test of a field typed by a ``Literal`` of strings."""
+    allowed = get_args(choices)
+    return " or ".join(map(json.dumps, allowed)), lambda value: value in allowed
+
+
 _FIELD_FORMS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "int": ("an integer, e.g. 64", _is_int),
     "float": ("a number, e.g. 0.99", _is_number),
@@ -179,8 +185,8 @@ _FIELD_FORMS: dict[str, tuple[str, Callable[[Any], bool]]] = {
         lambda v: v is None or (isinstance(v, list | tuple) and all(_is_int(i) for i in v)),
     ),
     "dict[str, Any]": ('an object, e.g. {"height": 480}', lambda v: isinstance(v, dict)),
-    "AdvantageNormalization": ('"per_leaf" or "global"', lambda v: v in ("per_leaf", "global")),
-    "LearningRateSchedule": ('"constant" or "linear"', lambda v: v in ("constant", "linear")),
+    "AdvantageNormalization": _one_of(AdvantageNormalization),
+    "LearningRateSchedule": _one_of(LearningRateSchedule),
     "LoggingLevel": (
         'flag names: "ALL", "LOSSES|GRAD_NORM" or ["LOSSES", "GRAD_NORM"]',
         lambda v: _logging_level(v) is not None,

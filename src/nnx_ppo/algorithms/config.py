@@ -14,7 +14,7 @@ import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import optax
@@ -73,6 +73,13 @@ def _require_logging(owner: str, level: Any, percentiles: Any) -> None:
         )
     for p in percentiles:
         require_int(owner, "logging_percentiles entry", p, minimum=0, maximum=100)
+
+
+def _require_choice(owner: str, name: str, value: Any, choices: Any) -> None:
+    """Raise ``ValueError`` unless ``value`` is one of the ``Literal`` ``choices``."""
+    allowed = get_args(choices)
+    if value not in allowed:
+        raise ValueError(f"{owner}.{name} must be {' or '.join(map(repr, allowed))}, got {value!r}")
 
 
 @dataclass(slots=True)
@@ -179,17 +186,13 @@ class PPOConfig:
         if not isinstance(self.weight_decay, bool | None):
             require_number(owner, "weight_decay", self.weight_decay, minimum=0.0)
         _require_logging(owner, self.logging_level, self.logging_percentiles)
-        if self.advantage_normalization not in ("per_leaf", "global"):
-            raise ValueError(
-                "PPOConfig.advantage_normalization must be 'per_leaf' or 'global', "
-                f"got {self.advantage_normalization!r}"
-            )
+        _require_choice(
+            owner, "advantage_normalization", self.advantage_normalization, AdvantageNormalization
+        )
         require_number(owner, "reward_scaling", self.reward_scaling, minimum=0.0, strict=True)
-        if self.learning_rate_schedule not in ("constant", "linear"):
-            raise ValueError(
-                "PPOConfig.learning_rate_schedule must be 'constant' or 'linear', "
-                f"got {self.learning_rate_schedule!r}"
-            )
+        _require_choice(
+            owner, "learning_rate_schedule", self.learning_rate_schedule, LearningRateSchedule
+        )
         if self.learning_rate_schedule == "linear" and callable(self.learning_rate):
             raise ValueError(
                 "PPOConfig.learning_rate_schedule='linear' decays a number; learning_rate is "
