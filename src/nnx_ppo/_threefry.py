@@ -34,6 +34,8 @@ from jax import lax
 from jax.extend.random import define_prng_impl, threefry_prng_impl
 from jaxtyping import Array, Shaped, UInt32
 
+from nnx_ppo.contract.checks import is_key
+
 _STANDARD = "threefry2x32"
 """``jax.random.key_impl`` of JAX's default keys."""
 
@@ -110,13 +112,9 @@ STRAIGHT_LINE_THREEFRY = define_prng_impl(
 """JAX's Threefry-2x32 keys, hashed without a loop: the same numbers from every draw."""
 
 
-def _is_key(leaf: Any) -> bool:
-    return isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-
-
 def _rewrap(tree: Any, source: Any, target: Any) -> Any:
     def rewrap(leaf: Any) -> Any:
-        if _is_key(leaf) and jax.random.key_impl(leaf) == source:
+        if is_key(leaf) and jax.random.key_impl(leaf) == source:
             return jax.random.wrap_key_data(jax.random.key_data(leaf), impl=target)
         return leaf
 

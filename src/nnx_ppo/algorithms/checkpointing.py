@@ -39,7 +39,7 @@ from flax import nnx
 
 from nnx_ppo.algorithms.config import AdvantageNormalization, LearningRateSchedule, TrainConfig
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
-from nnx_ppo.contract.checks import is_key
+from nnx_ppo.contract.checks import is_key, key_data_or_leaf
 
 __all__ = [
     "CHECKPOINT_SUBDIR",
@@ -250,7 +250,7 @@ def _flatten(tree: Any) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
     entries: list[dict[str, Any]] = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         key_impl = str(jax.random.key_impl(leaf)) if is_key(leaf) else None
-        array = _on_host(jax.random.key_data(leaf) if key_impl else leaf)
+        array = _on_host(key_data_or_leaf(leaf))
         if array.size:
             arrays.append(array)
         entries.append(

@@ -33,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from nnx_ppo.algorithms.types import TrainingState
 from nnx_ppo.contract.arguments import require_int
-from nnx_ppo.contract.checks import is_key
+from nnx_ppo.contract.checks import is_key, key_data_or_leaf
 
 __all__ = [
     "DATA_AXIS",
@@ -283,7 +283,7 @@ def _require_alike_on_every_process(training_state: TrainingState) -> None:
         training_state.rng_key,
     )
     local = [
-        jax.random.key_data(leaf) if is_key(leaf) else leaf
+        key_data_or_leaf(leaf)
         for leaf in jax.tree.leaves(tree)
         if not (isinstance(leaf, jax.Array) and not leaf.is_fully_addressable)
     ]

@@ -57,6 +57,7 @@ __all__ = [
     "install_checks",
     "is_key",
     "is_stats_bearing",
+    "key_data_or_leaf",
     "named_leaves",
     "observe_calls",
     "structure_difference",
@@ -928,6 +929,11 @@ def _warn_at_class(cls: type, message: str) -> None:
 def is_key(leaf: Any) -> bool:
     """Whether ``leaf`` is an array of typed PRNG keys (``False`` for a leaf without a dtype)."""
     return hasattr(leaf, "dtype") and jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def key_data_or_leaf(leaf: Any) -> Any:
+    """A typed PRNG-key array's raw ``uint32`` key data; any other leaf as it is."""
+    return jax.random.key_data(leaf) if is_key(leaf) else leaf
 
 
 @dataclass

@@ -23,7 +23,7 @@ import numpy as np
 from jaxtyping import Array, PyTree, Shaped
 
 from nnx_ppo.contract import ContractError, format_violation
-from nnx_ppo.contract.checks import is_key
+from nnx_ppo.contract.checks import is_key, key_data_or_leaf
 
 __all__ = [
     "Condition",
@@ -211,7 +211,7 @@ def host(tree: PyTree[Shaped[Array, "..."]]) -> PyTree[Shaped[Any, "..."]]:
 
 def as_numpy(leaf: Any) -> np.ndarray:
     """A leaf as a NumPy array, a PRNG key as its raw key data."""
-    return np.asarray(jax.random.key_data(leaf) if is_key(leaf) else leaf)
+    return np.asarray(key_data_or_leaf(leaf))
 
 
 def show_values(values: np.ndarray) -> str:
