@@ -27,7 +27,7 @@ import re
 import sys
 import typing
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -54,6 +54,7 @@ __all__ = [
     "describe_leaf",
     "describe_module",
     "format_graph_path",
+    "format_shape",
     "install_checks",
     "is_key",
     "is_stats_bearing",
@@ -317,11 +318,16 @@ def _check_leading(
                 )
 
 
+def format_shape(dims: Sequence[int | str]) -> str:
+    """A shape written as Python writes a tuple, ``(3,)`` or ``(B, 4)``, names unquoted."""
+    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+
+
 def _named_shape(shape: tuple[int, ...], batch: _Axis | None) -> str:
-    dims = [str(d) for d in shape]
+    dims: list[int | str] = list(shape)
     if batch is not None and batch.size is not None and dims and shape[0] == batch.size:
         dims[0] = f"B={batch.size}"
-    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+    return format_shape(dims)
 
 
 def _differing_paths(ref_name: str, ref: Any, name: str, value: Any) -> tuple[list[str], list[str]]:

@@ -40,6 +40,7 @@ from jaxtyping import PyTree
 from nnx_ppo.contract.checks import (
     checks_enabled,
     describe_leaf,
+    format_shape,
     named_leaves,
     structure_difference,
 )
@@ -98,10 +99,6 @@ def _is_array(leaf: Any) -> bool:
     return hasattr(leaf, "shape") and hasattr(leaf, "dtype")
 
 
-def _shape_str(dims: tuple[int | str, ...]) -> str:
-    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
-
-
 # ------------------------------------------------------------------------- reset keys
 
 
@@ -146,7 +143,7 @@ def check_env_reset_key(key: Any, *, where: str = "env.reset") -> None:
     if len(shape) > key_ndim:
         batch_shape = shape[: len(shape) - key_ndim]
         problem = (
-            f"reset was given a batch of keys {_shape_str(batch_shape)}; it takes one key "
+            f"reset was given a batch of keys {format_shape(batch_shape)}; it takes one key "
             "and handles one environment."
         )
     else:
@@ -195,12 +192,12 @@ def _check_scalar_leaves(where: str, name: str, tree: Any, what: str) -> None:
         shape = tuple(getattr(leaf, "shape", ()))
         if name == "state.done" and len(shape) == 1 and shape[0] > 1:
             problem = (
-                f"{leaf_name} has shape {_shape_str(shape)}, as if the env held {shape[0]} "
+                f"{leaf_name} has shape {format_shape(shape)}, as if the env held {shape[0]} "
                 "environments; pass an unbatched env (not one wrapped in vmap): the library "
                 "vmaps reset and step itself."
             )
         elif _is_array(leaf):
-            problem = f"{leaf_name} has shape {_shape_str(shape)}, not a scalar ({what})."
+            problem = f"{leaf_name} has shape {format_shape(shape)}, not a scalar ({what})."
         else:
             problem = f"{leaf_name} is not an array ({what})."
         raise _violation(
@@ -270,7 +267,7 @@ def _check_same_as_reference(where: str, name: str, value: Any, reference: Any) 
                 where,
                 f"{leaf_name} changed shape or dtype from what env.reset returned.",
                 leaf=leaf_name,
-                expected=f"shape {_shape_str(tuple(ref_leaf.shape))} {ref_dtype} "
+                expected=f"shape {format_shape(tuple(ref_leaf.shape))} {ref_dtype} "
                 "(as returned by env.reset)",
                 found=describe_leaf(leaf),
                 rule=_RULE_CARRY,
@@ -536,10 +533,10 @@ def check_action_tree(
             batch_dims: tuple[str, ...] = (f"B={batch_size}",) if lead else ()
             raise _violation(
                 where,
-                f"{leaf_name} has shape {_shape_str(tuple(leaf.shape))} {leaf.dtype}, "
+                f"{leaf_name} has shape {format_shape(tuple(leaf.shape))} {leaf.dtype}, "
                 f"not one environment's action ({kind}).",
                 leaf=leaf_name,
-                expected=f"shape {_shape_str((*batch_dims, *expected_shape))} "
+                expected=f"shape {format_shape((*batch_dims, *expected_shape))} "
                 + ("integer" if discrete else "floating")
                 + (f" ({flag_name}=True)" if discrete else ""),
                 found=describe_leaf(leaf),

@@ -31,6 +31,7 @@ from nnx_ppo.contract.checks import (
     CallRecord,
     checks,
     format_graph_path,
+    format_shape,
     is_stats_bearing,
     observe_calls,
 )
@@ -70,8 +71,7 @@ class LeafShape:
     dtype: str
 
     def __str__(self) -> str:
-        dims = ", ".join(str(d) for d in self.shape)
-        text = f"({dims},)" if len(self.shape) == 1 else f"({dims})"
+        text = format_shape(self.shape)
         if self.dtype != "float32":
             text += f" {self.dtype}"
         return f"{self.key} {text}" if self.key else text
