@@ -9,7 +9,8 @@ engine's public functions by :func:`nnx_ppo.contract.checks.typechecked`.
 
 Leaves are ``Shaped`` (any dtype) where a pytree may hold integer or boolean
 observations, and ``Float`` where the value is one float array. NumPy arrays are
-accepted wherever JAX arrays are, as JAX accepts them.
+accepted wherever JAX arrays are, as JAX accepts them. :func:`align_leading` lines
+a per-env (or per-step-and-env) array up with a leaf that has those axes first.
 
 Example::
 
@@ -43,6 +44,7 @@ __all__ = [
     "RegularizationLoss",
     "Scalar",
     "Unbatched",
+    "align_leading",
 ]
 
 _Arrays: TypeAlias = Array | np.ndarray
@@ -91,3 +93,15 @@ Scalar: TypeAlias = Shaped[_Arrays, ""]
 
 Unbatched: TypeAlias = PyTree[Shaped[_Arrays, "..."]]
 """One environment's observation, action or state: no batch axis."""
+
+
+def align_leading(
+    values: Shaped[_Arrays, "*lead"], leaf: Shaped[_Arrays, "..."]
+) -> Shaped[_Arrays, "..."]:
+    """``values`` with size-1 axes appended up to ``leaf``'s rank.
+
+    ``values`` covers ``leaf``'s leading axes (a ``(B,)`` mask for a ``(B, ...)`` leaf,
+    a ``(T, B)`` one for a ``(T, B, ...)`` leaf), so the result broadcasts against
+    ``leaf`` along them: ``where(align_leading(mask, leaf), leaf, 0)``.
+    """
+    return values.reshape(values.shape + (1,) * (np.ndim(leaf) - values.ndim))

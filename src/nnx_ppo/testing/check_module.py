@@ -41,6 +41,7 @@ from jaxtyping import Array, Bool, PyTree, Shaped
 from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import ContractError, checks
 from nnx_ppo.contract.arguments import require_int, require_number
+from nnx_ppo.contract.axes import align_leading
 from nnx_ppo.contract.checks import (
     RULE_NO_WRITES,
     RULE_STATISTICS_KIND,
@@ -288,7 +289,7 @@ def _where_rows(
     """``fresh`` in the rows where ``mask`` is set, ``current`` elsewhere (on the host)."""
 
     def pick(new: Any, old: Any) -> Any:
-        where = mask.reshape(mask.shape + (1,) * (old.ndim - 1))
+        where = align_leading(mask, old)
         if is_key(old):
             data = np.where(where[..., None], as_numpy(new), as_numpy(old))
             return jax.random.wrap_key_data(jnp.asarray(data), impl=jax.random.key_impl(old))
@@ -839,8 +840,7 @@ def _check_inputs_before_an_end_are_forgotten(case: _Case) -> None:
     before_reset = np.arange(ex.time_length)[:, None] <= last_end[None, :]
 
     def mixed(other: Any, drawn: Any) -> Any:
-        mask = before_reset.reshape(*before_reset.shape, *[1] * (np.ndim(drawn) - 2))
-        return np.where(mask, other, drawn)
+        return np.where(align_leading(before_reset, drawn), other, drawn)
 
     other_past = case.kit.run(
         ModuleProperty.EPISODES_INDEPENDENT,
