@@ -5,6 +5,7 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 from hypothesis import given
@@ -18,6 +19,8 @@ from nnx_ppo.contract.env_checks import (
     check_env_state,
     check_env_unbatched,
     discrete_action_flags,
+    is_size,
+    size_shape,
 )
 from nnx_ppo.envs import State
 from nnx_ppo.networks.factories import make_default_network
@@ -226,6 +229,42 @@ def test_discrete_and_batched_actions() -> None:
         check_action_tree(jnp.zeros((5, 2)), envs.Pendulum(), batch_size=5)
     with pytest.raises(ContractError, match=r"action is not an array leading with B=5"):
         check_action_tree(jnp.zeros((4, 1)), envs.Pendulum(), batch_size=5)
+
+
+@pytest.mark.parametrize(
+    ("node", "shape"),
+    [
+        (3, (3,)),
+        (np.int64(3), (3,)),
+        ((2, 3), (2, 3)),
+        ([2, 3], (2, 3)),
+        ((np.int32(2), 3), (2, 3)),
+        ((), ()),
+        ((2, -1), (2, -1)),  # a size still: its user names the negative dimension
+    ],
+)
+def test_sizes_and_the_shapes_they_stand_for(node: Any, shape: tuple[int, ...]) -> None:
+    assert is_size(node) and size_shape(node) == shape
+
+
+@pytest.mark.parametrize("node", [True, np.bool_(True), (2, True), 2.0, (2, 3.0), "3", {"a": 2}])
+def test_what_is_not_a_size(node: Any) -> None:
+    assert not is_size(node)
+
+
+class ListShapedAction:
+    """An action of one (2, 3) array, its size written as a list."""
+
+    action_size: ClassVar[Any] = [2, np.int64(3)]
+
+
+def test_a_list_or_numpy_action_size_is_one_shape() -> None:
+    env = ListShapedAction()
+    assert discrete_action_flags(env) == [False]
+    check_action_tree(jnp.zeros((2, 3)), env)
+    with pytest.raises(ContractError, match=r"missing action; unexpected action\[0\]"):
+        check_action_tree([jnp.zeros(2), jnp.zeros(3)], env)
+    assert random_action(env, jax.random.key(0)).shape == (2, 3)
 
 
 class ArmAndGripper:

@@ -150,6 +150,28 @@ def test_declared_shape_forms_give_float32_statistics(declared: Any, expected_sh
     assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(normalizer.M2.get_value()))
 
 
+@pytest.mark.parametrize(
+    ("declared", "expected_shapes"),
+    [
+        # A NumPy integer is a size, not a 0-d example array (it used to give shape ()).
+        (np.int64(3), (3,)),
+        ((np.int32(2), 3), (2, 3)),
+        ({"a": np.int64(2), "b": [np.int64(1), 2]}, {"a": (2,), "b": (1, 2)}),
+    ],
+)
+def test_numpy_integers_declare_sizes(declared: Any, expected_shapes: Any):
+    mean = Normalizer(declared).mean.get_value()
+    assert jax.tree.map(lambda v: v.shape, mean) == expected_shapes
+
+
+def test_a_bool_is_not_a_size():
+    with pytest.raises(TypeError, match="int, a shape tuple or an example array"):
+        Normalizer(True)
+    # Not a shape (2, 1), so a tuple of two leaves, the bool one refused.
+    with pytest.raises(TypeError, match="got bool True"):
+        Normalizer((2, True))
+
+
 def test_statistics_are_not_trainable_parameters():
     normalizer = Normalizer({"a": 2})
     assert not issubclass(NormalizerStatistics, nnx.Param)

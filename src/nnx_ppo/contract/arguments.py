@@ -11,7 +11,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["require_int", "require_number"]
+__all__ = ["is_int", "require_int", "require_number"]
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an ``int`` or a NumPy integer (a ``bool`` is neither)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
 def _allowed(minimum: float | None, maximum: float | None, strict: bool = False) -> str:
@@ -39,7 +44,7 @@ def require_int(
       TypeError: ``value`` is not an ``int`` or NumPy integer (a ``bool`` is not accepted).
       ValueError: ``value`` lies outside ``[minimum, maximum]``.
     """
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+    if not is_int(value):
         raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__} {value!r}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         positive = minimum == 1 and maximum is None

@@ -20,8 +20,8 @@ What a state must look like:
   fresh reset state where an episode ends).
 
 Actions (:func:`check_action_tree`) follow the env's ``action_size``: an
-``int`` ``n`` means one array of shape ``(n,)``, a tuple of ints means one
-array of that shape, and a dict of those means a dict of actions with the same
+``int`` ``n`` means one array of shape ``(n,)``, a tuple (or list) of ints means
+one array of that shape, and a dict of those means a dict of actions with the same
 keys. An env whose ``discrete_actions`` attribute is ``True`` takes one integer
 scalar per leaf instead, a choice among ``action_size`` options; a tree of bools
 with ``action_size``'s structure says it per leaf (:func:`discrete_action_flags`).
@@ -29,7 +29,7 @@ with ``action_size``'s structure says it per leaf (:func:`discrete_action_flags`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
+from nnx_ppo.contract.arguments import is_int
 from nnx_ppo.contract.checks import (
     checks_enabled,
     describe_leaf,
@@ -53,6 +54,7 @@ __all__ = [
     "check_env_unbatched",
     "discrete_action_flags",
     "is_size",
+    "size_shape",
 ]
 
 _STATE_FIELDS = ("obs", "reward", "done", "metrics", "info")
@@ -84,7 +86,7 @@ _RULE_KEY = rule_text(
 )
 _RULE_ACTION = rule_text(
     "env.step takes one environment's action: per leaf of env.action_size, an array of "
-    "shape (action_size,) (or the tuple's shape), or an integer scalar where "
+    "shape (action_size,) (or action_size itself, a shape), or an integer scalar where "
     "discrete_actions is True (for the env, or for that leaf)",
     "the-contract",
     "environments",
@@ -420,10 +422,19 @@ def check_env_unbatched(env: Any, key: Any = None) -> Any:
 
 
 def is_size(node: Any) -> bool:
-    """An ``action_size`` leaf: an integer, or a tuple of integers (a shape)."""
-    return isinstance(node, int | np.integer) or (
-        isinstance(node, tuple) and all(isinstance(d, int | np.integer) for d in node)
-    )
+    """Whether ``node`` is a size: an integer ``n`` (the shape ``(n,)``) or a shape.
+
+    A shape is a tuple or list of integers. NumPy integers count, a ``bool`` does
+    not. Sizes are the leaves of ``action_size``, ``observation_size`` and a
+    ``Normalizer``'s declared shapes. A dimension's sign is not looked at: a negative
+    one is still a size, for its user to name in its own error.
+    """
+    return is_int(node) or (isinstance(node, tuple | list) and all(map(is_int, node)))
+
+
+def size_shape(size: int | Sequence[int]) -> tuple[int, ...]:
+    """The shape a size (see :func:`is_size`) stands for: ``(n,)`` for an integer ``n``."""
+    return tuple(int(d) for d in size) if isinstance(size, Sequence) else (int(size),)
 
 
 def discrete_action_flags(env: Any) -> list[bool]:
@@ -524,9 +535,7 @@ def check_action_tree(
             kind_ok = jnp.issubdtype(leaf.dtype, jnp.integer)
             kind = f"an integer index into {size_name} = {size!r} choices"
         else:
-            expected_shape = (
-                tuple(int(d) for d in size) if isinstance(size, tuple) else (int(size),)
-            )
+            expected_shape = size_shape(size)
             kind_ok = jnp.issubdtype(leaf.dtype, jnp.floating)
             kind = f"floats, {size_name} = {size!r}"
         if shape != expected_shape or not kind_ok:

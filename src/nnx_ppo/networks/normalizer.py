@@ -14,6 +14,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Shaped
 
 from nnx_ppo.contract.axes import BatchedTree, Extras, HistoryTree
+from nnx_ppo.contract.env_checks import is_size, size_shape
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = ["Normalizer", "NormalizerStatistics", "canonical_tree", "check_feature_shapes"]
@@ -72,17 +73,10 @@ def check_feature_shapes(
             )
 
 
-def _is_shape(spec: Any) -> bool:
-    def is_dim(d: Any) -> bool:
-        return isinstance(d, int) and not isinstance(d, bool)
-
-    return is_dim(spec) or (isinstance(spec, tuple | list) and all(is_dim(d) for d in spec))
-
-
 def _zeros_like_spec(spec: Any) -> Array:
     """float32 zeros for one declared leaf: an int, a shape tuple, or an example array."""
-    if _is_shape(spec):
-        shape = (spec,) if isinstance(spec, int) else tuple(spec)
+    if is_size(spec):
+        shape = size_shape(spec)
     elif hasattr(spec, "shape"):
         shape = tuple(spec.shape)
     else:
@@ -111,9 +105,9 @@ class Normalizer(StatefulModule):
     :class:`NormalizerStatistics` variables, never written by ``__call__``.
 
     Args:
-      shape: the per-sample feature shape: an int, a shape tuple, or a pytree
-        (dicts and other mappings, lists, tuples) whose leaves are ints, shape
-        tuples or example arrays (unbatched).
+      shape: the per-sample feature shape: an int, a shape (a tuple or list of
+        ints; NumPy integers count), or a pytree (dicts and other mappings, lists,
+        tuples) whose leaves are ints, shapes or example arrays (unbatched).
       clip: if given, the normalised value is clipped to ``[-clip, clip]``.
       epsilon: the floor of the variance, so constant features do not divide by zero.
 
@@ -127,13 +121,13 @@ class Normalizer(StatefulModule):
             raise ValueError(f"Normalizer clip must be positive or None, got {clip!r}")
         if not epsilon > 0:
             raise ValueError(f"Normalizer epsilon must be positive, got {epsilon!r}")
-        if _is_shape(shape):
+        if is_size(shape):
             zeros = _zeros_like_spec(shape)
         else:
             zeros = jax.tree.map(
                 _zeros_like_spec,
                 canonical_tree(shape),
-                is_leaf=lambda s: _is_shape(s) or hasattr(s, "shape"),
+                is_leaf=lambda s: is_size(s) or hasattr(s, "shape"),
             )
             if not jax.tree.leaves(zeros):
                 raise ValueError(f"Normalizer: the declared tree {shape!r} has no leaves")

@@ -36,6 +36,7 @@ from nnx_ppo.contract.env_checks import (
     check_env_unbatched,
     discrete_action_flags,
     is_size,
+    size_shape,
 )
 from nnx_ppo.envs.state import _holds_shared, _vmap_reset, _vmap_step
 from nnx_ppo.testing._harness import (
@@ -78,10 +79,6 @@ def _action_size(env: Any) -> Any:
     return action_size
 
 
-def _shape(size: int | tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(int(d) for d in size) if isinstance(size, tuple) else (int(size),)
-
-
 def random_action(env: Any, key: PRNGKeyArray) -> PyTree[Shaped[Array, "..."]]:
     """One environment's uniformly random action, from ``env.action_size``.
 
@@ -98,7 +95,7 @@ def random_action(env: Any, key: PRNGKeyArray) -> PyTree[Shaped[Array, "..."]]:
     leaves = [
         jax.random.randint(k, (), 0, int(n), jnp.int32)
         if discrete
-        else jax.random.uniform(k, _shape(n), minval=-1, maxval=1)
+        else jax.random.uniform(k, size_shape(n), minval=-1, maxval=1)
         for k, n, discrete in zip(keys, sizes, discrete_action_flags(env), strict=True)
     ]
     return jax.tree.unflatten(treedef, leaves)
@@ -376,7 +373,7 @@ def _observation_mismatch(obs: Any, size: Any, name: str) -> tuple[str, str, str
         return None  # not a size this kit reads
     if not hasattr(obs, "shape"):
         return name, "an array", type(obs).__name__
-    expected = _shape(size)
+    expected = size_shape(size)
     if tuple(obs.shape) != expected:
         return name, f"shape {expected}", f"shape {tuple(obs.shape)}"
     return None
