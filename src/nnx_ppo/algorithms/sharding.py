@@ -310,21 +310,17 @@ def _active() -> bool:
     return not mesh.empty and DATA_AXIS in mesh.axis_names
 
 
-def constrain_envs(tree: Any, n_envs: int, env_axis: int = 0) -> Any:
-    """While tracing under a data mesh: split each per-env leaf over it along ``env_axis``.
+def constrain_envs(tree: Any, n_envs: int) -> Any:
+    """While tracing under a data mesh: split each per-env leaf over it along its env axis.
 
-    A leaf is per-env when its ``env_axis`` has ``n_envs`` entries; the others
+    A leaf is per-env when its leading axis has ``n_envs`` entries; the others
     are replicated. Without a mesh, ``tree`` is returned as it is.
     """
     if not _active():
         return tree
-
-    def constrain(leaf: jax.Array) -> jax.Array:
-        per_env = leaf.ndim > env_axis and leaf.shape[env_axis] == n_envs
-        spec = PartitionSpec(*([None] * env_axis), DATA_AXIS) if per_env else PartitionSpec()
-        return jax.lax.with_sharding_constraint(leaf, spec)
-
-    return jax.tree.map(constrain, tree)
+    return jax.tree.map(
+        lambda leaf: jax.lax.with_sharding_constraint(leaf, _env_spec(leaf, n_envs)), tree
+    )
 
 
 def constrain_replicated(tree: Any) -> Any:
