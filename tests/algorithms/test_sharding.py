@@ -259,3 +259,13 @@ def test_only_leaves_with_an_env_axis_are_split_over_the_mesh(counting_env, scri
     assert placed.env_states.done.sharding.spec == split
     assert placed.network_states.sharding.spec == split
     np.testing.assert_array_equal(data["table"], np.arange(3.0))
+
+
+def test_an_unbatched_env_state_is_named_before_placing(counting_env, scripted_network):
+    from nnx_ppo.algorithms.ppo import new_training_state
+    from nnx_ppo.contract import ContractError
+
+    state = new_training_state(counting_env, scripted_network(), 4, 0)
+    one_env = jax.tree.map(lambda leaf: leaf[0], state.env_states)
+    with pytest.raises(ContractError, match=r"shard_training_state: env_state must be batched"):
+        sharding.shard_training_state(state.replace(env_states=one_env), sharding.data_mesh(1))

@@ -31,6 +31,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.types import TrainingState
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.checks import is_key, key_data_or_leaf
@@ -162,13 +163,9 @@ def require_divisible(
         )
 
 
-def _first_done(training_state: TrainingState) -> Any:
-    return jax.tree.leaves(training_state.env_states.done)[0]
-
-
 def mesh_of(training_state: TrainingState) -> Mesh | None:
     """The data mesh a training state's envs are placed on, or ``None`` (one device)."""
-    placement = getattr(_first_done(training_state), "sharding", None)
+    placement = getattr(jax.tree.leaves(training_state.env_states.done)[0], "sharding", None)
     if isinstance(placement, NamedSharding) and DATA_AXIS in placement.mesh.axis_names:
         mesh = placement.mesh
         return mesh if isinstance(mesh, Mesh) else None
@@ -216,6 +213,7 @@ def _put(leaf: Any, where: NamedSharding) -> jax.Array:
 
 
 def _env_spec(leaf: Any, n_envs: int) -> PartitionSpec:
+    """Split along the env axis a leaf that leads with ``n_envs``; replicate any other."""
     per_env = np.ndim(leaf) >= 1 and np.shape(leaf)[0] == n_envs
     return PartitionSpec(DATA_AXIS) if per_env else PartitionSpec()
 
@@ -245,9 +243,10 @@ def shard_training_state(training_state: TrainingState, mesh: Mesh) -> TrainingS
     checkpoint written on another device count.
 
     Raises:
+      ContractError: the env state is not batched (its ``done`` has no env axis).
       ValueError: an env-state leaf is not an array (so cannot be placed).
     """
-    n_envs = int(np.shape(_first_done(training_state))[0])
+    n_envs = rollout.n_envs_of(training_state.env_states, "shard_training_state")
     _require_alike_on_every_process(training_state)
     replicated = NamedSharding(mesh, PartitionSpec())
     for module in (training_state.networks, training_state.optimizer):
