@@ -960,7 +960,7 @@ def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[
     token = _STATISTICS_CALL.set(shared) if top_level else None
     try:
         shared.reached.add(id(site.module))
-        what = "argument" if top_level else f"argument (passed by {_caller(site)})"
+        what = "argument" if top_level else f"argument (passed by {_caller()})"
         _check_leading(site, (shared.time, shared.batch), extras_name, extras, _RULE_HISTORY, what)
         _check_emitted(site, extras_name, extras, shared)
         params = _variable_values(site.module, _is_param) if top_level else {}
@@ -1001,7 +1001,8 @@ def _check_kept_shapes(
         )
 
 
-def _caller(site: _Site) -> str:
+def _caller() -> str:
+    """The module that made the call now checked (the one below it on the stack), named."""
     stack = _ACTIVE_MODULES.get()
     if len(stack) < 2:
         return "the top-level call"
@@ -1015,7 +1016,7 @@ def _check_emitted(site: _Site, name: str, history: Any, shared: _StatisticsCall
     if not emitted or given in emitted:
         return
     expected = emitted[0]
-    caller = _caller(site)
+    caller = _caller()
     expected_paths = [path for path, _, _ in expected]
     given_paths = [path for path, _, _ in given]
     if expected_paths != given_paths:

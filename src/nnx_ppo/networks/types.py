@@ -30,7 +30,6 @@ from nnx_ppo.jax_dataclass import Replaceable
 
 __all__ = [
     "ACTIVATION_KEY",
-    "CarryOrSlice",
     "EntryTypeError",
     "MissingEntryError",
     "ModuleState",
@@ -72,9 +71,6 @@ class EntryTypeError(TypeError, ValueError):
 
 ModuleState: TypeAlias = Carry
 """A module's carry, leaves ``(B, ...)``: :data:`nnx_ppo.contract.axes.Carry` by its 0.3.0 name."""
-
-CarryOrSlice: TypeAlias = CarrySlice
-"""What ``reset_state`` sees: :data:`nnx_ppo.contract.axes.CarrySlice` by its older name."""
 
 
 @jax.tree_util.register_dataclass

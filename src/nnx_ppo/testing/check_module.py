@@ -41,7 +41,7 @@ from jaxtyping import Array, Bool, PyTree, Shaped
 from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import ContractError, checks
 from nnx_ppo.contract.arguments import require_int, require_number
-from nnx_ppo.contract.axes import align_leading
+from nnx_ppo.contract.axes import History, HistoryTree, align_leading
 from nnx_ppo.contract.checks import (
     RULE_NO_WRITES,
     RULE_STATISTICS_KIND,
@@ -133,8 +133,8 @@ class _Example:
 
     batch_size: int
     time_length: int
-    inputs: PyTree[Shaped[Any, "T B ..."]]
-    other_inputs: PyTree[Shaped[Any, "T B ..."]]
+    inputs: HistoryTree
+    other_inputs: HistoryTree
     ends: Bool[np.ndarray, "T B"]
     permutation: np.ndarray
     subset: np.ndarray
@@ -157,7 +157,7 @@ class _Example:
         printer.text(repr(self))
 
 
-def _time_major(batch_major: PyTree[Shaped[Array, "B T ..."]]) -> PyTree[Shaped[Any, "T B ..."]]:
+def _time_major(batch_major: PyTree[Shaped[Array, "B T ..."]]) -> HistoryTree:
     return jax.tree.map(lambda leaf: leaf.swapaxes(0, 1), host(batch_major))
 
 
@@ -271,9 +271,7 @@ def _rows(tree: PyTree[Shaped[Array, "B ..."]], rows: Any) -> PyTree[Shaped[Arra
     return jax.tree.map(lambda leaf: leaf if leaf.ndim == 0 else leaf[rows], tree)
 
 
-def _env_rows(
-    tree: PyTree[Shaped[Array, "T B ..."]], rows: Any
-) -> PyTree[Shaped[Array, "T R ..."]]:
+def _env_rows(tree: HistoryTree, rows: Any) -> PyTree[Shaped[Array, "T R ..."]]:
     return jax.tree.map(lambda leaf: leaf[:, rows], tree)
 
 
@@ -1027,7 +1025,7 @@ def _check_statistics_order(case: _Case) -> None:
     if order[-1] == samples - 1:  # e.g. the identity at 2 samples: the last one must move
         order = np.roll(order, 1)
 
-    def as_one_batch(leaf: Shaped[Any, "T B ..."]) -> Shaped[Any, "1 TB ..."]:
+    def as_one_batch(leaf: History) -> Shaped[Any, "1 TB ..."]:
         return leaf.reshape((samples, *leaf.shape[2:]))[order][None]
 
     with _phase(ModuleProperty.STATISTICS, "update_statistics"):
