@@ -194,6 +194,8 @@ def test_mismatched_inputs_are_named():
         normalizer((), {"a": jnp.ones((4, 2)), "b": jnp.ones((4, 3))})
     with pytest.raises(ValueError, match="tree structure"):
         normalizer((), {"a": jnp.ones((4, 2))})
+    with pytest.raises(ValueError, match=r"x has shape \(4, 2\), expected \(B,\) as declared"):
+        Normalizer(())((), jnp.ones((4, 2)))
     with pytest.raises(ValueError, match=r"rollout_extras\['a'\].*\(T, B, 2\)"):
         normalizer.update_statistics({"a": jnp.ones((2, 4, 3)), "b": jnp.ones((2, 4, 1, 3))})
     with pytest.raises(nnx_ppo.ContractError, match="T=2"):

@@ -75,7 +75,7 @@ class Delay(StatefulModule):
         rollout_extras: None = None,
     ) -> StatefulModuleOutput:
         x = canonical_tree(x)
-        check_feature_shapes("Delay.__call__", "x", self.sample, x, "B")
+        check_feature_shapes("Delay.__call__", "x", self.sample, x, ("B",))
         self._check_kinds(x)
 
         def step_one_env(

@@ -14,6 +14,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Shaped
 
 from nnx_ppo.contract.axes import BatchedTree, Extras, HistoryTree
+from nnx_ppo.contract.checks import format_shape
 from nnx_ppo.contract.env_checks import is_size, size_shape
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
@@ -42,7 +43,7 @@ def canonical_tree(tree: Any) -> Any:
 
 
 def check_feature_shapes(
-    where: str, argument: str, declared: Any, received: Any, leading_axes: str
+    where: str, argument: str, declared: Any, received: Any, leading_axes: tuple[str, ...]
 ) -> None:
     """Raise ``ValueError`` unless ``received`` is ``declared`` with leading axes added.
 
@@ -51,9 +52,9 @@ def check_feature_shapes(
       argument: the argument's name, for the message.
       declared: a canonical tree of arrays with the per-sample feature shapes.
       received: a canonical tree whose leaves should be ``(*leading, *feat)``.
-      leading_axes: the names of the leading axes, e.g. ``"B"`` or ``"T, B"``.
+      leading_axes: the names of the leading axes, e.g. ``("B",)`` or ``("T", "B")``.
     """
-    n_leading = len(leading_axes.split(","))
+    n_leading = len(leading_axes)
     declared_def = jax.tree_util.tree_structure(declared)
     received_def = jax.tree_util.tree_structure(received)
     if declared_def != received_def:
@@ -66,10 +67,10 @@ def check_feature_shapes(
     for feature, (path, leaf) in zip(flat_declared, flat_received, strict=True):
         shape = tuple(getattr(leaf, "shape", ()))
         if len(shape) < n_leading or shape[n_leading:] != tuple(feature.shape):
-            expected = ", ".join([leading_axes, *(str(d) for d in feature.shape)])
+            expected = format_shape((*leading_axes, *feature.shape))
             raise ValueError(
                 f"{where}: {argument}{jax.tree_util.keystr(path)} has shape {shape}, expected "
-                f"({expected}) as declared at construction"
+                f"{expected} as declared at construction"
             )
 
 
@@ -144,7 +145,7 @@ class Normalizer(StatefulModule):
         rollout_extras: Extras = None,
     ) -> StatefulModuleOutput:
         x = canonical_tree(x)
-        check_feature_shapes("Normalizer.__call__", "x", self.mean.get_value(), x, "B")
+        check_feature_shapes("Normalizer.__call__", "x", self.mean.get_value(), x, ("B",))
         count = self.counter.get_value()
 
         def standardise(
@@ -168,7 +169,7 @@ class Normalizer(StatefulModule):
             "rollout_extras",
             self.mean.get_value(),
             history,
-            "T, B",
+            ("T", "B"),
         )
         first = jax.tree.leaves(history)[0]
         n_new = float(first.shape[0] * first.shape[1])
