@@ -38,9 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jaxtyping import Array, Bool, Float, PyTree, Shaped
+from jaxtyping import Array, Float, PyTree, Shaped
 
 from nnx_ppo.algorithms.types import LoggingLevel, RunningEpisodes, Transition
+from nnx_ppo.contract.axes import BoolHistory, FloatHistory, Mask
 
 __all__ = [
     "compute_metrics",
@@ -202,8 +203,8 @@ def log_weight_stats(
 
 def track_episodes(
     running: RunningEpisodes,
-    rewards: PyTree[Float[Array, "T B"]],
-    ended: Bool[Array, "T B"],
+    rewards: PyTree[FloatHistory],
+    ended: BoolHistory,
 ) -> tuple[RunningEpisodes, dict[str, Any]]:
     """Advance the episodes in progress through a rollout; total those that ended.
 
@@ -214,7 +215,7 @@ def track_episodes(
     """
 
     def step(
-        carry: tuple[RunningEpisodes, dict[str, Any]], inputs: tuple[Any, Bool[Array, " B"]]
+        carry: tuple[RunningEpisodes, dict[str, Any]], inputs: tuple[Any, Mask]
     ) -> tuple[tuple[RunningEpisodes, dict[str, Any]], None]:
         running, totals = carry
         reward, end = inputs

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
 
-from nnx_ppo.contract.axes import Carry
+from nnx_ppo.contract.axes import Carry, FloatBatch
 from nnx_ppo.envs.state import EnvState, RLEnv, Shared
 from nnx_ppo.jax_dataclass import Replaceable
 from nnx_ppo.networks.types import PPONetworkOutput
@@ -93,7 +93,7 @@ class RunningEpisodes(Replaceable):
       lengths: the steps taken so far, ``(B,)``.
     """
 
-    returns: PyTree[Float[Array, " B"]]
+    returns: PyTree[FloatBatch]
     lengths: Int[Array, " B"]
 
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array
 
 from nnx_ppo.contract import ContractError, describe_module
-from nnx_ppo.contract.axes import BatchedTree, Carry, Extras
+from nnx_ppo.contract.axes import BatchedTree, Carry, Extras, FloatBatch
 from nnx_ppo.networks.containers import Parallel
 from nnx_ppo.networks.sampling_layers import SampledAction
 from nnx_ppo.networks.types import (
@@ -126,7 +126,7 @@ class PPOAdapter(Parallel):
                 )
 
     def _value_estimates(self, values: Any) -> Any:
-        def per_sample(path: Any, value: Array) -> Float[Array, " B"]:
+        def per_sample(path: Any, value: Array) -> FloatBatch:
             if value.ndim == 2 and value.shape[-1] == 1:
                 return value[:, 0]
             if value.ndim == 1:

@@ -38,6 +38,7 @@ from jaxtyping import Array, Float, Int, Key, Shaped
 
 from nnx_ppo.contract import ContractError, describe_module
 from nnx_ppo.contract.arguments import require_int, require_number
+from nnx_ppo.contract.axes import FloatBatch, PerEnvKeys
 from nnx_ppo.contract.errors import rule_text
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import (
@@ -69,7 +70,7 @@ class SampledAction(TypedDict):
     """
 
     action: Array
-    log_likelihood: Float[Array, " B"]
+    log_likelihood: FloatBatch
 
 
 class ActionSampler(StatefulModule):
@@ -116,12 +117,12 @@ class ActionSampler(StatefulModule):
     @abc.abstractmethod
     def log_likelihood(
         self, raw_action: Shaped[Array, "B *raw"], parameters: DistributionParameters
-    ) -> Float[Array, " B"]:
+    ) -> FloatBatch:
         """The log-likelihood of the action that ``raw_action`` becomes after
         :meth:`~nnx_ppo.networks.sampling_layers.ActionSampler.squash`."""
 
     @abc.abstractmethod
-    def entropy(self, parameters: DistributionParameters) -> Float[Array, " B"]:
+    def entropy(self, parameters: DistributionParameters) -> FloatBatch:
         """The entropy of the action distribution (after
         :meth:`~nnx_ppo.networks.sampling_layers.ActionSampler.squash`), one per sample."""
 
@@ -141,7 +142,7 @@ class ActionSampler(StatefulModule):
 
     def __call__(
         self,
-        state: Key[Array, " B"],
+        state: PerEnvKeys,
         x: Float[Array, "B params"],
         rollout_extras: Shaped[Array, "B *raw"] | None = None,
     ) -> StatefulModuleOutput:
@@ -178,7 +179,7 @@ class ActionSampler(StatefulModule):
             rollout_extras=raw_action,
         )
 
-    def initialize_state(self, batch_size: int) -> Key[Array, " B"]:
+    def initialize_state(self, batch_size: int) -> PerEnvKeys:
         return new_env_keys(self.rng, batch_size)
 
     def _check_stored_action(self, stored: Array, parameters: DistributionParameters) -> None:
@@ -303,11 +304,11 @@ class NormalSampler(_Normal):
 
     def log_likelihood(
         self, raw_action: Float[Array, "B action"], parameters: DistributionParameters
-    ) -> Float[Array, " B"]:
+    ) -> FloatBatch:
         log_density = _normal_log_density(raw_action, parameters["mu"], parameters["sigma"])
         return jnp.sum(log_density, axis=-1)
 
-    def entropy(self, parameters: DistributionParameters) -> Float[Array, " B"]:
+    def entropy(self, parameters: DistributionParameters) -> FloatBatch:
         return jnp.sum(_normal_entropy(parameters["sigma"]), axis=-1)
 
 
@@ -472,11 +473,11 @@ class NormalTanhSampler(_Normal):
 
     def log_likelihood(
         self, raw_action: Float[Array, "B action"], parameters: DistributionParameters
-    ) -> Float[Array, " B"]:
+    ) -> FloatBatch:
         log_density = _normal_log_density(raw_action, parameters["mu"], parameters["sigma"])
         return jnp.sum(log_density - _log_one_minus_tanh_squared(raw_action), axis=-1)
 
-    def entropy(self, parameters: DistributionParameters) -> Float[Array, " B"]:
+    def entropy(self, parameters: DistributionParameters) -> FloatBatch:
         mu, sigma = parameters["mu"], parameters["sigma"]
         per_dimension = _normal_entropy(sigma) + _expected_log_one_minus_tanh_squared(mu, sigma)
         return jnp.sum(per_dimension, axis=-1)
@@ -510,11 +511,11 @@ class CategoricalSampler(ActionSampler):
 
     def log_likelihood(
         self, raw_action: Int[Array, " B"], parameters: DistributionParameters
-    ) -> Float[Array, " B"]:
+    ) -> FloatBatch:
         chosen = jnp.take_along_axis(parameters["log_probs"], raw_action[:, None], axis=-1)
         return chosen[:, 0]
 
-    def entropy(self, parameters: DistributionParameters) -> Float[Array, " B"]:
+    def entropy(self, parameters: DistributionParameters) -> FloatBatch:
         log_probs = parameters["log_probs"]
         # Classes with probability 0 (logit -inf) contribute 0, not 0 * -inf; masking the
         # log as well keeps the gradient finite.

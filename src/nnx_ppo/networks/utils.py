@@ -30,7 +30,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Key
 
 from nnx_ppo.contract.arguments import require_int, require_number
-from nnx_ppo.contract.axes import BatchedTree, Carry, Extras
+from nnx_ppo.contract.axes import BatchedTree, Carry, Extras, PerEnvKeys
 from nnx_ppo.contract.checks import describe_leaf
 from nnx_ppo.networks.containers import Parallel, _KeyedContainer
 from nnx_ppo.networks.types import (
@@ -72,7 +72,7 @@ def require_key_source(owner: str, name: str, value: object) -> None:
         )
 
 
-def new_env_keys(rngs: KeySource, batch_size: int) -> Key[Array, " B"]:
+def new_env_keys(rngs: KeySource, batch_size: int) -> PerEnvKeys:
     """``batch_size`` independent typed keys, one per environment, from one key drawn from ``rngs``.
 
     For ``initialize_state`` of modules that draw random numbers in their forward
@@ -88,8 +88,8 @@ def new_env_keys(rngs: KeySource, batch_size: int) -> Key[Array, " B"]:
 
 
 def split_env_keys(
-    keys: Key[Array, " B"],
-) -> tuple[Key[Array, " B"], Key[Array, " B"]]:
+    keys: PerEnvKeys,
+) -> tuple[PerEnvKeys, PerEnvKeys]:
     """Advance per-env keys one step: ``(next_keys, step_keys)``, both ``(B,)``.
 
     ``next_keys`` go into the next carry; ``step_keys`` are consumed this step.

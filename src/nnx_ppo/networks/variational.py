@@ -13,9 +13,10 @@ from typing import TypedDict
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Key
+from jaxtyping import Array, Float
 
 from nnx_ppo.contract.arguments import require_int, require_number
+from nnx_ppo.contract.axes import Mask, PerEnvKeys
 from nnx_ppo.networks.sampling_layers import _normal_std
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import (
@@ -43,8 +44,8 @@ class _GaussianLatent(StatefulModule):
         self.min_std = float(min_std)
 
     def _sample_latent(
-        self, keys: Key[Array, " B"], x: Float[Array, "B params"]
-    ) -> tuple[Key[Array, " B"], Float[Array, "B latent"], dict[str, Array]]:
+        self, keys: PerEnvKeys, x: Float[Array, "B params"]
+    ) -> tuple[PerEnvKeys, Float[Array, "B latent"], dict[str, Array]]:
         """``(next_keys, z, metrics)``; metrics hold ``mu``, ``sigma`` and ``kl_divergence``."""
         if x.shape[-1] != 2 * self.latent_size:
             raise ValueError(
@@ -90,7 +91,7 @@ class VariationalBottleneck(_GaussianLatent):
 
     def __call__(
         self,
-        state: Key[Array, " B"],
+        state: PerEnvKeys,
         x: Float[Array, "B params"],
         rollout_extras: None = None,
     ) -> StatefulModuleOutput:
@@ -103,7 +104,7 @@ class VariationalBottleneck(_GaussianLatent):
             rollout_extras=None,
         )
 
-    def initialize_state(self, batch_size: int) -> Key[Array, " B"]:
+    def initialize_state(self, batch_size: int) -> PerEnvKeys:
         return new_env_keys(self.rng, batch_size)
 
 
@@ -116,9 +117,9 @@ class AR1State(TypedDict):
       has_last_z: whether ``last_z`` holds a latent of this episode, ``(B,)``.
     """
 
-    keys: Key[Array, " B"]
+    keys: PerEnvKeys
     last_z: Float[Array, "B latent"]
-    has_last_z: Bool[Array, " B"]
+    has_last_z: Mask
 
 
 class AR1VariationalBottleneck(_GaussianLatent):

@@ -24,11 +24,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, PRNGKeyArray, PyTree, Shaped
+from jaxtyping import PRNGKeyArray
 
 from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import checks
 from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.axes import Unbatched
 from nnx_ppo.contract.checks import named_leaves
 from nnx_ppo.contract.env_checks import (
     check_action_tree,
@@ -79,7 +80,7 @@ def _action_size(env: Any) -> Any:
     return action_size
 
 
-def random_action(env: Any, key: PRNGKeyArray) -> PyTree[Shaped[Array, "..."]]:
+def random_action(env: Any, key: PRNGKeyArray) -> Unbatched:
     """One environment's uniformly random action, from ``env.action_size``.
 
     An ``int`` or shape leaf of ``action_size`` gives floats uniform in ``[-1, 1]``

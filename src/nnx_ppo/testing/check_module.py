@@ -41,7 +41,14 @@ from jaxtyping import Array, Bool, PyTree, Shaped
 from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import ContractError, checks
 from nnx_ppo.contract.arguments import require_int, require_number
-from nnx_ppo.contract.axes import History, HistoryTree, align_leading
+from nnx_ppo.contract.axes import (
+    BatchedTree,
+    BoolHistory,
+    History,
+    HistoryTree,
+    Mask,
+    align_leading,
+)
 from nnx_ppo.contract.checks import (
     RULE_NO_WRITES,
     RULE_STATISTICS_KIND,
@@ -135,7 +142,7 @@ class _Example:
     time_length: int
     inputs: HistoryTree
     other_inputs: HistoryTree
-    ends: Bool[np.ndarray, "T B"]
+    ends: BoolHistory
     permutation: np.ndarray
     subset: np.ndarray
 
@@ -266,7 +273,7 @@ def _step_leaves(out: StatefulModuleOutput, *, batched_only: bool, extras: bool)
     return named
 
 
-def _rows(tree: PyTree[Shaped[Array, "B ..."]], rows: Any) -> PyTree[Shaped[Array, "R ..."]]:
+def _rows(tree: BatchedTree, rows: Any) -> PyTree[Shaped[Array, "R ..."]]:
     """Rows of every batched leaf; scalars (a scalar loss or metric) stay as they are."""
     return jax.tree.map(lambda leaf: leaf if leaf.ndim == 0 else leaf[rows], tree)
 
@@ -280,10 +287,10 @@ def _at_step(tree: PyTree[Shaped[Array, "T ..."]], t: int) -> PyTree[Shaped[Arra
 
 
 def _where_rows(
-    mask: Bool[np.ndarray, " B"],
-    fresh: PyTree[Shaped[Any, "B ..."]],
-    current: PyTree[Shaped[Any, "B ..."]],
-) -> PyTree[Shaped[Any, "B ..."]]:
+    mask: Mask,
+    fresh: BatchedTree,
+    current: BatchedTree,
+) -> BatchedTree:
     """``fresh`` in the rows where ``mask`` is set, ``current`` elsewhere (on the host)."""
 
     def pick(new: Any, old: Any) -> Any:
@@ -558,7 +565,7 @@ class _ModuleKit:
         state: Any,
         inputs: Any,
         stored: Any,
-        ends: Bool[np.ndarray, "T B"],
+        ends: BoolHistory,
     ) -> _Trajectory:
         """Call the module once per step from ``state``; ``stored``: replay's extras.
 

@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 from jaxtyping import Array, PyTree, Shaped
 
 from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.axes import BatchedTree
 from nnx_ppo.networks.containers import Concat, Parallel, Sequential, Splitter
 from nnx_ppo.networks.types import StatefulModule
 from nnx_ppo.testing.modules import LEAF_FACTORIES, LeafFactory
@@ -125,7 +126,7 @@ def _observation_specs(depth: int) -> st.SearchStrategy[dict[str, Any]]:
 
 def pytree_observations(
     example: Any = None, *, batch_size: int | None = None
-) -> st.SearchStrategy[PyTree[Shaped[Array, "B ..."]]]:
+) -> st.SearchStrategy[BatchedTree]:
     """Batched pytrees of random arrays: ``(B, *shape)`` leaves.
 
     Args:
