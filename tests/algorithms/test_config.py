@@ -12,6 +12,7 @@ from flax import nnx
 
 from nnx_ppo.algorithms._train import _default_optimizer
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig, VideoConfig
+from nnx_ppo.algorithms.distillation import DistillationConfig, DistillationTrainConfig
 from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.types import LoggingLevel
 
@@ -194,7 +195,17 @@ def test_train_config_checks_its_parts_and_a_field_changed_later():
         config.validate()
 
 
-@pytest.mark.parametrize("config", [PPOConfig(), EvalConfig(), VideoConfig(), TrainConfig()])
+@pytest.mark.parametrize(
+    "config",
+    [
+        PPOConfig(),
+        EvalConfig(),
+        VideoConfig(),
+        TrainConfig(),
+        DistillationConfig(),
+        DistillationTrainConfig(),
+    ],
+)
 def test_a_misspelt_field_is_refused_rather_than_ignored(config):
     with pytest.raises(AttributeError, match="learnin_rate"):
         config.learnin_rate = 1.0  # type: ignore[attr-defined]

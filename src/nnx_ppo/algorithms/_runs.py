@@ -53,7 +53,7 @@ from nnx_ppo.algorithms._train import (
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, TrainResult, _linear_decay
 from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState
 from nnx_ppo.contract.arguments import require_number
-from nnx_ppo.contract.checks import is_key
+from nnx_ppo.contract.checks import is_key, key_data_or_leaf
 from nnx_ppo.networks.types import StatefulModule
 
 __all__ = ["train_ppo_runs"]
@@ -160,9 +160,7 @@ class _HostKeys:
 
 def _to_host(tree: Any) -> Any:
     """NumPy copies of ``tree``'s leaves, fetched together; PRNG keys as :class:`_HostKeys`."""
-    raw = jax.device_get(
-        jax.tree.map(lambda leaf: jax.random.key_data(leaf) if is_key(leaf) else leaf, tree)
-    )
+    raw = jax.device_get(jax.tree.map(key_data_or_leaf, tree))
     return jax.tree.map(
         lambda leaf, copy: (
             _HostKeys(np.asarray(copy), jax.random.key_impl(leaf))

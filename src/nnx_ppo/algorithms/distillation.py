@@ -52,9 +52,9 @@ from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState, Transit
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.axes import BatchedTree, Carry, CarrySlice, Extras, HistoryTree, Scalar
 from nnx_ppo.contract.checks import CallRecord, checks, observe_calls, typechecked
+from nnx_ppo.jax_dataclass import Replaceable
 from nnx_ppo.networks.sampling_layers import ActionSampler
 from nnx_ppo.networks.types import (
-    Replaceable,
     StatefulModule,
     StatefulModuleOutput,
     checked_ppo_output,
@@ -78,7 +78,7 @@ __all__ = [
 # ----------------------------------------------------------------------------- config
 
 
-@dataclass
+@dataclass(slots=True)
 class DistillationConfig:
     """The distillation algorithm's parameters.
 
@@ -135,7 +135,7 @@ class DistillationConfig:
         return self.n_envs * self.rollout_length
 
 
-@dataclass
+@dataclass(slots=True)
 class DistillationTrainConfig:
     """A whole distillation run: the algorithm, evaluation, video, seed and checkpoint cadence."""
 

@@ -18,7 +18,7 @@ import jax
 import jax.extend.core as jex_core
 import jax.numpy as jnp
 from flax import nnx
-from jaxtyping import Array, Bool, Float, Integer, Key, PRNGKeyArray, PyTree, Shaped
+from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo._threefry import standard_keys, straight_line_keys
 from nnx_ppo.algorithms import sharding
@@ -36,9 +36,11 @@ from nnx_ppo.contract.axes import (
     Batched,
     BoolHistory,
     Carry,
+    FloatBatch,
     FloatHistory,
     Mask,
     PerEnvKeys,
+    align_leading,
 )
 from nnx_ppo.contract.checks import is_key, typechecked
 from nnx_ppo.contract.env_checks import check_action_tree, check_env_state, check_env_unbatched
@@ -115,8 +117,7 @@ def tree_where(
                     "environments",
                 ),
             )
-        widened = cond.reshape(cond.shape + (1,) * (when_true.ndim - 1))
-        return jnp.where(widened, when_true, when_false)
+        return jnp.where(align_leading(cond, when_true), when_true, when_false)
 
     return jax.tree_util.tree_map_with_path(
         select, on_true, on_false, is_leaf=lambda node: isinstance(node, Shared)
@@ -183,7 +184,7 @@ class _BatchedEnv:
             self._unmapped = _unmapped_paths(self.single_state, states)
         return states
 
-    def reset(self, keys: Key[Array, " B"]) -> EnvState:
+    def reset(self, keys: PerEnvKeys) -> EnvState:
         def reset_one(key: PRNGKeyArray) -> EnvState:
             state = _env_call(self.env.reset, key)
             check_env_state(state, where=f"{self.name}.reset", reference=self.reference)
@@ -356,14 +357,14 @@ def _env_call(call: Callable[..., EnvState], *arguments: Any) -> EnvState:
     return standard_keys(call(*straight_line_keys(arguments)))
 
 
-def _values(networks: StatefulModule, carry: Carry, obs: Any) -> PyTree[Float[Array, " B"]]:
+def _values(networks: StatefulModule, carry: Carry, obs: Any) -> PyTree[FloatBatch]:
     out = networks(carry, obs)
     return checked_ppo_output(out.output, "unroll_env").value_estimates
 
 
 def _next_values(
     values: PyTree[FloatHistory],
-    last_values: PyTree[Float[Array, " B"]],
+    last_values: PyTree[FloatBatch],
     at_truncation: PyTree[FloatHistory],
     ended: BoolHistory,
     truncated: PyTree[BoolHistory],
@@ -377,7 +378,7 @@ def _next_values(
     """
 
     def leaf(
-        value: FloatHistory, last: Float[Array, " B"], cut: FloatHistory, was_cut: BoolHistory
+        value: FloatHistory, last: FloatBatch, cut: FloatHistory, was_cut: BoolHistory
     ) -> FloatHistory:
         following = jnp.concatenate([value[1:], last[None]])
         return jnp.where(ended, jnp.where(was_cut, cut, 0.0), following)
@@ -615,9 +616,8 @@ def _per_env(leaf: Shaped[Array, "..."], n_envs: int) -> Batched:
     return jnp.broadcast_to(leaf, (n_envs,)) if leaf.ndim == 0 else leaf
 
 
-def _masked(alive: Mask, leaf: Batched) -> Array:
-    widened = alive.reshape(alive.shape + (1,) * (leaf.ndim - 1))
-    return jnp.where(widened, leaf, jnp.zeros_like(leaf))
+def _masked(alive: Mask, leaf: Batched) -> Batched:
+    return jnp.where(align_leading(alive, leaf), leaf, jnp.zeros_like(leaf))
 
 
 def _rekeyed(carry: Carry, key: PRNGKeyArray) -> Carry:
@@ -779,7 +779,7 @@ def record_episode(
 
 
 def _eval_summary(
-    returns: PyTree[Float[Array, " B"]],
+    returns: PyTree[FloatBatch],
     lifespan: Shaped[Array, " B"],
     sums: dict[str, Any],
     percentiles: tuple[int, ...] | None,
@@ -790,7 +790,7 @@ def _eval_summary(
         metrics |= summarize("eval/episode_reward", returns, percentiles, always_moments=True)
     metrics |= summarize("eval/lifespan", lifespan, percentiles, always_moments=True)
     steps = jnp.maximum(lifespan, 1)
-    averages = jax.tree.map(lambda s: s / steps.reshape((-1,) + (1,) * (s.ndim - 1)), sums)
+    averages = jax.tree.map(lambda s: s / align_leading(steps, s), sums)
     for group, tree in averages.items():
         if isinstance(tree, Mapping) and not tree:
             continue
