@@ -116,6 +116,7 @@ def test_a_child_given_only_the_last_step_is_caught() -> None:
     error = caught.value
     assert error.where == "_LastStepOnly.layers[0] (Normalizer).update_statistics"
     assert "passed by _LastStepOnly" in str(error)
+    assert "has the size of B: did it lose its T axis?" in str(error)
     assert "T=5" in str(error.expected)
     assert error.found == "shape (4, 4) float32"
 

@@ -244,6 +244,7 @@ def test_initialize_state_ignoring_batch_size() -> None:
     message = _message(lambda: IgnoresBatchSize().initialize_state(B))
 
     assert "IgnoresBatchSize.initialize_state: returned state['h'] has B=16" in message
+    assert "If 16 is a feature size, it has no B axis" in message
     assert "expected: (B, *feat) with B=8 (bound by batch_size)" in message
     assert "found:    shape (16, 3) float32" in message
 

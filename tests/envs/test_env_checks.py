@@ -22,7 +22,7 @@ from nnx_ppo.contract.env_checks import (
     is_size,
     size_shape,
 )
-from nnx_ppo.envs import State
+from nnx_ppo.envs import CartPole, State
 from nnx_ppo.networks.factories import make_default_network
 from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalTanhSampler
 from nnx_ppo.testing.check_env import random_action
@@ -165,6 +165,9 @@ def test_non_array_obs_and_missing_fields_are_named() -> None:
         check_env_state(SimpleNamespace(obs=jnp.zeros(3), reward=jnp.zeros(()), done=()), where="E")
     with pytest.raises(ContractError, match=r"state.info is a list, not a dict"):
         check_env_state(make_state(info=[]), where="E")
+    as_dict = {"obs": jnp.zeros(3), "reward": jnp.zeros(()), "done": jnp.zeros(())}
+    with pytest.raises(ContractError, match=r"the env state is a dict, whose entries are not"):
+        check_env_state(as_dict, where="E")
 
 
 @st.composite
@@ -328,3 +331,20 @@ def test_checks_run_on_tracers_inside_the_vmapped_step() -> None:
     states = jax.vmap(env.reset)(jax.random.split(jax.random.key(0), 4))
     with pytest.raises(ContractError, match=r"CartPole.step: state.reward has shape \(1,\)"):
         jax.jit(jax.vmap(checked_step))(states, jnp.zeros(4, jnp.int32))
+
+
+class _MisdeclaredCartPole(CartPole):
+    """Declares one observation entry fewer than it returns."""
+
+    @property
+    def observation_size(self) -> int:
+        return 3
+
+
+def test_an_observation_size_that_does_not_fit_reset_is_named_before_training() -> None:
+    with pytest.raises(ContractError) as caught:
+        check_env_unbatched(_MisdeclaredCartPole())
+    error = caught.value
+    assert error.leaf == "state.obs" and error.found == "shape (4,)"
+    assert "env.observation_size declares (3)" in str(error)
+    assert "observation_size, where an env has one, is the shape" in str(error.rule)

@@ -305,12 +305,20 @@ def _check_leading(
                 found=describe_leaf(leaf),
                 rule=rule,
             )
-        for axis, size in zip(axes, shape, strict=False):
+        for index, (axis, size) in enumerate(zip(axes, shape, strict=False)):
             if not axis.bind(int(size), leaf_name):
+                later = [a for a in axes[index + 1 :] if a.size == size]
+                hint = (
+                    f" Its axis {index} has the size of {later[0].label}: did it lose its "
+                    f"{axis.label} axis?"
+                    if later
+                    else f" If {size} is a feature size, it has no {axis.label} axis (dropped "
+                    "by a reduction or an index, or never added)."
+                )
                 raise _violation(
                     site,
                     f"{what} {leaf_name} has {axis.label}={size} on axis "
-                    f"{axes.index(axis)}, but {axis}.",
+                    f"{index}, but {axis}.{hint}",
                     leaf=leaf_name,
                     expected=f"({pattern}) with {bound}",
                     found=describe_leaf(leaf),

@@ -66,6 +66,12 @@ _RULE_ONE_ENV = rule_text(
     "the-contract",
     "environments",
 )
+_RULE_OBSERVATION_SIZE = rule_text(
+    "env.observation_size, where an env has one, is the shape of one environment's "
+    "observation: an int n for (n,), a shape, or a dict of those for a dict observation",
+    "the-contract",
+    "environments",
+)
 _RULE_FIELDS = rule_text(
     "an env state has obs (a pytree of arrays), reward (a scalar or pytree of scalars), "
     "done (a scalar), metrics (a dict) and info (a dict)",
@@ -165,9 +171,15 @@ def check_env_reset_key(key: Any, *, where: str = "env.reset") -> None:
 
 def _field(state: Any, name: str, where: str) -> Any:
     if not hasattr(state, name):
+        problem = f"the env state has no field {name!r}."
+        if isinstance(state, Mapping):
+            problem = (
+                "the env state is a dict, whose entries are not fields: the library reads "
+                f"state.{name}; return an nnx_ppo.envs.State (or a dataclass of your own)."
+            )
         raise _violation(
             where,
-            f"the env state has no field {name!r}.",
+            problem,
             leaf=f"state.{name}",
             expected=f"a state with the fields {', '.join(_STATE_FIELDS)}",
             found=f"a {type(state).__name__}",
@@ -415,7 +427,42 @@ def check_env_unbatched(env: Any, key: Any = None) -> Any:
             rule=_RULE_ONE_ENV,
         ) from error
     check_env_state(reference, where=where)
+    size = getattr(env, "observation_size", None)
+    mismatch = None if size is None else _observation_mismatch(reference.obs, size, "state.obs")
+    if mismatch is not None:
+        leaf, expected, found = mismatch
+        raise _violation(
+            where,
+            f"env.reset's observation does not have the shape env.observation_size declares "
+            f"({size!r}): networks are built from observation_size, so they would not fit it.",
+            leaf=leaf,
+            expected=expected,
+            found=found,
+            rule=_RULE_OBSERVATION_SIZE,
+        )
     return reference
+
+
+def _observation_mismatch(obs: Any, size: Any, name: str) -> tuple[str, str, str] | None:
+    """``(leaf, expected, found)`` where ``obs`` (shapes) differs from ``observation_size``
+    ``size``: an ``int`` width, a shape, or a dict of those for a dict observation."""
+    if isinstance(size, Mapping):
+        if not isinstance(obs, Mapping) or set(obs) != set(size):
+            keys = sorted(obs) if isinstance(obs, Mapping) else type(obs).__name__
+            return name, f"a dict with the keys {sorted(size)}", f"{keys}"
+        for key in size:
+            mismatch = _observation_mismatch(obs[key], size[key], f"{name}[{key!r}]")
+            if mismatch is not None:
+                return mismatch
+        return None
+    if not is_size(size):
+        return None  # not a size this kit reads
+    if not hasattr(obs, "shape"):
+        return name, "an array", type(obs).__name__
+    expected = size_shape(size)
+    if tuple(obs.shape) != expected:
+        return name, f"shape {expected}", f"shape {tuple(obs.shape)}"
+    return None
 
 
 # ---------------------------------------------------------------------------- actions

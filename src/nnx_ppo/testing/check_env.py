@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -137,20 +137,6 @@ class _EnvKit:
             self.reference = check_env_unbatched(self.env, jax.random.split(self.key)[0])
         except Exception as error:
             raise self.failed_call(EnvProperty.RESET, "env.reset on one key", error) from None
-        size = getattr(self.env, "observation_size", None)
-        if size is None:
-            return
-        mismatch = _observation_mismatch(self.reference.obs, size, "state.obs")
-        if mismatch is not None:
-            leaf, expected, found = mismatch
-            raise self.fail(
-                EnvProperty.RESET,
-                f"env.reset's observation does not have the shape env.observation_size "
-                f"declares ({size!r}): the preset networks are built from observation_size.",
-                leaf=leaf,
-                expected=expected,
-                found=found,
-            )
 
     def check_step(self) -> None:
         try:
@@ -356,28 +342,6 @@ ENV_PROPERTIES: tuple[PropertyCheck[_EnvKit], ...] = (
 """The properties :func:`check_env` checks, in the order it checks them."""
 
 _RULES: dict[str, str] = {row.property: row.rule for row in ENV_PROPERTIES}
-
-
-def _observation_mismatch(obs: Any, size: Any, name: str) -> tuple[str, str, str] | None:
-    """``(leaf, expected, found)`` where ``obs`` (shapes) differs from ``observation_size``
-    ``size``: an ``int`` width, a shape, or a dict of those for a dict observation."""
-    if isinstance(size, Mapping):
-        if not isinstance(obs, Mapping) or set(obs) != set(size):
-            keys = sorted(obs) if isinstance(obs, Mapping) else type(obs).__name__
-            return name, f"a dict with the keys {sorted(size)}", f"{keys}"
-        for key in size:
-            mismatch = _observation_mismatch(obs[key], size[key], f"{name}[{key!r}]")
-            if mismatch is not None:
-                return mismatch
-        return None
-    if not is_size(size):
-        return None  # not a size this kit reads
-    if not hasattr(obs, "shape"):
-        return name, "an array", type(obs).__name__
-    expected = size_shape(size)
-    if tuple(obs.shape) != expected:
-        return name, f"shape {expected}", f"shape {tuple(obs.shape)}"
-    return None
 
 
 def _same_run(a: np.ndarray, b: np.ndarray) -> bool:
