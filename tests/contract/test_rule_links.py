@@ -44,3 +44,12 @@ def test_every_cited_section_exists(page: str) -> None:
     assert on_page, f"no rule links to {page}.html"
     missing = on_page - _anchors(page)
     assert not missing, f"{page}.rst has no section for {sorted(missing)}"
+
+
+def test_the_kits_failures_link_to_the_section_listing_their_properties() -> None:
+    from nnx_ppo.testing._harness import PROPERTY_SECTIONS, property_failure
+
+    anchors = _anchors("testing_kit")
+    assert set(PROPERTY_SECTIONS.values()) <= anchors
+    error = property_failure("check_env", "determinism", "Env", {"n_envs": 2}, "x.", rule="r")
+    assert f"rule:     r (see {DOCS_URL}testing_kit.html#environments)" in str(error)

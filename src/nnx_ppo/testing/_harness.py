@@ -24,6 +24,7 @@ from jaxtyping import Array, PyTree, Shaped
 
 from nnx_ppo.contract import ContractError, format_violation
 from nnx_ppo.contract.checks import is_key, key_data_or_leaf
+from nnx_ppo.contract.errors import rule_text
 
 __all__ = [
     "Condition",
@@ -131,6 +132,10 @@ class ContractPropertyError(AssertionError):
 ContractPropertyError.__module__ = "nnx_ppo.testing"
 
 
+PROPERTY_SECTIONS = {"check_module": "what-check-module-checks", "check_env": "environments"}
+"""Each checker's section of the testing-kit page, which lists its properties."""
+
+
 def property_failure(
     checker: str,
     prop: str,
@@ -152,6 +157,8 @@ def property_failure(
     hint, when there is one, closes the message.
     """
     shown = ", ".join(f"{name}={size}" for name, size in sizes.items())
+    if rule is not None and checker in PROPERTY_SECTIONS and "(see http" not in rule:
+        rule = rule_text(rule, PROPERTY_SECTIONS[checker], "testing_kit")
     message = format_violation(
         f"{checker}({subject})",
         f"property '{prop}' fails at {shown}: {sentence}",
