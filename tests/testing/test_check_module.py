@@ -435,3 +435,25 @@ def test_an_error_in_the_users_code_names_the_line_that_raised() -> None:
     assert "TypeError: dot_general requires contracting dimensions" in message
     line = _mismatched_product.__code__.co_firstlineno + 1
     assert f"raised in your code at {__file__}:{line} in _mismatched_product" in message
+
+
+class MeanOverTimeInPlace(StatsRecorder):
+    """Writes a mean over T alone into a (features,) statistic: JAX refuses the broadcast."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__(features)
+        self.mean = nnx.BatchStat(jnp.zeros(features))
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        super().update_statistics(rollout_extras)
+        self.mean[...] = rollout_extras.mean(axis=0)
+
+
+def test_an_error_in_a_modules_own_update_statistics_is_not_blamed_on_routing() -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(MeanOverTimeInPlace(3), jnp.zeros(3), max_examples=3)
+    error = caught.value
+    assert error.property == ModuleProperty.STATISTICS
+    assert isinstance(error.cause, ValueError)
+    assert "hint:     update_statistics raised in the module's own code" in str(error)
+    assert "fold T and B into one batch" in str(error)

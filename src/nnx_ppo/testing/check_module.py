@@ -1400,6 +1400,20 @@ def _batched_example_hint(spec: PyTree[jax.ShapeDtypeStruct]) -> str | None:
     )
 
 
+_FOLD_HINT = (
+    "update_statistics raised in the module's own code, not a routing check: it receives "
+    "(T, B, *feat) leaves; fold T and B into one batch (x.reshape(-1, *feat)) and give each "
+    "statistic back the shape it had"
+)
+
+
+def _failure_hint(failure: _PhaseError, batched_example_hint: str | None) -> str | None:
+    """What to look at for a call that raised: the example's shape, or the statistics' fold."""
+    if failure.prop is ModuleProperty.STATISTICS and not isinstance(failure.error, ContractError):
+        return _FOLD_HINT
+    return batched_example_hint if failure.prop in _SHAPE_PROPERTIES else None
+
+
 _SHAPE_PROPERTIES = frozenset(
     {
         ModuleProperty.INITIALIZE_STATE,
@@ -1536,7 +1550,7 @@ def check_module(
                 leaf=contract_leaf(failure.error),
                 rule=_RULES[failure.prop],
                 cause=failure.error,
-                hint=hint if failure.prop in _SHAPE_PROPERTIES else None,
+                hint=_failure_hint(failure, hint),
             )
 
     try:
