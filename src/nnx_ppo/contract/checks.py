@@ -710,12 +710,25 @@ def _is_forward_state(variable: nnx.Variable[Any]) -> bool:
 def _variable_values(
     root: Any, include: Callable[[nnx.Variable[Any]], bool]
 ) -> dict[tuple[Any, ...], tuple[nnx.Variable[Any], Any]]:
-    """Each included variable under ``root`` by path, with the value it holds now."""
+    """Each included variable under ``root`` by path, with the value it holds now.
+
+    The value's containers are copied (its leaves are not), so a dict value changed in
+    place still shows what it held.
+    """
     return {
-        tuple(path): (node, node.get_raw_value())
+        tuple(path): (node, jax.tree.map(lambda leaf: leaf, node.get_raw_value()))
         for path, node in nnx.iter_graph(root)
         if isinstance(node, nnx.Variable) and include(node)
     }
+
+
+def _same_value(now: Any, before: Any) -> bool:
+    """``now`` holds the very leaves ``before`` did, in the same tree."""
+    leaves_now, tree_now = jax.tree.flatten(now)
+    leaves_before, tree_before = jax.tree.flatten(before)
+    return tree_now == tree_before and all(
+        a is b for a, b in zip(leaves_now, leaves_before, strict=True)
+    )
 
 
 def _describe_variable(root: Any, path: tuple[Any, ...] | None, variable: Any) -> str:
@@ -732,7 +745,7 @@ def _check_unwritten(
     rule: str,
 ) -> None:
     for path, (variable, value) in before.items():
-        if variable.get_raw_value() is value:
+        if _same_value(variable.get_raw_value(), value):
             continue
         name = _describe_variable(site.module, path, variable)
         raise _violation(
