@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +48,7 @@ from nnx_ppo.algorithms.config import (
 )
 from nnx_ppo.algorithms.metrics import compute_metrics, log_weight_stats, to_host
 from nnx_ppo.algorithms.ppo import new_training_state
-from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState, Transition
+from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, TrainingState, Transition
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.axes import BatchedTree, Carry, CarrySlice, Extras, HistoryTree, Scalar
 from nnx_ppo.contract.checks import CallRecord, checks, observe_calls, typechecked
@@ -194,11 +194,11 @@ class DistillationState(Replaceable):
       steps_taken: env steps taken so far.
     """
 
-    student: Any
+    student: StatefulModule
     student_states: Carry
     teacher_states: Carry
-    env_states: Any
-    optimizer: Any
+    env_states: EnvState
+    optimizer: nnx.Optimizer
     rng_key: PRNGKeyArray
     steps_taken: int = dataclasses.field(default=0, metadata={"static": True})
 
@@ -451,15 +451,16 @@ def _step(
     leaves: tuple[_SamplerLeaves, _SamplerLeaves],
     pair: _StudentWithTeacher,
     optimizer: nnx.Optimizer,
-    carry: tuple[dict[str, Carry], Any, PRNGKeyArray],
-) -> tuple[tuple[dict[str, Carry], Any, PRNGKeyArray], dict[str, Any]]:
+    carry: tuple[dict[str, Carry], EnvState, PRNGKeyArray],
+) -> tuple[tuple[dict[str, Carry], EnvState, PRNGKeyArray], dict[str, Any]]:
     """Roll out the student with the teacher watching, learn, fold statistics. Traced once."""
     states, env_states, key = carry
     rollout_key, learn_key, next_key = jax.random.split(key, 3)
     final_states, final_env_states, transitions = rollout.unroll_env(
         env, env_states, pair, states, config.rollout_length, rollout_key
     )
-    extras = transitions.rollout_extras
+    # _StudentWithTeacher emits {"student": ..., "teacher": ...}, stacked (T, B, ...).
+    extras = cast(dict[str, HistoryTree], transitions.rollout_extras)
     teacher_leaves, student_leaves = leaves
     targets = _with_teacher_actions(
         extras["student"], extras["teacher"], teacher_leaves, student_leaves
@@ -482,8 +483,8 @@ def _compiled_step(
     ],
     graphdef: nnx.GraphDef[Any],
     state: nnx.State,
-    carry: tuple[dict[str, Carry], Any, PRNGKeyArray],
-) -> tuple[nnx.State, tuple[dict[str, Carry], Any, PRNGKeyArray], dict[str, Any]]:
+    carry: tuple[dict[str, Carry], EnvState, PRNGKeyArray],
+) -> tuple[nnx.State, tuple[dict[str, Carry], EnvState, PRNGKeyArray], dict[str, Any]]:
     env, config, leaves = static
     pair, optimizer = nnx.merge(graphdef, state)
     carry, metrics = _step(env.env, config.config, leaves, pair, optimizer, carry)

@@ -13,12 +13,13 @@ import enum
 from typing import Any
 
 import jax
+from flax import nnx
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo.contract.axes import Carry, FloatBatch
 from nnx_ppo.envs.state import EnvState, RLEnv, Shared
 from nnx_ppo.jax_dataclass import Replaceable
-from nnx_ppo.networks.types import PPONetworkOutput
+from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule
 
 __all__ = [
     "EnvState",
@@ -78,9 +79,9 @@ class Transition(Replaceable):
     truncated: Bool[Array, "*T B"] | PyTree[Bool[Array, "*T B"]]
     next_obs: PyTree[Shaped[Array, "..."]]  # (*T, B, *feat), like obs
     metrics: dict[str, Any]
-    rollout_extras: Any = None
+    rollout_extras: PyTree[Shaped[Array, "..."]] | None = None  # (*T, B, *feat) or None
     next_value_estimates: PyTree[Float[Array, "*T B"]] = None
-    carries: Any = None
+    carries: PyTree[Shaped[Array, "..."]] | None = None  # (*T, B, *feat) or None
 
 
 @jax.tree_util.register_dataclass
@@ -118,10 +119,10 @@ class TrainingState(Replaceable):
         until the first step fills it.
     """
 
-    networks: Any
+    networks: StatefulModule
     network_states: Carry
-    env_states: Any
-    optimizer: Any
+    env_states: EnvState
+    optimizer: nnx.Optimizer
     rng_key: PRNGKeyArray
     steps_taken: int = dataclasses.field(default=0, metadata={"static": True})
     running_episodes: RunningEpisodes | None = None
