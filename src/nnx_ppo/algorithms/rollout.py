@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 import jax
 import jax.extend.core as jex_core
@@ -34,12 +34,15 @@ from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, Shared, Tran
 from nnx_ppo.contract import ContractError, checks_enabled
 from nnx_ppo.contract.axes import (
     Batched,
+    BatchedTree,
     BoolHistory,
     Carry,
     FloatBatch,
     FloatHistory,
+    History,
     Mask,
     PerEnvKeys,
+    Unbatched,
     align_leading,
 )
 from nnx_ppo.contract.checks import is_key, typechecked
@@ -75,6 +78,10 @@ __all__ = [
 
 Tree = TypeVar("Tree")
 ScanCarry = TypeVar("ScanCarry")
+_Scanned: TypeAlias = PyTree[Shaped[Array, "T ..."]]
+"""What :func:`scan_module` scans over or stacks: leaves ``(T, ...)`` (``None``: no leaves)."""
+_ScanSlice: TypeAlias = PyTree[Shaped[Array, "..."]]
+"""One step of it: a leaf of :data:`_Scanned` without its ``T``."""
 
 
 @typechecked
@@ -126,20 +133,22 @@ def tree_where(
 
 def scan_module(
     module: StatefulModule,
-    body: Callable[[StatefulModule, ScanCarry, Any], tuple[ScanCarry, Any]],
+    body: Callable[[StatefulModule, ScanCarry, _ScanSlice], tuple[ScanCarry, _ScanSlice]],
     init: ScanCarry,
-    xs: Any = None,
+    xs: _Scanned = None,
     *,
     length: int | None = None,
-) -> tuple[ScanCarry, Any]:
+) -> tuple[ScanCarry, _Scanned]:
     """``jax.lax.scan`` of ``body(module, carry, x)``, the module's variables held fixed.
 
-    Forward passes never write NNX variables (a checked rule), so the module's
-    state is closed over rather than carried; gradients still flow through it.
+    ``xs`` leaves are ``(T, ...)`` (``body`` sees one step's ``(...)`` slice), as are the
+    stacked outputs of ``body`` it returns. Forward passes never write NNX variables (a
+    checked rule), so the module's state is closed over rather than carried; gradients
+    still flow through it.
     """
     graphdef, state = nnx.split(module)
 
-    def step(carry: ScanCarry, x: Any) -> tuple[ScanCarry, Any]:
+    def step(carry: ScanCarry, x: _ScanSlice) -> tuple[ScanCarry, _ScanSlice]:
         return body(nnx.merge(graphdef, state), carry, x)
 
     return jax.lax.scan(step, init, xs, length=length)
@@ -195,11 +204,11 @@ class _BatchedEnv:
             self._unmapped = _unmapped_paths(self.single_state, states)
         return states
 
-    def step(self, state: EnvState, actions: Any) -> EnvState:
+    def step(self, state: EnvState, actions: BatchedTree) -> EnvState:
         where = f"{self.name}.step"
         check_action_tree(actions, self.env, where=where, batch_size=n_envs_of(state, where))
 
-        def step_one(state: EnvState, action: Any) -> EnvState:
+        def step_one(state: EnvState, action: Unbatched) -> EnvState:
             stepped = _env_call(self.env.step, state, action)
             check_env_state(stepped, where=where, reference=self.reference)
             return stepped
@@ -295,7 +304,9 @@ def _is_inexact(leaf: Any) -> bool:
     return jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
 
 
-def per_reward_leaf(flags: Any, rewards: Any) -> Any:
+def per_reward_leaf(
+    flags: BoolHistory | PyTree[BoolHistory], rewards: PyTree[FloatHistory]
+) -> PyTree[BoolHistory]:
     """``done``/``truncated`` as a tree like the rewards: one env-wide flag is shared."""
     return jax.tree.map(lambda _: flags, rewards) if isinstance(flags, jax.Array) else flags
 
@@ -357,7 +368,7 @@ def _env_call(call: Callable[..., EnvState], *arguments: Any) -> EnvState:
     return standard_keys(call(*straight_line_keys(arguments)))
 
 
-def _values(networks: StatefulModule, carry: Carry, obs: Any) -> PyTree[FloatBatch]:
+def _values(networks: StatefulModule, carry: Carry, obs: BatchedTree) -> PyTree[FloatBatch]:
     out = networks(carry, obs)
     return checked_ppo_output(out.output, "unroll_env").value_estimates
 
@@ -388,7 +399,7 @@ def _next_values(
     )
 
 
-def _carry_follows_parameters(networks: StatefulModule, carry: Carry, obs: Any) -> bool:
+def _carry_follows_parameters(networks: StatefulModule, carry: Carry, obs: BatchedTree) -> bool:
     """Whether the network's next carry depends on a parameter, read from the call's data flow.
 
     Conservative: an operation with a parameter-dependent input taints all of its
@@ -396,7 +407,7 @@ def _carry_follows_parameters(networks: StatefulModule, carry: Carry, obs: Any) 
     """
     graphdef, parameters, rest = nnx.split(networks, nnx.Param, ...)
 
-    def next_carry(parameters: nnx.State) -> Any:
+    def next_carry(parameters: nnx.State) -> Carry:
         return nnx.merge(graphdef, parameters, rest)(carry, obs).next_state
 
     jaxpr = jax.make_jaxpr(next_carry)(parameters).jaxpr
@@ -434,10 +445,10 @@ def _replay_flat(
     """
     time_steps, n_envs = jax.tree.leaves(rollout_data.rewards)[0].shape
 
-    def flat(x: Array) -> Array:
+    def flat(x: History) -> Batched:  # (T, B, ...) -> (B * T, ...), env by env
         return jnp.swapaxes(x, 0, 1).reshape((-1, *x.shape[2:]))
 
-    def unflat(x: Array) -> Array:
+    def unflat(x: Batched) -> History:
         return jnp.swapaxes(x.reshape((n_envs, time_steps, *x.shape[1:])), 0, 1)
 
     out = networks(
@@ -486,9 +497,20 @@ class _EvalCarry(NamedTuple):
     network_state: Carry
     env_state: EnvState
     finished: Mask
-    returns: Any
+    returns: PyTree[FloatBatch]
     lifespan: Integer[Array, " B"]
-    metric_sums: Any
+    metric_sums: dict[str, BatchedTree]
+    """``{"env": ..., "net": ...}`` (those logged): each metric summed over the episode."""
+
+
+class _RecordCarry(NamedTuple):
+    """The scan carry of :func:`record_episode`: one env (``B`` = 1)."""
+
+    network_state: Carry
+    env_state: EnvState
+    finished: Mask
+    total: FloatBatch
+    """The first episode's return so far (reward leaves summed)."""
 
 
 @typechecked
@@ -628,7 +650,7 @@ def _rekeyed(carry: Carry, key: PRNGKeyArray) -> Carry:
     """
     leaves, structure = jax.tree.flatten(carry)
 
-    def fresh(index: int, leaf: Any) -> Any:
+    def fresh(index: int, leaf: Shaped[Array, "..."]) -> Shaped[Array, "..."]:
         if not is_key(leaf):
             return leaf
         impl = jax.random.key_impl(leaf)
@@ -690,7 +712,10 @@ def eval_rollout(
     log_env = LoggingLevel.ENV_METRICS in logging_level
     log_net = LoggingLevel.NETWORK_METRICS in logging_level
 
-    def step_metrics(env_metrics: Any, net_metrics: Any) -> dict[str, Any]:
+    def step_metrics(
+        env_metrics: dict[str, PyTree[Shaped[Array, "..."]]],
+        net_metrics: dict[str, PyTree[Shaped[Array, "..."]]],
+    ) -> dict[str, BatchedTree]:
         logged = {"env": env_metrics} if log_env else {}
         if log_net:
             logged["net"] = net_metrics
@@ -713,7 +738,7 @@ def eval_rollout(
             ),
         ), None
 
-    def first_metrics() -> dict[str, Any]:
+    def first_metrics() -> dict[str, BatchedTree]:
         return step_metrics(env_states.metrics, networks(network_state, env_states.obs).metrics)
 
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(first_metrics))
@@ -745,7 +770,9 @@ def record_episode(
     start_key, fresh_key = jax.random.split(key)
     fresh_state = batched.reset(fresh_key[None])
 
-    def step(networks: StatefulModule, carry: tuple[Any, ...], _: None) -> tuple[Any, EnvState]:
+    def step(
+        networks: StatefulModule, carry: _RecordCarry, _: None
+    ) -> tuple[_RecordCarry, EnvState]:
         network_state, env_state, finished, total = carry
         out = networks(network_state, env_state.obs)
         stepped = batched.step(env_state, checked_ppo_output(out.output, "record_episode").actions)
@@ -753,7 +780,7 @@ def record_episode(
         total = total + jnp.where(finished, 0.0, reward)
         ended = episode_ended(episode_flags(stepped)[0])
         next_network_state = tree_where(ended, networks.reset_state(out.next_state), out.next_state)
-        carry = (
+        carry = _RecordCarry(
             next_network_state,
             tree_where(ended, fresh_state, stepped, batched.unmapped),
             finished | ended,
@@ -761,7 +788,7 @@ def record_episode(
         )
         return carry, env_state
 
-    init = (
+    init = _RecordCarry(
         _initial_carry(networks, 1, key),
         batched.reset(start_key[None]),
         jnp.zeros(1, bool),
@@ -769,7 +796,10 @@ def record_episode(
     )
     (_, last_state, _, total), states = scan_module(networks, step, init, length=episode_length)
 
-    def append_last(visited: Any, last: Any) -> Any:
+    def append_last(
+        visited: PyTree[Shaped[Array, "T ..."]], last: PyTree[Shaped[Array, "..."]]
+    ) -> PyTree[Shaped[Array, "T+1 ..."]]:
+        # A (T, 1, ...) leaf and the last state's (1, ...), or a Shared node: (T, ...) leaves.
         if _is_shared(visited):  # no env axis: (T, ...) already
             return jax.tree.map(lambda v, x: jnp.concatenate([v, x[None]]), visited, last)
         return jnp.concatenate([visited[:, 0], last], axis=0)
@@ -781,7 +811,7 @@ def record_episode(
 def _eval_summary(
     returns: PyTree[FloatBatch],
     lifespan: Shaped[Array, " B"],
-    sums: dict[str, Any],
+    sums: dict[str, BatchedTree],
     percentiles: tuple[int, ...] | None,
 ) -> dict[str, Float[Array, ""]]:
     total = jax.tree.reduce(jnp.add, returns)
