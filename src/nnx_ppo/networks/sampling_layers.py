@@ -57,8 +57,13 @@ __all__ = [
     "SampledAction",
 ]
 
-DistributionParameters = dict[str, Array]
-"""A sampler's distribution parameters by name, leaves ``(B, ...)``; also its metrics."""
+DistributionParameters = dict[str, Float[Array, "..."]]
+"""A sampler's distribution parameters by name; also its metrics.
+
+Batched, leaves ``(B, ...)``, as :meth:`ActionSampler.distribution_parameters` returns
+them and every method but :meth:`ActionSampler.sample` takes them; ``sample``, vmapped
+over the envs, receives one env's slice, leaves ``(...)`` without ``B``.
+"""
 
 
 class SampledAction(TypedDict):
@@ -69,7 +74,7 @@ class SampledAction(TypedDict):
       log_likelihood: its log-likelihood under the current parameters, ``(B,)``.
     """
 
-    action: Array
+    action: Shaped[Array, "B *action"]
     log_likelihood: FloatBatch
 
 
@@ -107,7 +112,9 @@ class ActionSampler(StatefulModule):
         """The distribution's parameters from the sampler's input, leaves ``(B, ...)``."""
 
     @abc.abstractmethod
-    def sample(self, key: Key[Array, ""], parameters: DistributionParameters) -> Array:
+    def sample(
+        self, key: Key[Array, ""], parameters: DistributionParameters
+    ) -> Shaped[Array, "*raw"]:
         """One raw sample for **one** environment: ``key`` and ``parameters`` are unbatched."""
 
     @abc.abstractmethod
@@ -182,7 +189,9 @@ class ActionSampler(StatefulModule):
     def initialize_state(self, batch_size: int) -> PerEnvKeys:
         return new_env_keys(self.rng, batch_size)
 
-    def _check_stored_action(self, stored: Array, parameters: DistributionParameters) -> None:
+    def _check_stored_action(
+        self, stored: Shaped[Array, "B *raw"], parameters: DistributionParameters
+    ) -> None:
         expected = jax.eval_shape(self.mode, parameters)
         stored_integer = jnp.issubdtype(stored.dtype, jnp.integer)
         expected_integer = jnp.issubdtype(expected.dtype, jnp.integer)
@@ -234,7 +243,9 @@ def _normal_std(sigma: Float[Array, "..."]) -> Float[Array, "..."]:
 class _Normal(ActionSampler):
     """A diagonal Gaussian over the raw action; metrics ``mu`` and ``sigma``, ``(B, action)``."""
 
-    def sample(self, key: Key[Array, ""], parameters: DistributionParameters) -> Array:
+    def sample(
+        self, key: Key[Array, ""], parameters: DistributionParameters
+    ) -> Float[Array, " action"]:
         mu, sigma = parameters["mu"], parameters["sigma"]
         return mu + sigma * jax.random.normal(key, mu.shape, mu.dtype)
 
@@ -500,7 +511,7 @@ class CategoricalSampler(ActionSampler):
     def distribution_parameters(self, x: Float[Array, "B params"]) -> DistributionParameters:
         return {"log_probs": jax.nn.log_softmax(x, axis=-1)}
 
-    def sample(self, key: Key[Array, ""], parameters: DistributionParameters) -> Array:
+    def sample(self, key: Key[Array, ""], parameters: DistributionParameters) -> Int[Array, ""]:
         return jax.random.categorical(key, parameters["log_probs"]).astype(jnp.int32)
 
     def reported(self, parameters: DistributionParameters) -> DistributionParameters:

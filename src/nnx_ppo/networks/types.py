@@ -120,7 +120,9 @@ _RULE_PPO_OUTPUT = rule_text(
 )
 
 
-def checked_ppo_output(output: Any, where: str, rewards: Any = None) -> PPONetworkOutput:
+def checked_ppo_output(
+    output: Any, where: str, rewards: PyTree[FloatBatch] | None = None
+) -> PPONetworkOutput:
     """``output`` after checking it is a PPO network's output; wherever the library uses one.
 
     Args:
