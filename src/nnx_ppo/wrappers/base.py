@@ -6,7 +6,8 @@ from typing import Any
 
 from jaxtyping import PRNGKeyArray
 
-from nnx_ppo.envs.state import RLEnv
+from nnx_ppo.contract.axes import Unbatched
+from nnx_ppo.envs.state import EnvState, RLEnv
 
 __all__ = ["Wrapper"]
 
@@ -29,11 +30,11 @@ class Wrapper:
                 )
         self.env = env
 
-    def reset(self, rng: PRNGKeyArray) -> Any:
+    def reset(self, rng: PRNGKeyArray) -> EnvState:
         """The wrapped env's ``reset``."""
         return self.env.reset(rng)
 
-    def step(self, state: Any, action: Any) -> Any:
+    def step(self, state: EnvState, action: Unbatched) -> EnvState:
         """The wrapped env's ``step``."""
         return self.env.step(state, action)
 

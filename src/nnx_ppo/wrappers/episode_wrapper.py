@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
 from nnx_ppo.contract.arguments import require_int
-from nnx_ppo.envs.state import RLEnv, episode_flags
+from nnx_ppo.contract.axes import Unbatched
+from nnx_ppo.envs.state import EnvState, RLEnv, episode_flags
 from nnx_ppo.wrappers.base import Wrapper
 
 __all__ = ["EpisodeWrapper"]
@@ -47,7 +46,7 @@ class EpisodeWrapper(Wrapper):
         self.max_len = require_int("EpisodeWrapper", "max_len", max_len, 1)
         self.random_initial_step = random_initial_step
 
-    def reset(self, rng: PRNGKeyArray) -> Any:
+    def reset(self, rng: PRNGKeyArray) -> EnvState:
         """The wrapped env's reset, with the counter and ``truncated`` in ``info``."""
         if self.random_initial_step:
             rng, counter_rng = jax.random.split(rng)
@@ -59,7 +58,7 @@ class EpisodeWrapper(Wrapper):
         info = {**state.info, "step_counter": counter, "truncated": not_truncated}
         return state.replace(info=info)
 
-    def step(self, state: Any, action: Any) -> Any:
+    def step(self, state: EnvState, action: Unbatched) -> EnvState:
         """The wrapped env's step, truncated once ``max_len`` steps are taken."""
         next_state = self.env.step(state, action)
         counter = state.info["step_counter"] + 1

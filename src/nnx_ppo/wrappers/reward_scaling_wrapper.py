@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 from jaxtyping import PRNGKeyArray
 
 from nnx_ppo.contract.arguments import require_number
-from nnx_ppo.envs.state import RLEnv
+from nnx_ppo.contract.axes import Unbatched
+from nnx_ppo.envs.state import EnvState, RLEnv
 from nnx_ppo.wrappers.base import Wrapper
 
 __all__ = ["RewardScalingWrapper"]
@@ -30,13 +29,13 @@ class RewardScalingWrapper(Wrapper):
         require_number("RewardScalingWrapper", "reward_scale", reward_scale)
         self.reward_scale = float(reward_scale)
 
-    def reset(self, rng: PRNGKeyArray) -> Any:
+    def reset(self, rng: PRNGKeyArray) -> EnvState:
         """The wrapped env's reset, reward scaled."""
         return self._scaled(self.env.reset(rng))
 
-    def step(self, state: Any, action: Any) -> Any:
+    def step(self, state: EnvState, action: Unbatched) -> EnvState:
         """The wrapped env's step, reward scaled."""
         return self._scaled(self.env.step(state, action))
 
-    def _scaled(self, state: Any) -> Any:
+    def _scaled(self, state: EnvState) -> EnvState:
         return state.replace(reward=jax.tree.map(lambda r: r * self.reward_scale, state.reward))
