@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo.contract.axes import Scalar, Unbatched
 from nnx_ppo.contract.errors import ContractError, rule_text
@@ -74,14 +74,18 @@ class EnvState(Protocol):
     protocol. ``done`` is a scalar (``float`` in Playground, ``bool`` elsewhere) or
     one scalar per reward leaf; ``info["truncated"]`` (ours) or
     ``info["truncation"]`` (Playground) marks an episode cut short by a time limit.
+
+    The same type describes one env's state (``obs``, ``reward`` and ``done`` leaves
+    ``(...)``) and the library's batched states (leaves ``(B, ...)``), hence the
+    ``"..."`` shapes.
     """
 
     @property
-    def obs(self) -> Any: ...
+    def obs(self) -> PyTree[Shaped[Array, "..."]]: ...
     @property
-    def reward(self) -> Any: ...
+    def reward(self) -> PyTree[Shaped[Array, "..."]]: ...
     @property
-    def done(self) -> Any: ...
+    def done(self) -> PyTree[Shaped[Array, "..."]]: ...
     @property
     def metrics(self) -> dict[str, Any]: ...
     @property
