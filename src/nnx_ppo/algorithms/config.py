@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 import optax
+from jaxtyping import UInt8
 
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
 from nnx_ppo.contract.arguments import require_int, require_number
@@ -347,7 +348,7 @@ class VideoData:
       episode_length: the steps recorded.
     """
 
-    frames: np.ndarray
+    frames: UInt8[np.ndarray, "frames height width channels"]
     step: int
     episode_reward: float
     episode_length: int
