@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.types import EnvState, RLEnv
@@ -93,15 +93,16 @@ class SlimData(NamedTuple):
     """The fields of an MJX ``Data`` that rendering reads (a pytree).
 
     The rest of ``Data`` (contact and constraint buffers, which MuJoCo Warp
-    preallocates at full size) is left out of a recorded trajectory.
+    preallocates at full size) is left out of a recorded trajectory. ``*T`` is the
+    time axis of a stacked trajectory, absent in one state.
     """
 
-    qpos: Array
-    qvel: Array
-    time: Array
-    mocap_pos: Array
-    mocap_quat: Array
-    xfrc_applied: Array
+    qpos: Float[Array, "*T nq"]
+    qvel: Float[Array, "*T nv"]
+    time: Float[Array, "*T"]
+    mocap_pos: Float[Array, "*T nmocap 3"]
+    mocap_quat: Float[Array, "*T nmocap 4"]
+    xfrc_applied: Float[Array, "*T nbody 6"]
 
 
 class SlimState(NamedTuple):
@@ -110,11 +111,12 @@ class SlimState(NamedTuple):
     ``done``, ``info`` and ``metrics`` are the state's own. ``data`` is a
     :class:`SlimData` when the state's ``data`` has all of its fields (an MJX
     ``Data``), and otherwise the state's ``data`` as it is (the built-in envs keep
-    a few scalars there).
+    a few scalars there). ``*T`` is the time axis of a stacked trajectory, absent in
+    one state.
     """
 
-    data: Any
-    done: Any
+    data: SlimData | PyTree[Shaped[Array, "..."]]  # (*T, ...): one variadic axis per shape
+    done: PyTree[Shaped[Array, "*T"]]
     info: dict[str, Any]
     metrics: dict[str, Any]
 
