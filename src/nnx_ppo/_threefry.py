@@ -25,7 +25,7 @@ hashed without JAX's loop").
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,10 @@ from jax.extend.random import define_prng_impl, threefry_prng_impl
 from jaxtyping import Array, Shaped, UInt32
 
 from nnx_ppo.contract.checks import is_key
+
+_Tree = TypeVar("_Tree")
+"""Any pytree; its keys are rewrapped, its structure kept. (``rollout.Tree``'s twin: this
+module sits below the engine, which imports it.)"""
 
 _STANDARD = "threefry2x32"
 """``jax.random.key_impl`` of JAX's default keys."""
@@ -112,7 +116,7 @@ STRAIGHT_LINE_THREEFRY = define_prng_impl(
 """JAX's Threefry-2x32 keys, hashed without a loop: the same numbers from every draw."""
 
 
-def _rewrap(tree: Any, source: Any, target: Any) -> Any:
+def _rewrap(tree: _Tree, source: Any, target: Any) -> _Tree:
     def rewrap(leaf: Any) -> Any:
         if is_key(leaf) and jax.random.key_impl(leaf) == source:
             return jax.random.wrap_key_data(jax.random.key_data(leaf), impl=target)
@@ -126,7 +130,7 @@ def partitionable_bits() -> bool:
     return bool(jax.config.values["jax_threefry_partitionable"])
 
 
-def straight_line_keys(tree: Any) -> Any:
+def straight_line_keys(tree: _Tree) -> _Tree:
     """``tree`` with each of JAX's default keys as the same key of :data:`STRAIGHT_LINE_THREEFRY`.
 
     A no-op when ``jax_threefry_partitionable`` is off: the straight-line hash gives
@@ -137,6 +141,6 @@ def straight_line_keys(tree: Any) -> Any:
     return _rewrap(tree, _STANDARD, STRAIGHT_LINE_THREEFRY)
 
 
-def standard_keys(tree: Any) -> Any:
+def standard_keys(tree: _Tree) -> _Tree:
     """``tree`` with each :data:`STRAIGHT_LINE_THREEFRY` key back as JAX's default key."""
     return _rewrap(tree, STRAIGHT_LINE_THREEFRY, _STANDARD)

@@ -51,6 +51,7 @@ from nnx_ppo.algorithms._train import (
     _with_overrides,
 )
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, TrainResult, _linear_decay
+from nnx_ppo.algorithms.rollout import Tree
 from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState
 from nnx_ppo.contract.arguments import require_number
 from nnx_ppo.contract.checks import is_key, key_data_or_leaf
@@ -198,7 +199,7 @@ def _stack(trees: Sequence[Any], where: NamedSharding | None) -> Any:
     return _to_device(jax.tree.map(stack, *(_to_host(tree) for tree in trees)), where)
 
 
-def _unstack(tree: Any, run: int) -> Any:
+def _unstack(tree: Tree, run: int) -> Tree:
     """Run ``run``'s slice of every leaf of a stacked host tree."""
     return jax.tree.map(
         lambda leaf: (

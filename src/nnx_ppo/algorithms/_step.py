@@ -37,6 +37,7 @@ from nnx_ppo.algorithms.metrics import (
     log_weight_stats,
     track_episodes,
 )
+from nnx_ppo.algorithms.rollout import Tree
 from nnx_ppo.algorithms.types import (
     EnvState,
     LoggingLevel,
@@ -418,7 +419,7 @@ def _with_straight_line_keys(state: nnx.State, carry: StepCarry) -> tuple[nnx.St
     return state, keyed._replace(env_states=carry.env_states)
 
 
-def _on_device(tree: Any) -> Any:
+def _on_device(tree: Tree) -> Tree:
     """Committed, strongly typed arrays: what the compiled step returns, so it never retraces."""
 
     def canonical(x: Any) -> Any:
@@ -818,5 +819,5 @@ def _run_steps(
     return finish(dispatch_steps(owner, env, training_state, config, iterations))
 
 
-def _index(tree: Any, i: int) -> Any:
+def _index(tree: Tree, i: int) -> Tree:
     return jax.tree.map(lambda leaf: leaf[i], tree)

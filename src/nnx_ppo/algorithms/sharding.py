@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import zlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -35,6 +35,9 @@ from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.types import TrainingState
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.checks import is_key, key_data_or_leaf
+
+if TYPE_CHECKING:  # rollout imports this module: its names are not all bound yet
+    from nnx_ppo.algorithms.rollout import Tree
 
 __all__ = [
     "DATA_AXIS",
@@ -218,7 +221,7 @@ def _env_spec(leaf: Any, n_envs: int) -> PartitionSpec:
     return PartitionSpec(DATA_AXIS) if per_env else PartitionSpec()
 
 
-def _shard_envs(tree: Any, mesh: Mesh, n_envs: int, what: str) -> Any:
+def _shard_envs(tree: Tree, mesh: Mesh, n_envs: int, what: str) -> Tree:
     def place(path: Any, leaf: Any) -> jax.Array:
         if not isinstance(leaf, jax.Array | np.ndarray | np.generic | int | float | bool):
             raise ValueError(
@@ -230,7 +233,7 @@ def _shard_envs(tree: Any, mesh: Mesh, n_envs: int, what: str) -> Any:
     return jax.tree_util.tree_map_with_path(place, tree)
 
 
-def _replicate(tree: Any, mesh: Mesh) -> Any:
+def _replicate(tree: Tree, mesh: Mesh) -> Tree:
     return jax.tree.map(lambda leaf: _put(leaf, NamedSharding(mesh, PartitionSpec())), tree)
 
 
@@ -309,7 +312,7 @@ def _active() -> bool:
     return not mesh.empty and DATA_AXIS in mesh.axis_names
 
 
-def constrain_envs(tree: Any, n_envs: int) -> Any:
+def constrain_envs(tree: Tree, n_envs: int) -> Tree:
     """While tracing under a data mesh: split each per-env leaf over it along its env axis.
 
     A leaf is per-env when its leading axis has ``n_envs`` entries; the others
@@ -322,7 +325,7 @@ def constrain_envs(tree: Any, n_envs: int) -> Any:
     )
 
 
-def constrain_replicated(tree: Any) -> Any:
+def constrain_replicated(tree: Tree) -> Tree:
     """While tracing under a data mesh: every leaf whole on every device (e.g. metrics)."""
     if not _active():
         return tree
