@@ -3,26 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jaxtyping import Array, Bool, Integer, PRNGKeyArray
+from jaxtyping import Array, Bool, Integer, PRNGKeyArray, PyTree
 
 from nnx_ppo.algorithms._loss import ppo_loss
 from nnx_ppo.algorithms.config import (
     PPOConfig,
 )
+from nnx_ppo.algorithms.types import Transition
+from nnx_ppo.contract.axes import Carry, FloatHistory
 from nnx_ppo.networks.types import (
     StatefulModule,
 )
 
 
+class _LearnData(NamedTuple):
+    """What the updates learn from: a rollout and its scores (a minibatch of one, too)."""
+
+    carry: Carry
+    """The carry the rollout started from, leaves ``(B, ...)``."""
+    transitions: Transition
+    """The rollout, leaves ``(T, B, ...)``."""
+    advantages: PyTree[FloatHistory]
+    targets: PyTree[FloatHistory]
+    """The value targets, like the advantages one ``(T, B)`` leaf per reward leaf."""
+
+
 def _select_envs(
-    columns: Integer[Array, " groups"], n_minibatches: int, data: tuple[Any, ...]
-) -> tuple[Any, ...]:
+    columns: Integer[Array, " groups"], n_minibatches: int, data: _LearnData
+) -> _LearnData:
     """One minibatch: from every group of ``n_minibatches`` neighbouring envs, one env.
 
     Env ``g * n_minibatches + columns[g]`` of each group ``g`` is taken. Groups
@@ -31,7 +45,7 @@ def _select_envs(
     moves between them, whatever the device count. Carry leaves are ``(B, ...)``,
     the rest ``(T, B, ...)``.
     """
-    carry, transitions, *per_step = data
+    carry, transitions, advantages, targets = data
     transitions = transitions.replace(metrics={})
 
     def take(env_axis: int) -> Callable[[Array], Array]:
@@ -47,15 +61,15 @@ def _select_envs(
 
         return pick
 
-    return (
+    return _LearnData(
         jax.tree.map(take(0), carry),
         jax.tree.map(take(1), transitions),
-        *jax.tree.map(take(1), per_step),
+        *jax.tree.map(take(1), [advantages, targets]),
     )
 
 
 def _minibatch_update(
-    graphdef: nnx.GraphDef[Any], config: PPOConfig, data: tuple[Any, ...]
+    graphdef: nnx.GraphDef[Any], config: PPOConfig, data: _LearnData
 ) -> Callable[[nnx.State, Integer[Array, " groups"]], tuple[nnx.State, dict[str, Any]]]:
     """One gradient step on a minibatch of environments, on the split (network, optimizer)."""
 
@@ -105,7 +119,7 @@ def _epochs_until_kl(
 def _learn(
     networks: StatefulModule,
     optimizer: nnx.Optimizer,
-    data: tuple[Any, ...],
+    data: _LearnData,
     key: PRNGKeyArray,
     config: PPOConfig,
 ) -> tuple[dict[str, Any], Bool[Array, " E"]]:

@@ -12,12 +12,21 @@ from jaxtyping import Array, Float, PyTree
 
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.config import (
+    AdvantageNormalization,
     PPOConfig,
 )
 from nnx_ppo.algorithms.types import (
     Transition,
 )
-from nnx_ppo.contract.axes import Carry, FloatHistory, Scalar
+from nnx_ppo.contract.axes import (
+    BatchedTree,
+    Carry,
+    Extras,
+    FloatBatch,
+    FloatHistory,
+    Mask,
+    Scalar,
+)
 from nnx_ppo.contract.checks import typechecked
 from nnx_ppo.networks.types import (
     ModuleState,
@@ -50,8 +59,10 @@ def _replay(
         return rollout._replay_flat(networks, rollout_data, where)
 
     def step(
-        networks: StatefulModule, carry: ModuleState, inputs: tuple[Any, Any, Any, Any]
-    ) -> tuple[ModuleState, tuple[Any, Float[Array, ""]]]:
+        networks: StatefulModule,
+        carry: ModuleState,
+        inputs: tuple[BatchedTree, Mask, Extras, PyTree[FloatBatch]],
+    ) -> tuple[ModuleState, tuple[PPONetworkOutput, Float[Array, ""]]]:
         obs, ended, extras, rewards = inputs
         out = networks(carry, obs, extras)
         checked_ppo_output(out.output, where, rewards)
@@ -64,7 +75,9 @@ def _replay(
     return output, regularization
 
 
-def _policy_advantages(advantages: Any, loglikelihoods: Any, combine: bool) -> Any:
+def _policy_advantages(
+    advantages: PyTree[FloatHistory], loglikelihoods: PyTree[FloatHistory], combine: bool
+) -> PyTree[FloatHistory]:
     """One advantage per action leaf.
 
     ``combine`` trains every action leaf on the sum over reward leaves (a team
@@ -85,7 +98,9 @@ def _policy_advantages(advantages: Any, loglikelihoods: Any, combine: bool) -> A
     )
 
 
-def _standardize(advantages: Any, mode: str) -> Any:
+def _standardize(
+    advantages: PyTree[FloatHistory], mode: AdvantageNormalization
+) -> PyTree[FloatHistory]:
     if mode == "per_leaf":
         return jax.tree.map(lambda a: (a - a.mean()) / (a.std() + _EPSILON), advantages)
     pooled = jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(advantages)])

@@ -25,7 +25,7 @@ from nnx_ppo._compile import TrainingProgram, training_jit
 from nnx_ppo._threefry import standard_keys, straight_line_keys
 from nnx_ppo.algorithms import rollout, sharding
 from nnx_ppo.algorithms._advantages import compute_advantages
-from nnx_ppo.algorithms._learn import _learn
+from nnx_ppo.algorithms._learn import _learn, _LearnData
 from nnx_ppo.algorithms._loss import _EPSILON
 from nnx_ppo.algorithms.config import (
     PPOConfig,
@@ -162,7 +162,7 @@ def _learn_from(
         scale = config.reward_scaling
         scored = transitions.replace(rewards=jax.tree.map(lambda r: r * scale, transitions.rewards))
     advantages, targets = compute_advantages(scored, config.gae_lambda, config.discounting_factor)
-    data = (carry.network_states, scored, advantages, targets)
+    data = _LearnData(carry.network_states, scored, advantages, targets)
     diagnostics, ran = _learn(networks, optimizer, data, learn_key, config)
     networks.update_statistics(transitions.rollout_extras)
     ended = rollout.episode_ended(transitions.done)
