@@ -274,7 +274,7 @@ def train_ppo_runs(
     def compile_first_call(abstract: TrainingState) -> None:
         # From run 0's shapes, while its start and reset compile in a second thread.
         stacked_like_run_0 = functools.partial(
-            _step._abstract, sharding=where, leading=(len(seeds),)
+            _step._abstract, placement=where, leading=(len(seeds),)
         )
         graphdef, split = nnx.split((abstract.networks, abstract.optimizer))
         _step._compiled_run_steps.lower(

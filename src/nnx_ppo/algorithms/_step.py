@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 
 from nnx_ppo._compile import TrainingProgram, training_jit
 from nnx_ppo._threefry import standard_keys, straight_line_keys
@@ -47,6 +47,7 @@ from nnx_ppo.algorithms.types import (
     Transition,
 )
 from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.axes import FloatHistory
 from nnx_ppo.networks.types import (
     ModuleState,
     StatefulModule,
@@ -65,7 +66,8 @@ class StepCarry(NamedTuple):
     """What one PPO step hands the next: the per-env parts (leaves ``(B, ...)``) and the key."""
 
     network_states: ModuleState
-    env_states: Any
+    env_states: EnvState | None
+    """``None`` only while the carry crosses a program that does not take it."""
     running: RunningEpisodes
     key: PRNGKeyArray
 
@@ -135,6 +137,7 @@ def _collect(
     """
     if fresh_env_states is None:
         fresh_env_states = _reset_from(env, _reset_key(carry.key), config.n_envs)
+    assert carry.env_states is not None, "only the learning program's carry lacks env states"
     network_states, env_states, transitions = rollout._unroll_from(
         env,
         carry.env_states,
@@ -180,8 +183,8 @@ def _learn_from(
 def _step_metrics(
     networks: StatefulModule,
     transitions: Transition,
-    advantages: Any,
-    targets: Any,
+    advantages: PyTree[FloatHistory],
+    targets: PyTree[FloatHistory],
     diagnostics: dict[str, Any],
     ran: Bool[Array, " E"],
     config: PPOConfig,
@@ -430,17 +433,21 @@ def _on_device(tree: Tree) -> Tree:
     return jax.tree.map(canonical, tree)
 
 
-def _abstract(tree: Any, sharding: Any, leading: tuple[int, ...] = ()) -> Any:
-    """``tree`` as strongly typed ``jax.ShapeDtypeStruct`` leaves placed on ``sharding``,
+def _abstract(
+    tree: PyTree[jax.ShapeDtypeStruct | jax.Array],
+    placement: jax.sharding.Sharding | None,
+    leading: tuple[int, ...] = (),
+) -> PyTree[jax.ShapeDtypeStruct]:
+    """``tree`` as strongly typed ``jax.ShapeDtypeStruct`` leaves placed on ``placement``,
     each with ``leading`` axes in front: what :func:`_on_device` (or a stack of
     ``leading`` such trees) would hand a compiled program, for compiling it ahead."""
     return jax.tree.map(
-        lambda leaf: jax.ShapeDtypeStruct((*leading, *leaf.shape), leaf.dtype, sharding=sharding),
+        lambda leaf: jax.ShapeDtypeStruct((*leading, *leaf.shape), leaf.dtype, sharding=placement),
         tree,
     )
 
 
-def _no_running_episodes(env_states: Any) -> RunningEpisodes:
+def _no_running_episodes(env_states: EnvState) -> RunningEpisodes:
     # Zeros made by NumPy and transferred: jnp.zeros would compile a program per shape
     # and dtype at start-up (0.03-0.07 s apiece).
     n_envs = rollout.n_envs_of(env_states)
