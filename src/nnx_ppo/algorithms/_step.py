@@ -31,6 +31,7 @@ from nnx_ppo.algorithms.config import (
     PPOConfig,
 )
 from nnx_ppo.algorithms.metrics import (
+    EpisodeTotals,
     _logged_rollout_metrics,
     compute_metrics,
     episode_metrics,
@@ -76,7 +77,7 @@ class StepReport(NamedTuple):
     """What one PPO step reports to the host."""
 
     metrics: dict[str, Any]
-    episodes: dict[str, Any]
+    episodes: EpisodeTotals
     health: dict[str, Any]
 
 

@@ -32,18 +32,19 @@ THROUGHPUT      ``throughput/train_sps``, ``throughput/eval_sps``: env steps per
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple, TypedDict
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jaxtyping import Array, Float, PyTree, Shaped
+from jaxtyping import Array, Float, Int, PyTree, Shaped
 
 from nnx_ppo.algorithms.types import LoggingLevel, RunningEpisodes, Transition
-from nnx_ppo.contract.axes import BoolHistory, FloatHistory, Mask
+from nnx_ppo.contract.axes import BoolHistory, FloatBatch, FloatHistory, Mask
 
 __all__ = [
+    "EpisodeTotals",
     "compute_metrics",
     "episode_metrics",
     "log_weight_stats",
@@ -201,11 +202,29 @@ def log_weight_stats(
     metrics.update(summarize("weights", pooled, percentile_levels))
 
 
+class EpisodeTotals(TypedDict):
+    """What :func:`track_episodes` totals over the episodes that ended in a rollout."""
+
+    count: Int[Array, ""]
+    """How many ended."""
+    returns: PyTree[Float[Array, ""]]
+    """Their returns summed, one scalar per reward leaf."""
+    lengths: Int[Array, ""]
+    """Their lengths summed."""
+
+
+class _EpisodeScan(NamedTuple):
+    """The scan carry of :func:`track_episodes`."""
+
+    running: RunningEpisodes
+    totals: EpisodeTotals
+
+
 def track_episodes(
     running: RunningEpisodes,
     rewards: PyTree[FloatHistory],
     ended: BoolHistory,
-) -> tuple[RunningEpisodes, dict[str, Any]]:
+) -> tuple[RunningEpisodes, EpisodeTotals]:
     """Advance the episodes in progress through a rollout; total those that ended.
 
     Returns:
@@ -215,35 +234,35 @@ def track_episodes(
     """
 
     def step(
-        carry: tuple[RunningEpisodes, dict[str, Any]], inputs: tuple[Any, Mask]
-    ) -> tuple[tuple[RunningEpisodes, dict[str, Any]], None]:
+        carry: _EpisodeScan, inputs: tuple[PyTree[FloatBatch], Mask]
+    ) -> tuple[_EpisodeScan, None]:
         running, totals = carry
         reward, end = inputs
         returns = jax.tree.map(jnp.add, running.returns, reward)
         lengths = running.lengths + 1
-        totals = {
-            "count": totals["count"] + jnp.sum(end),
-            "returns": jax.tree.map(
+        totals = EpisodeTotals(
+            count=totals["count"] + jnp.sum(end),
+            returns=jax.tree.map(
                 lambda t, g: t + jnp.sum(jnp.where(end, g, 0.0)), totals["returns"], returns
             ),
-            "lengths": totals["lengths"] + jnp.sum(jnp.where(end, lengths, 0)),
-        }
+            lengths=totals["lengths"] + jnp.sum(jnp.where(end, lengths, 0)),
+        )
         running = RunningEpisodes(
             returns=jax.tree.map(lambda g: jnp.where(end, 0.0, g), returns),
             lengths=jnp.where(end, 0, lengths),
         )
-        return (running, totals), None
+        return _EpisodeScan(running, totals), None
 
-    zero_totals = {
-        "count": jnp.zeros((), jnp.int32),
-        "returns": jax.tree.map(lambda g: jnp.zeros((), g.dtype), running.returns),
-        "lengths": jnp.zeros((), jnp.int32),
-    }
-    (running, totals), _ = jax.lax.scan(step, (running, zero_totals), (rewards, ended))
+    zero_totals = EpisodeTotals(
+        count=jnp.zeros((), jnp.int32),
+        returns=jax.tree.map(lambda g: jnp.zeros((), g.dtype), running.returns),
+        lengths=jnp.zeros((), jnp.int32),
+    )
+    (running, totals), _ = jax.lax.scan(step, _EpisodeScan(running, zero_totals), (rewards, ended))
     return running, totals
 
 
-def episode_metrics(totals: dict[str, Any]) -> dict[str, float]:
+def episode_metrics(totals: EpisodeTotals) -> dict[str, float]:
     """Host-side means of :func:`track_episodes`' totals; only the count if none ended."""
     totals = jax.device_get(totals)
     count = int(totals["count"])
