@@ -332,7 +332,7 @@ def _compiled_recording(
     state: nnx.State,
     episode_length: int,
     key: PRNGKeyArray,
-) -> tuple[Any, Float[Array, ""]]:
+) -> tuple[EnvState, Float[Array, ""]]:
     return rollout.record_episode(env.env, nnx.merge(graphdef, state), episode_length, key)
 
 

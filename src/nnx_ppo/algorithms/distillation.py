@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jaxtyping import Array, Integer, PRNGKeyArray
+from jaxtyping import Array, Float, Integer, PRNGKeyArray
 
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms._loss import _replay
@@ -452,7 +452,7 @@ def _step(
     pair: _StudentWithTeacher,
     optimizer: nnx.Optimizer,
     carry: tuple[dict[str, Carry], EnvState, PRNGKeyArray],
-) -> tuple[tuple[dict[str, Carry], EnvState, PRNGKeyArray], dict[str, Any]]:
+) -> tuple[tuple[dict[str, Carry], EnvState, PRNGKeyArray], dict[str, Float[Array, ""]]]:
     """Roll out the student with the teacher watching, learn, fold statistics. Traced once."""
     states, env_states, key = carry
     rollout_key, learn_key, next_key = jax.random.split(key, 3)
@@ -484,7 +484,7 @@ def _compiled_step(
     graphdef: nnx.GraphDef[Any],
     state: nnx.State,
     carry: tuple[dict[str, Carry], EnvState, PRNGKeyArray],
-) -> tuple[nnx.State, tuple[dict[str, Carry], EnvState, PRNGKeyArray], dict[str, Any]]:
+) -> tuple[nnx.State, tuple[dict[str, Carry], EnvState, PRNGKeyArray], dict[str, Float[Array, ""]]]:
     env, config, leaves = static
     pair, optimizer = nnx.merge(graphdef, state)
     carry, metrics = _step(env.env, config.config, leaves, pair, optimizer, carry)
