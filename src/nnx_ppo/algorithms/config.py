@@ -76,6 +76,30 @@ def _require_logging(owner: str, level: Any, percentiles: Any) -> None:
         require_int(owner, "logging_percentiles entry", p, minimum=0, maximum=100)
 
 
+def _require_rollouts_and_minibatches(owner: str, config: Any, *more_ints: str) -> None:
+    """The positive ints every trainer's config has (and ``more_ints``), and minibatches of
+    whole environments."""
+    names = ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches", *more_ints)
+    for name in names:
+        require_int(owner, name, getattr(config, name))
+    if config.n_envs % config.n_minibatches:
+        raise ValueError(
+            f"{owner}.n_envs ({config.n_envs}) must be divisible by n_minibatches "
+            f"({config.n_minibatches}): a minibatch is a set of whole environments"
+        )
+
+
+def _require_optimizer_options(
+    owner: str, gradient_clipping: float | None, weight_decay: float | bool | None
+) -> None:
+    """``gradient_clipping`` a positive norm or None (off); ``weight_decay`` a rate >= 0,
+    True (optax's default decay) or None (plain Adam)."""
+    if gradient_clipping is not None:
+        require_number(owner, "gradient_clipping", gradient_clipping, minimum=0.0, strict=True)
+    if not isinstance(weight_decay, bool | None):
+        require_number(owner, "weight_decay", weight_decay, minimum=0.0)
+
+
 def _require_choice(owner: str, name: str, value: Any, choices: Any) -> None:
     """Raise ``ValueError`` unless ``value`` is one of the ``Literal`` ``choices``."""
     allowed = get_args(choices)
@@ -156,20 +180,7 @@ class PPOConfig:
     def validate(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
         owner = "PPOConfig"
-        for name in (
-            "n_envs",
-            "rollout_length",
-            "total_steps",
-            "n_epochs",
-            "n_minibatches",
-            "iterations_per_call",
-        ):
-            require_int(owner, name, getattr(self, name))
-        if self.n_envs % self.n_minibatches:
-            raise ValueError(
-                f"PPOConfig.n_envs ({self.n_envs}) must be divisible by n_minibatches "
-                f"({self.n_minibatches}): a minibatch is a set of whole environments"
-            )
+        _require_rollouts_and_minibatches(owner, self, "iterations_per_call")
         for name in ("normalize_advantages", "combine_advantages"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PPOConfig.{name} must be a bool, got {getattr(self, name)!r}")
@@ -179,13 +190,10 @@ class PPOConfig:
         if not callable(self.learning_rate):
             require_number(owner, "learning_rate", self.learning_rate, minimum=0.0, strict=True)
         require_number(owner, "critic_loss_weight", self.critic_loss_weight, minimum=0.0)
-        # None turns these off.
-        for name in ("gradient_clipping", "value_clip_range", "target_kl"):
+        for name in ("value_clip_range", "target_kl"):  # None turns these off
             if getattr(self, name) is not None:
                 require_number(owner, name, getattr(self, name), minimum=0.0, strict=True)
-        # True asks for optax's default decay, None for plain Adam.
-        if not isinstance(self.weight_decay, bool | None):
-            require_number(owner, "weight_decay", self.weight_decay, minimum=0.0)
+        _require_optimizer_options(owner, self.gradient_clipping, self.weight_decay)
         _require_logging(owner, self.logging_level, self.logging_percentiles)
         _require_choice(
             owner, "advantage_normalization", self.advantage_normalization, AdvantageNormalization

@@ -44,6 +44,8 @@ from nnx_ppo.algorithms.config import (
     VideoConfig,
     VideoData,
     _require_logging,
+    _require_optimizer_options,
+    _require_rollouts_and_minibatches,
     _warn_unused_video,
 )
 from nnx_ppo.algorithms.metrics import compute_metrics, log_weight_stats, to_host
@@ -113,20 +115,9 @@ class DistillationConfig:
     def validate(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
         owner = "DistillationConfig"
-        for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"):
-            require_int(owner, name, getattr(self, name))
-        if self.n_envs % self.n_minibatches:
-            raise ValueError(
-                f"DistillationConfig.n_envs ({self.n_envs}) must be divisible by n_minibatches "
-                f"({self.n_minibatches}): a minibatch is a set of whole environments"
-            )
+        _require_rollouts_and_minibatches(owner, self)
         require_number(owner, "learning_rate", self.learning_rate, minimum=0.0, strict=True)
-        if self.gradient_clipping is not None:
-            require_number(
-                owner, "gradient_clipping", self.gradient_clipping, minimum=0.0, strict=True
-            )
-        if not isinstance(self.weight_decay, bool | None):
-            require_number(owner, "weight_decay", self.weight_decay, minimum=0.0)
+        _require_optimizer_options(owner, self.gradient_clipping, self.weight_decay)
         _require_logging(owner, self.logging_level, self.logging_percentiles)
 
     @property
