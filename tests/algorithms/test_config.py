@@ -117,10 +117,13 @@ def test_ppo_config_rejects_non_finite_numbers(field, value):
         PPOConfig(**{field: value})
 
 
-def test_configs_accept_numpy_scalars():
+def test_configs_accept_numpy_scalars(counting_env, scripted_network):
     config = PPOConfig(n_envs=np.int64(8), n_minibatches=np.int32(2), clip_range=np.float32(0.1))
     assert config.steps_per_iteration == 8 * 20
     assert TrainConfig(seed=np.int64(-3)).seed == -3
+    # The state a config's n_envs sizes takes the NumPy integer too.
+    state = new_training_state(counting_env, scripted_network(), config.n_envs, 0)
+    assert state.env_states.done.shape == (8,)
 
 
 @pytest.mark.parametrize(("weight_decay", "decay"), [(True, 1e-4), (0.5, 0.5), (False, 0.0)])

@@ -51,7 +51,7 @@ from nnx_ppo.algorithms.types import (
     RLEnv,
     TrainingState,
 )
-from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.arguments import is_int, require_int
 from nnx_ppo.networks.types import (
     ModuleState,
     StatefulModule,
@@ -233,8 +233,9 @@ def _new_training_state(
     simulator) and makes the optimizer's state: compiling releases the GIL, so
     the two overlap on a second core.
     """
-    if isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs <= 0:
+    if not is_int(n_envs) or n_envs <= 0:
         raise ValueError(f"new_training_state: n_envs must be a positive int, got {n_envs!r}")
+    n_envs = int(n_envs)
     if not isinstance(networks, StatefulModule):
         raise TypeError(
             "new_training_state: networks must be a StatefulModule (the PPO network), "
