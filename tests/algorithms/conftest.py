@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -109,3 +109,19 @@ def poisoned_env() -> CountingEnv:
 @pytest.fixture(scope="session")
 def scripted_network() -> type[ScriptedNetwork]:
     return ScriptedNetwork
+
+
+@pytest.fixture
+def flat_replay_callers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ``where`` of every flat replay (``rollout._replay_flat``) traced in the test."""
+    from nnx_ppo.algorithms import rollout
+
+    callers: list[str] = []
+    replay = rollout._replay_flat
+
+    def spy(networks: Any, rollout_data: Any, where: str) -> Any:
+        callers.append(where)
+        return replay(networks, rollout_data, where)
+
+    monkeypatch.setattr(rollout, "_replay_flat", spy)
+    return callers

@@ -208,7 +208,9 @@ def test_the_loss_replays_the_student_from_a_reset_carry_after_an_episode_end():
     np.testing.assert_allclose(diagnostics["losses/distillation_nll"], expected, rtol=1e-5)
 
 
-def test_a_feedforward_student_is_replayed_in_one_flat_batch_as_its_scan_would(monkeypatch):
+def test_a_feedforward_student_is_replayed_in_one_flat_batch_as_its_scan_would(
+    flat_replay_callers, monkeypatch
+):
     from nnx_ppo.algorithms import rollout
     from nnx_ppo.networks.factories import make_discrete_mlp_actor_critic
 
@@ -218,21 +220,15 @@ def test_a_feedforward_student_is_replayed_in_one_flat_batch_as_its_scan_would(m
         )
 
     def one_step(env, replay: str):
-        callers = []
-        flat = rollout._replay_flat
-
-        def spy(networks, rollout_data, where):
-            callers.append(where)
-            return flat(networks, rollout_data, where)
-
-        monkeypatch.setattr(rollout, "_replay_flat", spy)
-        if replay == "scan":
-            monkeypatch.setattr(rollout, "_carry_follows_parameters", lambda *_: True)
-        teacher, student = mlp(0, 16), mlp(1, 8)  # per-env sampler keys: carries kept
-        state = new_distillation_state(env, teacher, student, STEP[0], 0, LEARNING_RATE)
-        state, metrics = distillation_step(env, teacher, state, *STEP)
-        monkeypatch.undo()
-        return "distillation_loss" in callers, metrics, leaves(nnx.state(student, nnx.Param))
+        flat_replay_callers.clear()
+        with monkeypatch.context() as patch:
+            if replay == "scan":
+                patch.setattr(rollout, "_carry_follows_parameters", lambda *_: True)
+            teacher, student = mlp(0, 16), mlp(1, 8)  # per-env sampler keys: carries kept
+            state = new_distillation_state(env, teacher, student, STEP[0], 0, LEARNING_RATE)
+            state, metrics = distillation_step(env, teacher, state, *STEP)
+        flat = "distillation_loss" in flat_replay_callers
+        return flat, metrics, leaves(nnx.state(student, nnx.Param))
 
     # A fresh env for each, so each traces its own step.
     flat, scanned = one_step(make("memory"), "flat"), one_step(make("memory"), "scan")

@@ -126,19 +126,12 @@ def per_step_values(network, carry, transitions):
 
 
 @pytest.mark.parametrize("env_name", ["pendulum", "cartpole", "memory"])
-def test_the_rollout_values_are_each_steps_value(env_name, monkeypatch):
+def test_the_rollout_values_are_each_steps_value(env_name, flat_replay_callers, monkeypatch):
     """Flat-replayed (feedforward) or computed in the scan (LSTM), they are the step's own."""
     env = make(env_name)
     network = make_default_network(env, nnx.Rngs(0), hidden_sizes=(8,))
-    callers = []
-    replay = rollout._replay_flat
-
-    def spy(networks, rollout_data, where):
-        callers.append(where)
-        return replay(networks, rollout_data, where)
-
-    monkeypatch.setattr(rollout, "_replay_flat", spy)
     carry, transitions = rollout_of(env, network)
+    callers = list(flat_replay_callers)
     monkeypatch.undo()
     recurrent = env_name == "memory"
     assert (transitions.carries is None) == recurrent

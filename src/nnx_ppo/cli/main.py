@@ -263,11 +263,7 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
                 f"{flag} {value} and --set {key}={json.dumps(set_on_command_line[key])} "
                 "disagree: give the value once"
             )
-        *tables, name = key.split(".")
-        table = config
-        for part in tables:
-            table = table[part]
-        table[name] = value
+        config = apply_override(config, f"{key}={json.dumps(value)}")
     return follow_run_length(config, given)
 
 

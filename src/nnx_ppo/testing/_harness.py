@@ -157,7 +157,7 @@ def property_failure(
     hint, when there is one, closes the message.
     """
     shown = ", ".join(f"{name}={size}" for name, size in sizes.items())
-    if rule is not None and checker in PROPERTY_SECTIONS and "(see http" not in rule:
+    if rule is not None:
         rule = rule_text(rule, PROPERTY_SECTIONS[checker], "testing_kit")
     message = format_violation(
         f"{checker}({subject})",
