@@ -84,7 +84,7 @@ def test_logging_level_members_are_those_of_0_3_0():
         ({"clip_range": -0.1}, ValueError, "clip_range must be > 0"),
         ({"gae_lambda": 1.5}, ValueError, r"gae_lambda must lie in \[0.0, 1.0\]"),
         ({"discounting_factor": -0.1}, ValueError, "discounting_factor must lie in"),
-        ({"learning_rate": 0.0}, ValueError, "learning_rate must be > 0"),
+        ({"learning_rate": -1e-4}, ValueError, "learning_rate must be >= 0"),
         ({"learning_rate": "fast"}, TypeError, "learning_rate must be a finite number"),
         ({"critic_loss_weight": -1.0}, ValueError, "critic_loss_weight must be >= 0"),
         ({"gradient_clipping": 0.0}, ValueError, "gradient_clipping must be > 0"),
@@ -178,7 +178,7 @@ def test_default_optimizer_steps_and_stores_state_as_optax_adam(clipping, weight
     ("changes", "message"),
     [
         ({"n_envs": 0}, "EvalConfig: n_envs must be a positive int"),
-        ({"every_steps": -5}, "EvalConfig: every_steps must be a positive int"),
+        ({"every_steps": -5}, "EvalConfig: every_steps must be >= 0"),
         ({"max_episode_length": 0}, "EvalConfig: max_episode_length must be a positive int"),
     ],
 )
@@ -190,8 +190,8 @@ def test_eval_config_rejects(changes, message):
 def test_train_config_checks_its_parts_and_a_field_changed_later():
     with pytest.raises(TypeError, match=r"TrainConfig\.ppo must be a PPOConfig"):
         TrainConfig(ppo={"n_envs": 4})  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="checkpoint_every_steps must be a positive int"):
-        TrainConfig(checkpoint_every_steps=0)
+    with pytest.raises(ValueError, match="checkpoint_every_steps must be >= 0"):
+        TrainConfig(checkpoint_every_steps=-1)
     config = TrainConfig()
     config.ppo.n_minibatches = 3
     with pytest.raises(ValueError, match="divisible by n_minibatches"):
@@ -212,3 +212,42 @@ def test_train_config_checks_its_parts_and_a_field_changed_later():
 def test_a_misspelt_field_is_refused_rather_than_ignored(config):
     with pytest.raises(AttributeError, match="learnin_rate"):
         config.learnin_rate = 1.0  # type: ignore[attr-defined]
+
+
+def test_what_030_took_is_taken_in_the_same_sense():
+    assert PPOConfig(total_steps=1e6).total_steps == 1_000_000  # type: ignore[arg-type]
+    assert type(PPOConfig(total_steps=np.float64(2e3)).total_steps) is int  # type: ignore
+    assert EvalConfig(every_steps=0).every_steps == 0
+    assert EvalConfig(every_steps=1e5).every_steps == 100_000  # type: ignore[arg-type]
+    assert VideoConfig(every_steps=0.0).every_steps == 0  # type: ignore[arg-type]
+    assert TrainConfig(checkpoint_every_steps=0).checkpoint_every_steps == 0
+    assert DistillationConfig(total_steps=5e4).total_steps == 50_000  # type: ignore[arg-type]
+    assert DistillationTrainConfig(checkpoint_every_steps=0).checkpoint_every_steps == 0
+    assert PPOConfig(learning_rate=0.0).learning_rate == 0.0
+    assert PPOConfig(logging_percentiles=()).logging_percentiles is None
+    config = TrainConfig()
+    config.ppo.total_steps = 3e5  # type: ignore[assignment]
+    config.validate()  # as train_ppo does
+    assert config.ppo.total_steps == 300_000 and isinstance(config.ppo.total_steps, int)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: PPOConfig(total_steps=1000.5), "total_steps must be an int, got float 1000.5"),
+        (lambda: EvalConfig(every_steps=-1), "every_steps must be >= 0, got -1"),
+        (lambda: TrainConfig(checkpoint_every_steps=-5), "checkpoint_every_steps must be >= 0"),
+        (lambda: PPOConfig(n_envs=64.0), "n_envs must be an int, got float"),  # not a step count
+    ],
+)
+def test_what_030_took_and_means_nothing_here_is_refused(build, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        build()
+
+
+def test_a_config_keeps_its_dict_and_a_misspelt_field_gets_a_hint():
+    config = TrainConfig()
+    assert vars(config.ppo)["n_envs"] == 256  # e.g. wandb.init(config=vars(config.ppo))
+    assert dataclasses.asdict(config)["eval"]["every_steps"] == 50_000
+    with pytest.raises(AttributeError, match="PPOConfig has no field 'learnin_rate'; did you"):
+        config.ppo.learnin_rate = 1.0  # type: ignore[attr-defined]

@@ -256,8 +256,8 @@ def test_the_teacher_acts_deterministically_in_either_mode_and_keeps_its_mode():
 def test_configs_name_the_invalid_field():
     with pytest.raises(ValueError, match=r"n_envs \(6\) must be divisible by n_minibatches"):
         DistillationConfig(n_envs=6, n_minibatches=4)
-    with pytest.raises(ValueError, match="learning_rate"):
-        DistillationConfig(learning_rate=0.0)
+    with pytest.raises(ValueError, match="learning_rate must be >= 0"):
+        DistillationConfig(learning_rate=-1.0)
     with pytest.raises(TypeError, match=r"DistillationTrainConfig\.eval must be a EvalConfig"):
         DistillationTrainConfig(eval=DistillationConfig())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="config must be a DistillationTrainConfig"):

@@ -350,6 +350,38 @@ def test_video_records_a_deterministic_episode(counting_env, scripted_network):
     assert video.episode_length == 6
 
 
+def test_a_cadence_of_0_acts_at_step_0_only_and_turns_checkpoints_off(
+    counting_env, scripted_network
+):
+    """0.3.0's meaning of 0: evaluations and videos at the start only, no checkpoint."""
+
+    class Rendered(type(counting_env)):
+        def render(self, trajectory, height, width):
+            return [np.zeros((height, width, 3), np.uint8) for _ in trajectory]
+
+    config = train_config(3 * STEP, eval_every=STEP, logging_level=LoggingLevel.THROUGHPUT)
+    config.eval.every_steps = 0
+    config.video = VideoConfig(enabled=True, every_steps=0, episode_length=2)
+    config.video.render_kwargs = {"height": 1, "width": 1}
+    config.checkpoint_every_steps = 0
+    logged, videos, checkpoints = [], [], []
+    result = train_ppo(
+        Rendered(),
+        scripted_network(),
+        config,
+        log_fn=lambda metrics, step: logged.append((step, metrics)),
+        video_fn=videos.append,
+        checkpoint_fn=lambda state, step: checkpoints.append(step),
+    )
+    assert result.total_steps == 3 * STEP
+    assert [entry["step"] for entry in result.eval_history] == [0]
+    assert [video.step for video in videos] == [0]
+    assert checkpoints == []
+    # 0.3.0's video throughput, logged with the step that recorded
+    assert [step for step, metrics in logged if "throughput/video_sps" in metrics] == [0]
+    assert all(metrics["throughput/video_sps"] > 0 for _, metrics in logged[:1])
+
+
 def test_a_video_asked_for_by_only_the_config_or_only_a_video_fn_is_warned_of(
     counting_env, scripted_network
 ):

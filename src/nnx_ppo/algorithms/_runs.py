@@ -239,9 +239,10 @@ def train_ppo_runs(
       log_fn: called as ``log_fn(run, metrics, step)`` after every PPO step (and
         the initial evaluation) of every run, ``run`` its index.
       checkpoint_fn: called as ``checkpoint_fn(run, training_state, step)`` at step
-        0, every ``config.checkpoint_every_steps`` and at the end, after that step's
-        ``log_fn``; ``training_state`` is run ``run``'s own, its optimizer state that
-        of a single run at its learning rate, so it loads into
+        0, every ``config.checkpoint_every_steps`` and at the end (never when that
+        is 0), after that step's ``log_fn``; ``training_state`` is run ``run``'s
+        own, its optimizer state that of a single run at its learning rate, so it
+        loads into
         ``new_training_state(..., learning_rate, ...)``.
       eval_env: the evaluation environment; ``env`` when ``None``.
 
@@ -264,6 +265,8 @@ def train_ppo_runs(
             stacklevel=2,
         )
     seeds, rates = _require_runs(seeds, learning_rates, config)
+    if not config.checkpoint_every_steps:  # a cadence of 0 turns checkpoints off
+        checkpoint_fn = None
     mesh = sharding.runs_mesh(config.devices, len(seeds))
     where = None if mesh is None else NamedSharding(mesh, PartitionSpec(sharding.RUNS_AXIS))
     ppo = config.ppo

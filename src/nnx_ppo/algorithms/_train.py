@@ -444,15 +444,16 @@ def _steps_until_host_needed(
     every = [config.checkpoint_every_steps] if checkpointing else []
     every += [config.eval.every_steps] if config.eval.enabled else []
     every += [config.video.every_steps] if config.video.enabled and recording else []
-    for cadence in every:
+    for cadence in filter(None, every):  # a cadence of 0 is due at the start only
         next_due = (steps // cadence + 1) * cadence
         limit = min(limit, -(-(next_due - steps) // per_step))
     return max(limit, 1)
 
 
 def _crossed(previous: int | None, steps: int, every: int) -> bool:
-    """Whether ``steps`` passed a multiple of ``every`` since ``previous`` (always at the start)."""
-    return previous is None or steps // every > previous // every
+    """Whether ``steps`` passed a multiple of ``every`` since ``previous``: always at the
+    start, and only there when ``every`` is 0."""
+    return previous is None or (every > 0 and steps // every > previous // every)
 
 
 def _done_last_at(steps_taken: int) -> dict[str, int | None]:
@@ -517,7 +518,8 @@ class _HostWork(Generic[_State]):
         self._timed = timed
         self._mesh = mesh
         self._video_fn = video_fn
-        self._checkpoint_fn = checkpoint_fn
+        # A checkpoint cadence of 0 turns checkpoints off, at the start and end too.
+        self._checkpoint_fn = checkpoint_fn if config.checkpoint_every_steps else None
         self._last = _done_last_at(steps_taken)
         self.history: list[dict[str, float]] = []
 
@@ -545,8 +547,12 @@ class _HostWork(Generic[_State]):
             last["eval"] = steps
         video_due = _crossed(last["video"], steps, config.video.every_steps)
         if config.video.enabled and self._video_fn is not None and video_due:
+            start = time.perf_counter()
             video = _record(self._eval_env, networks, config.video, config.seed, steps, self._where)
             self._video_fn(video)
+            if self._timed:  # as 0.3.0: the recorded steps over recording and video_fn
+                elapsed = time.perf_counter() - start
+                metrics["throughput/video_sps"] = config.video.episode_length / elapsed
             last["video"] = steps
         return metrics
 
@@ -622,8 +628,8 @@ def train_ppo(
         the initial evaluation), ``metrics`` a flat ``str -> float`` dict.
       video_fn: receives a :class:`~nnx_ppo.algorithms.config.VideoData` per recording.
       checkpoint_fn: called as ``checkpoint_fn(training_state, step)`` at step 0,
-        every ``config.checkpoint_every_steps`` and at the last step, after that
-        step's ``log_fn``.
+        every ``config.checkpoint_every_steps`` and at the last step (never when that
+        is 0), after that step's ``log_fn``.
       eval_env: the evaluation environment; ``env`` when ``None``.
       initial_state: resume from this state (its optimizer included: the config's
         learning rate, clipping and decay then go unused) instead of a fresh one.
@@ -632,7 +638,7 @@ def train_ppo(
       should_stop: polled after every compiled call (every PPO step with
         ``iterations_per_call=1``); when it returns ``True`` (e.g. a
         signal handler saw Ctrl-C), training stops early and ``checkpoint_fn``, if
-        given, writes a final checkpoint of the state reached.
+        given and checkpoints are on, writes a final checkpoint of the state reached.
 
     Returns:
       A :class:`~nnx_ppo.algorithms.config.TrainResult`; ``eval_history`` holds

@@ -27,6 +27,7 @@ import dataclasses
 import enum
 import json
 import re
+import warnings
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -594,7 +595,8 @@ def load_checkpoint(
 
     Returns:
       ``{"training_state": TrainingState | None, "step": int, "config": TrainConfig | None}``;
-      ``training_state`` is ``None`` when only a network was given.
+      ``training_state`` is ``None`` when only a network was given (with an
+      ``optimizer`` too, a warning says so: 0.3.0 resumed from that call).
 
     Raises:
       CheckpointError: the checkpoint is missing, incomplete or corrupted, or its
@@ -669,6 +671,15 @@ def load_checkpoint(
     nnx.update(template, values["networks"])
     if optimizer is not None:
         nnx.update(optimizer, values["optimizer"])
+        # 0.3.0's resume call: it returned the training state; here, without env states,
+        # initial_state=None would quietly start the run over.
+        warnings.warn(
+            "load_checkpoint restored the network and optimizer only: its training_state "
+            "is None, and train_ppo(..., initial_state=None) starts over at step 0. To "
+            "resume, pass a TrainingState as the template: "
+            "load_checkpoint(path, new_training_state(env, networks, n_envs, seed)).",
+            stacklevel=2,
+        )
     return {"training_state": None, "step": step, "config": config}
 
 

@@ -10,6 +10,7 @@ every sub-config; ``train_ppo`` calls it, so a field changed after construction 
 
 from __future__ import annotations
 
+import difflib
 import functools
 import warnings
 from collections.abc import Callable
@@ -60,6 +61,36 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+class _FieldsOnly:
+    """A dataclass base that refuses to set an attribute that is not one of its fields.
+
+    A misspelt field (``config.ppo.learnin_rate = 1e-3``) raises ``AttributeError``
+    instead of being kept beside the field it meant, which would train at the default.
+    Unlike ``slots=True``, instances keep their ``__dict__``: ``vars(config)`` works.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        fields = getattr(type(self), "__dataclass_fields__", {})
+        if name not in fields:
+            close = difflib.get_close_matches(name, list(fields), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}{hint}")
+        object.__setattr__(self, name, value)
+
+
+def _accept_030_forms(config: Any, step_counts: tuple[str, ...]) -> None:
+    """Write in this version's form what nnx-ppo 0.3.0 took: a count of env steps given as
+    a whole float (``total_steps=1e6``) becomes an int, and an empty
+    ``logging_percentiles`` is ``None`` (mean and std)."""
+    for name in step_counts:
+        value = getattr(config, name)
+        if isinstance(value, float) and value.is_integer():
+            setattr(config, name, int(value))
+    percentiles = getattr(config, "logging_percentiles", None)
+    if isinstance(percentiles, tuple) and not percentiles:
+        config.logging_percentiles = None
+
+
 def _require_logging(owner: str, level: Any, percentiles: Any) -> None:
     if not isinstance(level, LoggingLevel):
         raise TypeError(
@@ -67,10 +98,9 @@ def _require_logging(owner: str, level: Any, percentiles: Any) -> None:
         )
     if percentiles is None:
         return
-    if not isinstance(percentiles, tuple) or not percentiles:
+    if not isinstance(percentiles, tuple):
         raise TypeError(
-            f"{owner}.logging_percentiles must be a non-empty tuple of ints or None, "
-            f"got {percentiles!r}"
+            f"{owner}.logging_percentiles must be a tuple of ints or None, got {percentiles!r}"
         )
     for p in percentiles:
         require_int(owner, "logging_percentiles entry", p, minimum=0, maximum=100)
@@ -107,8 +137,8 @@ def _require_choice(owner: str, name: str, value: Any, choices: Any) -> None:
         raise ValueError(f"{owner}.{name} must be {' or '.join(map(repr, allowed))}, got {value!r}")
 
 
-@dataclass(slots=True)
-class PPOConfig:
+@dataclass
+class PPOConfig(_FieldsOnly):
     """The PPO algorithm's parameters.
 
     Attributes:
@@ -180,6 +210,7 @@ class PPOConfig:
     def validate(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
         owner = "PPOConfig"
+        _accept_030_forms(self, ("total_steps",))
         _require_rollouts_and_minibatches(owner, self, "iterations_per_call")
         for name in ("normalize_advantages", "combine_advantages"):
             if not isinstance(getattr(self, name), bool):
@@ -188,7 +219,7 @@ class PPOConfig:
             require_number(owner, name, getattr(self, name), minimum=0.0, maximum=1.0)
         require_number(owner, "clip_range", self.clip_range, minimum=0.0, strict=True)
         if not callable(self.learning_rate):
-            require_number(owner, "learning_rate", self.learning_rate, minimum=0.0, strict=True)
+            require_number(owner, "learning_rate", self.learning_rate, minimum=0.0)
         require_number(owner, "critic_loss_weight", self.critic_loss_weight, minimum=0.0)
         for name in ("value_clip_range", "target_kl"):  # None turns these off
             if getattr(self, name) is not None:
@@ -226,13 +257,13 @@ class PPOConfig:
         return self.n_envs * self.rollout_length
 
 
-@dataclass(slots=True)
-class EvalConfig:
+@dataclass
+class EvalConfig(_FieldsOnly):
     """The evaluation rollouts: deterministic policy, one episode per env.
 
     Attributes:
       enabled: evaluate at step 0 and every ``every_steps`` env steps.
-      every_steps: env steps between evaluations.
+      every_steps: env steps between evaluations; 0 evaluates at step 0 only.
       n_envs: episodes per evaluation (one per env).
       max_episode_length: steps an evaluation episode may last.
       logging_level: ``ENV_METRICS``/``NETWORK_METRICS`` add episode-averaged metrics.
@@ -252,21 +283,23 @@ class EvalConfig:
 
     def validate(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
+        _accept_030_forms(self, ("every_steps",))
         if not isinstance(self.enabled, bool):
             raise TypeError(f"EvalConfig.enabled must be a bool, got {self.enabled!r}")
-        for name in ("every_steps", "n_envs", "max_episode_length"):
+        require_int("EvalConfig", "every_steps", self.every_steps, minimum=0)
+        for name in ("n_envs", "max_episode_length"):
             require_int("EvalConfig", name, getattr(self, name))
         _require_logging("EvalConfig", self.logging_level, self.logging_percentiles)
 
 
-@dataclass(slots=True)
-class VideoConfig:
+@dataclass
+class VideoConfig(_FieldsOnly):
     """Recording a deterministic episode with ``env.render``.
 
     Attributes:
       enabled: record at step 0 and every ``every_steps`` env steps (needs a
         ``video_fn`` and an eval env with a ``render`` method).
-      every_steps: env steps between recordings.
+      every_steps: env steps between recordings; 0 records at step 0 only.
       episode_length: steps recorded.
       render_kwargs: passed to ``env.render(trajectory, **render_kwargs)``.
     """
@@ -281,21 +314,24 @@ class VideoConfig:
 
     def validate(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
+        _accept_030_forms(self, ("every_steps",))
         if not isinstance(self.enabled, bool):
             raise TypeError(f"VideoConfig.enabled must be a bool, got {self.enabled!r}")
-        for name in ("every_steps", "episode_length"):
-            require_int("VideoConfig", name, getattr(self, name))
+        require_int("VideoConfig", "every_steps", self.every_steps, minimum=0)
+        require_int("VideoConfig", "episode_length", self.episode_length)
         if not isinstance(self.render_kwargs, dict):
             raise TypeError(
                 f"VideoConfig.render_kwargs must be a dict, got {type(self.render_kwargs).__name__}"
             )
 
 
-@dataclass(slots=True)
-class TrainConfig:
+@dataclass
+class TrainConfig(_FieldsOnly):
     """A whole training run: PPO, evaluation, video, seed, checkpoint cadence and devices.
 
     Attributes:
+      checkpoint_every_steps: env steps between checkpoints (a run also checkpoints
+        at step 0 and at its end); 0 writes none.
       devices: how many devices the envs are split over (the first ``devices``
         of ``jax.devices()``); ``None`` for all of them when there is more than
         one. ``train_ppo_runs`` splits its runs over them instead. See
@@ -314,6 +350,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Validate this config and every sub-config."""
+        _accept_030_forms(self, ("checkpoint_every_steps",))
         for name, kind in (("ppo", PPOConfig), ("eval", EvalConfig), ("video", VideoConfig)):
             value = getattr(self, name)
             if not isinstance(value, kind):
@@ -323,7 +360,7 @@ class TrainConfig:
             value.validate()
         # The int64 range jax.random.key takes (its keys keep the low 32 bits).
         require_int("TrainConfig", "seed", self.seed, minimum=-(2**63), maximum=2**63 - 1)
-        require_int("TrainConfig", "checkpoint_every_steps", self.checkpoint_every_steps)
+        require_int("TrainConfig", "checkpoint_every_steps", self.checkpoint_every_steps, minimum=0)
         if self.devices is not None:
             require_int("TrainConfig", "devices", self.devices)
 

@@ -43,6 +43,8 @@ from nnx_ppo.algorithms.config import (
     EvalConfig,
     VideoConfig,
     VideoData,
+    _accept_030_forms,
+    _FieldsOnly,
     _require_logging,
     _require_optimizer_options,
     _require_rollouts_and_minibatches,
@@ -80,8 +82,8 @@ __all__ = [
 # ----------------------------------------------------------------------------- config
 
 
-@dataclass(slots=True)
-class DistillationConfig:
+@dataclass
+class DistillationConfig(_FieldsOnly):
     """The distillation algorithm's parameters.
 
     Attributes:
@@ -115,8 +117,9 @@ class DistillationConfig:
     def validate(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
         owner = "DistillationConfig"
+        _accept_030_forms(self, ("total_steps",))
         _require_rollouts_and_minibatches(owner, self)
-        require_number(owner, "learning_rate", self.learning_rate, minimum=0.0, strict=True)
+        require_number(owner, "learning_rate", self.learning_rate, minimum=0.0)
         _require_optimizer_options(owner, self.gradient_clipping, self.weight_decay)
         _require_logging(owner, self.logging_level, self.logging_percentiles)
 
@@ -126,9 +129,10 @@ class DistillationConfig:
         return self.n_envs * self.rollout_length
 
 
-@dataclass(slots=True)
-class DistillationTrainConfig:
-    """A whole distillation run: the algorithm, evaluation, video, seed and checkpoint cadence."""
+@dataclass
+class DistillationTrainConfig(_FieldsOnly):
+    """A whole distillation run: the algorithm, evaluation, video, seed and checkpoint cadence
+    (``checkpoint_every_steps``; 0 writes no checkpoint)."""
 
     distillation: DistillationConfig = field(default_factory=DistillationConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -141,6 +145,7 @@ class DistillationTrainConfig:
 
     def validate(self) -> None:
         """Validate this config and every sub-config."""
+        _accept_030_forms(self, ("checkpoint_every_steps",))
         for name, kind in (
             ("distillation", DistillationConfig),
             ("eval", EvalConfig),
@@ -155,7 +160,10 @@ class DistillationTrainConfig:
             value.validate()
         require_int("DistillationTrainConfig", "seed", self.seed, minimum=None)
         require_int(
-            "DistillationTrainConfig", "checkpoint_every_steps", self.checkpoint_every_steps
+            "DistillationTrainConfig",
+            "checkpoint_every_steps",
+            self.checkpoint_every_steps,
+            minimum=0,
         )
 
 

@@ -538,14 +538,17 @@ def _train_locked(
         if logger is not None:
             _close_logger(logger, raise_errors=trained)
             _plot(run_dir, run_config["env"])
-    extra = {"run directory": str(run_dir), "checkpoint": f"step {result.total_steps:,}"}
+    checkpointed = train_config.checkpoint_every_steps > 0
+    checkpoint = f"step {result.total_steps:,}" if checkpointed else "none (checkpoints are off)"
+    extra = {"run directory": str(run_dir), "checkpoint": checkpoint}
     if video_fn is not None:
         extra["videos"] = str(run_dir / VIDEO_SUBDIR)
     if backend is not None or simulator.count:
         where = f" (logged in {run_dir / SIMULATOR_LOG})" if simulator.count else ""
         extra["simulator warnings"] = f"{simulator.count:,}{where}"
     if stop.is_set() and result.total_steps < planned:
-        extra["stopped by"] = f"{stop.signal_name}; resume with nnx-ppo train --resume {run_dir}"
+        resume = f"; resume with nnx-ppo train --resume {run_dir}" if checkpointed else ""
+        extra["stopped by"] = f"{stop.signal_name}{resume}"
     console.print(progress.summary(extra))
     return 0
 
