@@ -15,10 +15,12 @@ from flax import nnx
 from nnx_ppo.algorithms import _step, _train
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import new_training_state, ppo_step, ppo_steps, train_ppo
-from nnx_ppo.algorithms.rollout import eval_rollout
+from nnx_ppo.algorithms.rollout import _initial_carry, eval_rollout
 from nnx_ppo.algorithms.types import LoggingLevel
 from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_default_network
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.utils import new_env_keys, split_env_keys
 
 N_ENVS, LENGTH = 4, 5
 STEP = N_ENVS * LENGTH
@@ -160,6 +162,42 @@ def test_the_run_seed_seeds_the_policys_noise():
     # One network construction (nnx.Rngs(0)), two run seeds: different action noise.
     assert not np.array_equal(_carry_keys(1), _carry_keys(2))
     np.testing.assert_array_equal(_carry_keys(1), _carry_keys(1))
+
+
+class _EpisodeNoise(StatefulModule):
+    """Noise drawn once per episode from the carry's per-env keys, not at every step."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.rngs = rngs
+
+    def initialize_state(self, batch_size: int) -> dict:
+        return self._drawn(new_env_keys(self.rngs, batch_size))
+
+    def reset_state(self, prev_state: dict) -> dict:
+        return self._drawn(split_env_keys(prev_state["key"])[0])
+
+    @staticmethod
+    def _drawn(keys: jax.Array) -> dict:
+        return {"key": keys, "noise": jax.vmap(lambda key: jax.random.normal(key, ()))(keys)}
+
+    def __call__(self, state, x, rollout_extras=None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x + state["noise"][:, None], jnp.zeros(()), {}, None)
+
+
+def test_the_run_seed_and_the_evaluation_key_reach_what_initialize_state_draws():
+    def noise(carry: dict) -> np.ndarray:
+        return np.asarray(carry["noise"])
+
+    env, network = make("cartpole"), _EpisodeNoise(nnx.Rngs(0))
+    first, second, again = (
+        new_training_state(env, network, N_ENVS, seed=seed).network_states for seed in (1, 2, 1)
+    )
+    assert not np.array_equal(noise(first), noise(second))  # the first episode's too
+    np.testing.assert_array_equal(noise(first), noise(again))
+    # Each evaluation's episodes draw theirs from the evaluation's key.
+    one, other = (_initial_carry(network, 3, jax.random.key(k)) for k in (1, 2))
+    assert not np.array_equal(noise(one), noise(other))
+    np.testing.assert_array_equal(noise(one), noise(_initial_carry(network, 3, jax.random.key(1))))
 
 
 def test_one_seed_gives_identical_runs():

@@ -11,10 +11,13 @@ import pytest
 from nnx_ppo.cli.main import main
 
 CELLS = """
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from nnx_ppo.networks.normalizer import Normalizer
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.utils import new_env_keys, split_env_keys
 from nnx_ppo.testing.modules import RunningSum
 
 
@@ -38,6 +41,26 @@ class RemembersAcrossEpisodes(RunningSum):
 
 def make_remembering():
     return RemembersAcrossEpisodes(3)
+
+
+class EpisodeNoise(StatefulModule):
+    def initialize_state(self, batch_size):
+        return self._drawn(new_env_keys(nnx.Rngs(0), batch_size))
+
+    def reset_state(self, prev_state):
+        return self._drawn(split_env_keys(prev_state["keys"])[0])
+
+    @staticmethod
+    def _drawn(keys):
+        noise = jax.vmap(lambda key: jax.random.normal(key, (3,)))(keys.reshape(-1))
+        return {"keys": keys, "noise": noise.reshape(*keys.shape, 3)}
+
+    def __call__(self, state, x, rollout_extras=None):
+        return StatefulModuleOutput(state, x + state["noise"], jnp.zeros(()), {}, None)
+
+
+def make_episode_noise():
+    return EpisodeNoise()
 
 
 def make_broken():
@@ -93,6 +116,15 @@ def test_not_episodic_skips_the_episodes_property(
     assert "property 'episodes are independent' fails" in capsys.readouterr().out
     assert check(*remembering, "--not-episodic") == 0
     assert "skipped by --not-episodic" in capsys.readouterr().out
+
+
+def test_noise_drawn_once_per_episode_says_so(
+    cells: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    noisy = [f"{cells}:make_episode_noise", "--input-shape", "3"]
+    assert check(*noisy, "--stochastic") == 1
+    assert "stochastic='per_episode'" in capsys.readouterr().out
+    assert check(*noisy, "--stochastic-per-episode") == 0
 
 
 def test_the_example_input_may_be_an_npz_dict_of_arrays(

@@ -351,6 +351,34 @@ class NoiseKeyedOnItsInputs(KeysNeverSplit):
         return _out({"keys": next_keys}, x + noise)
 
 
+class EpisodeNoise(Leaky):
+    """Correct: noise drawn once per episode (at initialize_state and reset_state) from
+    per-env keys, added to every step's input; the keys change at resets only."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return self._drawn(new_env_keys(nnx.Rngs(0), batch_size))
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return self._drawn(split_env_keys(prev_state["keys"])[0])
+
+    @staticmethod
+    def _drawn(keys: Array) -> dict[str, Array]:
+        # (B,) keys give (B, F) noise; one env's slice under vmap, a () key, gives (F,).
+        noise = jax.vmap(lambda key: jax.random.normal(key, (FEATURES,)))(keys.reshape(-1))
+        return {"keys": keys, "noise": noise.reshape(*keys.shape, FEATURES)}
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return _out(state, x + state["noise"])
+
+
+class EpisodeNoiseKeptAtReset(EpisodeNoise):
+    """Draws once per episode, but reset_state keeps the keys and the noise: every episode
+    of an env draws the same noise."""
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return prev_state
+
+
 class LockstepClock(Leaky):
     """Counts each episode's steps in its carry but reads the count off env 0: right while
     every env starts its episode together, wrong once one env's episode ends alone."""
@@ -637,6 +665,18 @@ MODULE_BUGS: dict[
         ModuleProperty.PER_ENV_KEYS,
         "state['keys']",
     ),
+    "per-episode keys kept by reset_state": (
+        EpisodeNoiseKeptAtReset,
+        {"stochastic": "per_episode", "time_lengths": (4,)},
+        ModuleProperty.PER_ENV_KEYS,
+        "state['keys'] after the episode that ended at step",
+    ),
+    "per-episode noise checked as per-step": (
+        EpisodeNoise,
+        {"stochastic": True},
+        ModuleProperty.PER_ENV_KEYS,
+        "next_state['keys']",
+    ),
 }
 
 
@@ -659,6 +699,7 @@ def test_the_correct_versions_pass() -> None:
     check_module(Leaky, jnp.zeros(FEATURES), max_examples=5)
     check_module(lambda: Pair(Leaky(), Normalizer(FEATURES)), jnp.zeros(FEATURES), max_examples=5)
     check_module(lambda: CategoricalSampler(nnx.Rngs(0), 0.0), jnp.zeros(2), stochastic=True)
+    check_module(EpisodeNoise, jnp.zeros(FEATURES), stochastic="per_episode", max_examples=5)
     check_module(
         lambda: NormalizesTwoViews(Normalizer(FEATURES), Normalizer(FEATURES)),
         jnp.zeros(FEATURES),

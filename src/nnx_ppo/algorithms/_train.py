@@ -139,7 +139,6 @@ def _seed_argument(seed: int | Integer[Array, ""]) -> Integer[Array | np.ndarray
 class _Start(NamedTuple):
     """What the start program makes of a network and a seed."""
 
-    network_state: nnx.State
     network_states: ModuleState
     env_key: PRNGKeyArray
     rng_key: PRNGKeyArray
@@ -159,8 +158,8 @@ def _compiled_start(
     """
     networks = nnx.merge(graphdef, network_state)
     env_key, training_key, carry_key = jax.random.split(jax.random.key(seed), 3)
-    carries = rollout._rekeyed(networks.initialize_state(n_envs), carry_key)
-    return _Start(nnx.state(networks), carries, env_key, training_key)
+    carries = rollout._seeded_initialize_state(networks, n_envs, carry_key)
+    return _Start(carries, env_key, training_key)
 
 
 def new_training_state(
@@ -178,11 +177,12 @@ def new_training_state(
 
     The seed is the run's only source of randomness after construction: it seeds
     the env resets, the training key and **every per-env key in the network's
-    carry** (samplers' and bottlenecks' noise). The keys that
-    ``networks.initialize_state`` drew from the module's own ``nnx.Rngs`` are
-    replaced, so two seeds give different action noise from one network, and
-    one seed gives the same run each time. The ``nnx.Rngs`` still decides the
-    initial parameters.
+    carry** (samplers' and bottlenecks' noise). ``networks.initialize_state``
+    draws from keys the seed gives in place of the module's own ``nnx.Rngs`` keys,
+    and the carry's keys are drawn from the seed, so two seeds give different
+    action noise (and different values derived from keys in ``initialize_state``)
+    from one network, and one seed gives the same run each time. The ``nnx.Rngs``
+    still decides the initial parameters.
 
     Args:
       env: one unbatched environment.
@@ -290,8 +290,6 @@ def _new_training_state(
                 )
             )
             started, env_states, optimizer_module = starting.result()
-    # initialize_state drew the carry's keys from the network's own nnx.Rngs.
-    nnx.update(networks, started.network_state)
     env_states = _on_device(env_states)
     return TrainingState(
         networks=networks,

@@ -665,18 +665,31 @@ _CARRY_STREAM = 0x63617272
 """Folded into an evaluation's ``key`` for the network's carry keys (its envs reset from
 ``split(key, n_envs)``)."""
 
+_RNGS_STREAM = 0x726E6773
+"""Folded into a carry's ``key`` for the ``nnx.Rngs`` keys ``initialize_state`` draws from."""
+
+
+def _seeded_initialize_state(networks: StatefulModule, n_envs: int, key: PRNGKeyArray) -> Carry:
+    """``networks.initialize_state(n_envs)``, every random number in it drawn from ``key``.
+
+    While it runs, the network's ``nnx.Rngs`` hold keys drawn from ``key`` (their
+    counts at 0); they are put back as they were after it. So what
+    ``initialize_state`` derives from its keys (noise drawn once per episode, a
+    random initial state) follows ``key`` alone, and the network is left unchanged.
+    The carry's own key leaves are then drawn from ``key`` (:func:`_rekeyed`).
+    """
+    own = jax.tree.map(lambda value: value, nnx.state(networks, nnx.RngState))  # a copy
+    reseeded = _rekeyed(own, jax.random.fold_in(key, _RNGS_STREAM))
+    nnx.update(networks, jax.tree.map(lambda v: v if is_key(v) else jnp.zeros_like(v), reseeded))
+    carry = networks.initialize_state(n_envs)
+    nnx.update(networks, own)
+    return _rekeyed(carry, key)
+
 
 def _initial_carry(networks: StatefulModule, n_envs: int, key: PRNGKeyArray) -> Carry:
-    """``networks.initialize_state(n_envs)`` with its keys drawn from ``key`` (:func:`_rekeyed`).
-
-    The keys ``initialize_state`` drew from the network's own ``nnx.Rngs`` are
-    replaced and those ``nnx.Rngs`` put back as they were: an evaluation leaves the
-    network unchanged, and the same ``key`` gives the same episodes.
-    """
-    rngs = jax.tree.map(lambda value: value, nnx.state(networks, nnx.RngState))  # a copy
-    carry = networks.initialize_state(n_envs)
-    nnx.update(networks, rngs)
-    return _rekeyed(carry, jax.random.fold_in(key, _CARRY_STREAM))
+    """An evaluation's carry: :func:`_seeded_initialize_state` from the evaluation's ``key``
+    (the same ``key`` gives the same episodes)."""
+    return _seeded_initialize_state(networks, n_envs, jax.random.fold_in(key, _CARRY_STREAM))
 
 
 @typechecked

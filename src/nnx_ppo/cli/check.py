@@ -67,7 +67,15 @@ def add_parser(commands: Any) -> None:
     )
     check.add_argument("--batch-sizes", type=int, nargs="+", metavar="B", help="batch sizes")
     check.add_argument("--time-lengths", type=int, nargs="+", metavar="T", help="rollout lengths")
-    check.add_argument("--stochastic", action="store_true", help="the module draws random numbers")
+    drawing = check.add_mutually_exclusive_group()
+    drawing.add_argument(
+        "--stochastic", action="store_true", help="the module draws random numbers every step"
+    )
+    drawing.add_argument(
+        "--stochastic-per-episode",
+        action="store_true",
+        help="the module draws random numbers once per episode, at reset",
+    )
     check.add_argument(
         "--not-episodic",
         action="store_true",
@@ -158,7 +166,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
             f"{args.target} gives a value of type {type(module).__name__}: expected a "
             "StatefulModule or a function of no arguments that builds one"
         )
-    options: dict[str, Any] = {"stochastic": args.stochastic, "episodic": not args.not_episodic}
+    stochastic = "per_episode" if args.stochastic_per_episode else args.stochastic
+    options: dict[str, Any] = {"stochastic": stochastic, "episodic": not args.not_episodic}
     for option in ("max_examples", "batch_sizes", "time_lengths"):
         if getattr(args, option) is not None:
             options[option] = getattr(args, option)

@@ -88,16 +88,18 @@ def new_env_keys(rngs: KeySource, batch_size: int) -> PerEnvKeys:
 
 
 def split_env_keys(
-    keys: PerEnvKeys,
-) -> tuple[PerEnvKeys, PerEnvKeys]:
-    """Advance per-env keys one step: ``(next_keys, step_keys)``, both ``(B,)``.
+    keys: Key[Array, "*envs"],
+) -> tuple[Key[Array, "*envs"], Key[Array, "*envs"]]:
+    """Advance per-env keys one step: ``(next_keys, step_keys)``, each shaped as ``keys``.
 
     ``next_keys`` go into the next carry; ``step_keys`` are consumed this step.
-    Each row is split on its own, so a minibatch of envs sliced from the carry
-    draws exactly the numbers those envs drew in the full batch.
+    Each key is split on its own, so a minibatch of envs sliced from the carry
+    draws exactly the numbers those envs drew in the full batch, and a
+    ``reset_state`` run on one env's slice under ``vmap`` (where its key has shape
+    ``()``) draws what it draws on the batched carry.
     """
-    pairs = jax.vmap(jax.random.split)(keys)
-    return pairs[:, 0], pairs[:, 1]
+    pairs = jax.vmap(jax.random.split)(keys.reshape(-1))
+    return pairs[:, 0].reshape(keys.shape), pairs[:, 1].reshape(keys.shape)
 
 
 def _no_regularization() -> Float[Array, ""]:

@@ -28,7 +28,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -480,7 +480,12 @@ class _ModuleKit:
     """The module, its compiled calls, and the options of one ``check_module`` call."""
 
     def __init__(
-        self, module: StatefulModule, rtol: float, atol: float, stochastic: bool, episodic: bool
+        self,
+        module: StatefulModule,
+        rtol: float,
+        atol: float,
+        stochastic: bool | Literal["per_episode"],
+        episodic: bool,
     ) -> None:
         self.name = type(module).__name__
         # The caller's module runs the eager calls: built by the caller, its attributes
@@ -1189,18 +1194,42 @@ def _check_keys(case: _Case) -> None:
                         "reset_state after an episode ends",
                         found=f"env {env} holds the key of env {first_row[row.tobytes()]}",
                     )
-            stuck = np.flatnonzero(
-                (as_numpy(advanced[name]).reshape(ex.batch_size, -1) == data).all(axis=1)
-            )
+            after = as_numpy(advanced[name]).reshape(ex.batch_size, -1)
+            if case.kit.stochastic == "per_episode":
+                _check_keys_renewed_at_reset(case, name, t, after)
+                continue
+            stuck = np.flatnonzero((after == data).all(axis=1))
             if stuck.size:
                 raise case.fail(
                     ModuleProperty.PER_ENV_KEYS,
                     f"the key in {name} did not change from one step to the next: every step "
-                    "would draw the same random numbers.",
+                    "would draw the same random numbers (a module that draws once per "
+                    "episode says so with stochastic='per_episode').",
                     leaf=f"next_state{name.removeprefix('state')} at step {t}, env {stuck[0]}",
                     expected="next_state's keys split from state's (split_env_keys)",
                     found="the key the step was given",
                 )
+
+
+def _check_keys_renewed_at_reset(
+    case: _Case, name: str, t: int, after: Shaped[np.ndarray, "B n"]
+) -> None:
+    """``stochastic='per_episode'``: a key may stay within an episode, but ``reset_state``
+    replaces it where an episode ended after step ``t``."""
+    ex = case.ex
+    if t + 1 >= len(case.rollout.states) or not ex.ends[t].any():
+        return
+    reset = as_numpy(dict(named_leaves("state", case.rollout.states[t + 1]))[name])
+    kept = np.flatnonzero(ex.ends[t] & (reset.reshape(ex.batch_size, -1) == after).all(axis=1))
+    if kept.size:
+        raise case.fail(
+            ModuleProperty.PER_ENV_KEYS,
+            f"reset_state kept the key in {name}: every episode of an env would draw the "
+            "same random numbers.",
+            leaf=f"{name} after the episode that ended at step {t}, env {kept[0]}",
+            expected="reset_state's keys split from the ones it was given (split_env_keys)",
+            found="the key the ended episode held",
+        )
 
 
 _PURITY = (
@@ -1331,11 +1360,13 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
     PropertyCheck(
         ModuleProperty.PER_ENV_KEYS,
         "randomness in the forward path comes from per-env keys in the carry: one distinct "
-        "typed key per env, split every step, reset to distinct keys",
+        "typed key per env, split every step (with stochastic='per_episode', at every "
+        "reset), reset to distinct keys",
         "the carry holds typed PRNG keys, a distinct one per env at every step (after "
-        "episode ends too), and each call splits them",
+        "episode ends too), and each call splits them (``'per_episode'``: each "
+        "``reset_state`` replaces them)",
         _check_keys,
-        Condition("``stochastic=True``", lambda case: case.kit.stochastic),
+        Condition("``stochastic`` is set", lambda case: bool(case.kit.stochastic)),
     ),
 )
 """The properties :func:`check_module` checks, in the order it checks them."""
@@ -1453,7 +1484,7 @@ def check_module(
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     time_lengths: Sequence[int] = DEFAULT_TIME_LENGTHS,
     max_examples: int | None = None,
-    stochastic: bool = False,
+    stochastic: bool | Literal["per_episode"] = False,
     episodic: bool = True,
     rtol: float = 1e-5,
     atol: float = 1e-5,
@@ -1493,7 +1524,9 @@ def check_module(
         failure); by default ``NNX_PPO_MAX_EXAMPLES`` from the environment (which
         ``pytest --nnx-ppo-max-examples`` sets), else 10.
       stochastic: whether the module draws random numbers (adds ``per-env keys
-        in carry``).
+        in carry``): ``True`` where it draws at every step, ``"per_episode"``
+        where it draws once per episode (noise drawn at reset and kept), whose
+        keys change at each ``reset_state`` rather than each step.
       episodic: whether an episode's end forgets the episode (``episodes are
         independent``); ``False`` for a module that remembers across episodes on
         purpose (RL^2-style meta-learning), which skips that property.
@@ -1515,7 +1548,11 @@ def check_module(
     examples = _max_examples(max_examples)
     rtol = require_number("check_module", "rtol", rtol, minimum=0.0)
     atol = require_number("check_module", "atol", atol, minimum=0.0)
-    kit = _ModuleKit(module, rtol, atol, bool(stochastic), bool(episodic))
+    if stochastic not in (True, False, "per_episode"):
+        raise ValueError(
+            f"check_module: stochastic must be True, False or 'per_episode', got {stochastic!r}"
+        )
+    kit = _ModuleKit(module, rtol, atol, stochastic, bool(episodic))
     hint = _batched_example_hint(spec)
 
     @settings(
