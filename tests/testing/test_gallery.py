@@ -827,6 +827,13 @@ class KeyedSharedTableEnv(envs.CartPole):
         return stepped.replace(data={**stepped.data, "table": state.data["table"]})
 
 
+class ResetIgnoresItsKeyEnv(envs.CartPole):
+    """Starts every episode from one key: every env starts in the same state."""
+
+    def reset(self, rng: Any) -> envs.State:
+        return super().reset(jax.random.key(0))
+
+
 ENV_BUGS: dict[str, tuple[Any, EnvProperty, str]] = {
     # name: (env, the property reported, a leaf it names)
     "env that returns a batched reward": (BatchedRewardEnv(), EnvProperty.RESET, "state.reward"),
@@ -861,7 +868,13 @@ ENV_BUGS: dict[str, tuple[Any, EnvProperty, str]] = {
         EnvProperty.VMAP_JIT,
         "state.data['table']",
     ),
+    "reset that ignores its key": (ResetIgnoresItsKeyEnv(), EnvProperty.RANDOM_RESET, "state.obs"),
 }
+
+
+def test_a_start_fixed_on_purpose_says_so() -> None:
+    check_env(ResetIgnoresItsKeyEnv(), n_envs=2, steps=3, random_reset=False)
+    check_env(ResetIgnoresItsKeyEnv(), n_envs=1, steps=3)  # one env shows nothing to compare
 
 
 @pytest.mark.parametrize("bug", list(ENV_BUGS))

@@ -41,6 +41,7 @@ from nnx_ppo.contract.env_checks import (
 )
 from nnx_ppo.envs.state import _holds_shared, _vmap_reset, _vmap_step
 from nnx_ppo.testing._harness import (
+    Condition,
     ContractPropertyError,
     PropertyCheck,
     as_numpy,
@@ -67,6 +68,7 @@ class EnvProperty(enum.StrEnum):
     STEP = "single-env step"
     VMAP_JIT = "vmappable and jittable"
     DETERMINISM = "deterministic given the key"
+    RANDOM_RESET = "reset draws from its key"
     TRUNCATION = "truncation signal"
 
 
@@ -112,9 +114,10 @@ class _EnvKit:
         steps: int,
         key: PRNGKeyArray,
         action_fn: Callable[[PRNGKeyArray], Any],
+        random_reset: bool,
     ) -> None:
         self.env, self.n_envs, self.steps, self.key = env, n_envs, steps, key
-        self.action_fn = action_fn
+        self.action_fn, self.random_reset = action_fn, random_reset
         self.name = type(env).__name__
         self.reference: Any = None
         self.program = ""  # the rollout's traced program, as text
@@ -225,6 +228,21 @@ class _EnvKit:
                     found=f"first run vs second run: {describe_difference(a, b)}",
                 )
 
+    def check_random_reset(self) -> None:
+        observations = named_leaves("state.obs", self.result[0].obs)
+        if any((leaf != leaf[:1]).any() for _, leaf in observations if np.ndim(leaf)):
+            return
+        name, leaf = observations[0]
+        raise self.fail(
+            EnvProperty.RANDOM_RESET,
+            f"env.reset gave all {self.n_envs} envs the same observation from different keys: "
+            "it ignores its key, so every env would start every episode in one state.",
+            leaf=name,
+            expected="observations that differ between envs reset from different keys "
+            "(check_env(..., random_reset=False) where the start is fixed on purpose)",
+            found=f"the same {np.shape(leaf)[1:]} observation in every env",
+        )
+
     def check_truncation(self) -> None:
         states, trajectory = self.result
         for stage, batch, lead in (
@@ -330,6 +348,17 @@ ENV_PROPERTIES: tuple[PropertyCheck[_EnvKit], ...] = (
         _EnvKit.check_determinism,
     ),
     PropertyCheck(
+        EnvProperty.RANDOM_RESET,
+        "env.reset draws its start from its key: envs reset from different keys do not all "
+        "start alike",
+        "the ``n_envs`` observations ``reset`` returns from ``n_envs`` keys are not all the same",
+        _EnvKit.check_random_reset,
+        Condition(
+            "``random_reset=True`` and ``n_envs`` > 1",
+            lambda kit: kit.random_reset and kit.n_envs > 1,
+        ),
+    ),
+    PropertyCheck(
         EnvProperty.TRUNCATION,
         "info['truncated'] (or Playground's info['truncation']) is a bool-like flag shaped "
         "like done, and a truncated step is a done step",
@@ -363,6 +392,7 @@ def check_env(
     steps: int = 8,
     key: PRNGKeyArray | None = None,
     action_fn: Callable[[PRNGKeyArray], Any] | None = None,
+    random_reset: bool = True,
 ) -> None:
     """Check an environment against the env side of the contract.
 
@@ -382,6 +412,9 @@ def check_env(
       key: the PRNG key of the rollout; ``jax.random.key(0)`` if not given.
       action_fn: ``key -> action`` for one environment; by default
         :func:`random_action` from ``env.action_size`` and ``env.discrete_actions``.
+      random_reset: whether ``reset`` draws the start from its key (checked as
+        ``reset draws from its key``); ``False`` for an env that starts in one
+        state on purpose.
 
     Raises:
       ContractPropertyError: a property failed; the message names it, the leaf,
@@ -398,13 +431,15 @@ def check_env(
         require_int("check_env", "steps", steps),
         jax.random.key(0) if key is None else key,
         (lambda k: random_action(env, k)) if action_fn is None else action_fn,
+        bool(random_reset),
     )
     if action_fn is None:
         _action_size(env)  # a missing action_size is a usage error, raised now
     try:
         with checks(True):
             for row in ENV_PROPERTIES:
-                row.check(kit)
+                if row.applies is None or row.applies.holds(kit):
+                    row.check(kit)
     except ContractPropertyError as error:
         # The message says it all: no library frames, no chained cause (kept as .cause).
         raise error.with_traceback(None) from None
