@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms._train import _default_optimizer
+from nnx_ppo.algorithms.checkpointing import config_from_dict
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig, VideoConfig
 from nnx_ppo.algorithms.distillation import DistillationConfig, DistillationTrainConfig
 from nnx_ppo.algorithms.ppo import new_training_state
@@ -229,6 +230,11 @@ def test_what_030_took_is_taken_in_the_same_sense():
     config.ppo.total_steps = 3e5  # type: ignore[assignment]
     config.validate()  # as train_ppo does
     assert config.ppo.total_steps == 300_000 and isinstance(config.ppo.total_steps, int)
+    # A config file or --set (JSON reads 1e6 as a float) takes the step counts alike.
+    read = config_from_dict({"ppo": {"total_steps": 1e6}, "checkpoint_every_steps": 5e5})
+    assert (read.ppo.total_steps, read.checkpoint_every_steps) == (1_000_000, 500_000)
+    with pytest.raises(ValueError, match=r"config field ppo\.n_envs must be an integer"):
+        config_from_dict({"ppo": {"n_envs": 64.0}})
 
 
 @pytest.mark.parametrize(

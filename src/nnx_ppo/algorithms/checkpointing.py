@@ -38,7 +38,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_ppo.algorithms.config import AdvantageNormalization, LearningRateSchedule, TrainConfig
+from nnx_ppo.algorithms.config import (
+    _STEP_COUNTS,
+    AdvantageNormalization,
+    LearningRateSchedule,
+    TrainConfig,
+    _whole_step_count,
+)
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
 from nnx_ppo.contract.checks import is_key, key_data_or_leaf
 
@@ -198,6 +204,8 @@ _FIELD_FORMS: dict[str, tuple[str, Callable[[Any], bool]]] = {
 
 def _parse_field(name: str, kind: str, value: Any) -> Any:
     """``value`` as the field of type ``kind`` (its annotation) holds it; else a named error."""
+    if name.rpartition(".")[2] in _STEP_COUNTS:
+        value = _whole_step_count(value)  # total_steps = 1e6, as a config may write it
     form, accepts = _FIELD_FORMS[kind]
     if not accepts(value):
         raise ValueError(f"config field {name} must be {form}; got {json.dumps(value)}")

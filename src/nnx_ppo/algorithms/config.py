@@ -6,6 +6,9 @@ default to 0.3.0's behaviour. Every config checks its fields in
 ``__post_init__`` and again in its ``validate`` method
 (:meth:`TrainConfig.validate <nnx_ppo.algorithms.config.TrainConfig.validate>` validates
 every sub-config; ``train_ppo`` calls it, so a field changed after construction is checked too).
+Both also write what 0.3.0 took in this version's form: a count of env steps given
+as a whole float (``total_steps=1e6``) as an int, an empty ``logging_percentiles``
+as ``None``.
 """
 
 from __future__ import annotations
@@ -78,14 +81,21 @@ class _FieldsOnly:
         object.__setattr__(self, name, value)
 
 
-def _accept_030_forms(config: Any, step_counts: tuple[str, ...]) -> None:
+_STEP_COUNTS = frozenset({"total_steps", "every_steps", "checkpoint_every_steps"})
+"""The config fields that count env steps: written as whole floats (``1e6``) too."""
+
+
+def _whole_step_count(value: Any) -> Any:
+    """``value`` as an int where it is a whole float (``1e6``); else ``value`` unchanged."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _accept_030_forms(config: Any) -> None:
     """Write in this version's form what nnx-ppo 0.3.0 took: a count of env steps given as
     a whole float (``total_steps=1e6``) becomes an int, and an empty
     ``logging_percentiles`` is ``None`` (mean and std)."""
-    for name in step_counts:
-        value = getattr(config, name)
-        if isinstance(value, float) and value.is_integer():
-            setattr(config, name, int(value))
+    for name in _STEP_COUNTS & set(getattr(type(config), "__dataclass_fields__", {})):
+        setattr(config, name, _whole_step_count(getattr(config, name)))
     percentiles = getattr(config, "logging_percentiles", None)
     if isinstance(percentiles, tuple) and not percentiles:
         config.logging_percentiles = None
@@ -210,7 +220,7 @@ class PPOConfig(_FieldsOnly):
     def validate(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
         owner = "PPOConfig"
-        _accept_030_forms(self, ("total_steps",))
+        _accept_030_forms(self)
         _require_rollouts_and_minibatches(owner, self, "iterations_per_call")
         for name in ("normalize_advantages", "combine_advantages"):
             if not isinstance(getattr(self, name), bool):
@@ -283,7 +293,7 @@ class EvalConfig(_FieldsOnly):
 
     def validate(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
-        _accept_030_forms(self, ("every_steps",))
+        _accept_030_forms(self)
         if not isinstance(self.enabled, bool):
             raise TypeError(f"EvalConfig.enabled must be a bool, got {self.enabled!r}")
         require_int("EvalConfig", "every_steps", self.every_steps, minimum=0)
@@ -314,7 +324,7 @@ class VideoConfig(_FieldsOnly):
 
     def validate(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
-        _accept_030_forms(self, ("every_steps",))
+        _accept_030_forms(self)
         if not isinstance(self.enabled, bool):
             raise TypeError(f"VideoConfig.enabled must be a bool, got {self.enabled!r}")
         require_int("VideoConfig", "every_steps", self.every_steps, minimum=0)
@@ -350,7 +360,7 @@ class TrainConfig(_FieldsOnly):
 
     def validate(self) -> None:
         """Validate this config and every sub-config."""
-        _accept_030_forms(self, ("checkpoint_every_steps",))
+        _accept_030_forms(self)
         for name, kind in (("ppo", PPOConfig), ("eval", EvalConfig), ("video", VideoConfig)):
             value = getattr(self, name)
             if not isinstance(value, kind):

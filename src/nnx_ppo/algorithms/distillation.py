@@ -117,7 +117,7 @@ class DistillationConfig(_FieldsOnly):
     def validate(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the first invalid field."""
         owner = "DistillationConfig"
-        _accept_030_forms(self, ("total_steps",))
+        _accept_030_forms(self)
         _require_rollouts_and_minibatches(owner, self)
         require_number(owner, "learning_rate", self.learning_rate, minimum=0.0)
         _require_optimizer_options(owner, self.gradient_clipping, self.weight_decay)
@@ -145,7 +145,7 @@ class DistillationTrainConfig(_FieldsOnly):
 
     def validate(self) -> None:
         """Validate this config and every sub-config."""
-        _accept_030_forms(self, ("checkpoint_every_steps",))
+        _accept_030_forms(self)
         for name, kind in (
             ("distillation", DistillationConfig),
             ("eval", EvalConfig),
