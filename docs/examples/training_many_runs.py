@@ -1,5 +1,6 @@
 """Four cart-pole runs (two seeds x two learning rates) trained in one compiled program."""
 
+import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -26,8 +27,14 @@ def log_fn(run: int, metrics: dict[str, float], step: int) -> None:
         returns[run].append(metrics["eval/episode_reward/mean"])
 
 
+def run_config(run: int) -> TrainConfig:
+    """Run ``run``'s own config (its seed and rate), for its checkpoints to resume it."""
+    ppo = dataclasses.replace(config.ppo, learning_rate=learning_rates[run])
+    return dataclasses.replace(config, ppo=ppo, seed=seeds[run])
+
+
 checkpoints = Path(tempfile.mkdtemp())
-save = [make_checkpoint_fn(checkpoints / f"run{run}", config) for run in range(len(seeds))]
+save = [make_checkpoint_fn(checkpoints / f"run{run}", run_config(run)) for run in range(4)]
 
 
 results = train_ppo_runs(

@@ -286,6 +286,11 @@ def runs() -> dict[str, Any]:
     pattern = r"\b(all_reduce|all_gather|all_to_all|collective_permute|reduce_scatter)\b"
     found["collectives"] = sorted(set(re.findall(pattern, lowered.as_text())))
     found["manual"] = "manual_computation" in lowered.as_text()
+    # Left to choose, a sweep takes as many of the 4 devices as divide its runs.
+    found["default_devices"] = [
+        1 if (chosen := sharding.runs_mesh(None, runs)) is None else chosen.devices.size
+        for runs in (1, 3, 4, 6, 8)
+    ]
     for name, devices, seeds in (("uneven", 2, [0, 1, 2]), ("too_many", 8, [0] * 8)):
         try:
             train(devices, seeds)

@@ -27,6 +27,7 @@ from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.sampling_layers import (
     ActionSampler,
     CategoricalSampler,
+    NormalSampler,
     NormalTanhSampler,
 )
 from nnx_ppo.networks.utils import Filter, Flattener, Scale
@@ -96,21 +97,50 @@ def test_different_action_trees_fail_before_anything_compiles(caplog):
     assert not [r for r in caplog.records if "compil" in r.getMessage().lower()]
 
 
-def test_samplers_of_another_kind_are_named_before_anything_compiles():
-    rngs = nnx.Rngs(2)
-    continuous = Sequential(
+def _sampling(sampler: ActionSampler, inputs: int, rngs: nnx.Rngs) -> Sequential:
+    """A one-layer network over the memory task's observation, acting through ``sampler``."""
+    return Sequential(
         [
             Dense(ENV.observation_size, 8, rngs),
             PPOAdapter(
-                action=Sequential(
-                    [Dense(8, 2 * ENV.action_size, rngs), NormalTanhSampler(rngs, 0.0)]
-                ),
-                value=Dense(8, 1, rngs),
+                action=Sequential([Dense(8, inputs, rngs), sampler]), value=Dense(8, 1, rngs)
             ),
         ]
     )
-    with pytest.raises(ValueError, match=r"the samplers of action differ.*\(\) int32.*\(2,\)"):
-        new_distillation_state(ENV, lstm_teacher(ENV), continuous, 8, seed=0)
+
+
+def test_samplers_of_another_kind_are_named_before_anything_compiles():
+    rngs = nnx.Rngs(2)
+    squashed = _sampling(NormalTanhSampler(rngs, 0.0), 2, rngs)
+    with pytest.raises(ValueError, match="teacher's is a CategoricalSampler, the student's a No"):
+        new_distillation_state(ENV, lstm_teacher(ENV), squashed, 8, seed=0)
+    unsquashed = _sampling(NormalSampler(rngs, 0.0), 2, rngs)
+    with pytest.raises(ValueError, match="a NormalTanhSampler squashes what a NormalSampler"):
+        new_distillation_state(ENV, squashed, unsquashed, 8, seed=0)
+    three_classes = _sampling(CategoricalSampler(rngs, 0.0), 3, rngs)
+    with pytest.raises(ValueError, match=r"takes logits \(2,\) per env, the student's \(3,\)"):
+        new_distillation_state(ENV, lstm_teacher(ENV), three_classes, 8, seed=0)
+    wider = _sampling(NormalTanhSampler(rngs, 0.0), 4, rngs)  # two actions, not one
+    with pytest.raises(ValueError, match=r"the samplers of action differ.*\(1,\) float32.*\(2,\)"):
+        new_distillation_state(ENV, squashed, wider, 8, seed=0)
+
+
+def test_a_student_holding_the_teachers_variables_is_refused():
+    teacher = lstm_teacher(ENV)
+    with pytest.raises(ValueError, match="the student is the teacher"):
+        new_distillation_state(ENV, teacher, teacher, 8, seed=0)
+    rngs = nnx.Rngs(4)
+    sharing = Sequential(
+        [
+            teacher.layers[0],  # training the student would train the teacher's layer
+            PPOAdapter(
+                action=Sequential([Dense(32, 2, rngs), CategoricalSampler(rngs, 0.0)]),
+                value=Dense(32, 1, rngs),
+            ),
+        ]
+    )
+    with pytest.raises(ValueError, match=r"student's layers\.0\..* is the teacher's layers\.0"):
+        new_distillation_state(ENV, teacher, sharing, 8, seed=0)
 
 
 def test_a_network_that_fails_to_trace_is_named_by_its_role():

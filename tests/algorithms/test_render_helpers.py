@@ -42,9 +42,13 @@ def test_slim_states_are_record_episodes_states(network):
     np.testing.assert_array_equal(states.done, trajectory.done[:-1])
     np.testing.assert_array_equal(final_state.done, trajectory.done[-1])
     np.testing.assert_array_equal(final_state.data["steps"], trajectory.data["steps"][-1])
+    # The observations too, which a renderer may draw from (the docs' pendulum does).
+    np.testing.assert_array_equal(states.obs, trajectory.obs[:-1])
+    np.testing.assert_array_equal(final_state.obs, trajectory.obs[-1])
     assert float(episode_return) == float(expected_return) == 3.0
     frames = unstack_trajectory(states, final_state, STEPS)
     assert len(frames) == STEPS + 1
+    assert frames[1].obs.shape == (4,)
     assert [int(f.data["steps"]) for f in frames] == [0, 1, 2, 0, 1, 2]  # restarted after 3
     with pytest.raises(ValueError, match="max_episode_length=6, but the stacked states hold 5"):
         unstack_trajectory(states, final_state, STEPS + 1)

@@ -99,15 +99,14 @@ def test_runs_in_one_program_equal_the_runs_one_by_one() -> None:
             rtol=1e-4,
             atol=1e-5,
         )
-        # A checkpointed run holds the optimizer state of a single run at its rate, so
-        # it loads into new_training_state(..., learning_rate=rate, ...).
-        checkpointed = nnx.state(saved[-2 + run][2].optimizer)
+        # A checkpointed run, and a run's result, hold the optimizer state of a single run
+        # at its rate, so they load into new_training_state(..., learning_rate=rate, ...).
         single_run = nnx.state(expected.training_state.optimizer)
-        assert jax.tree.structure(checkpointed) == jax.tree.structure(single_run)
-        for got, want in zip(
-            jax.tree.leaves(checkpointed), jax.tree.leaves(single_run), strict=True
-        ):
-            np.testing.assert_allclose(got, want, atol=1e-5)
+        for held in (saved[-2 + run][2], results[run].training_state):
+            state = nnx.state(held.optimizer)
+            assert jax.tree.structure(state) == jax.tree.structure(single_run)
+            for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(single_run), strict=True):
+                np.testing.assert_allclose(got, want, atol=1e-5)
     final = [state for r, step, state in saved if step == 4 * STEP]
     assert [s.networks for s in final] == [r.training_state.networks for r in results]
 
@@ -174,6 +173,8 @@ def test_a_video_config_is_warned_of_since_several_runs_record_none() -> None:
         ({"learning_rates": ["1e-3"]}, TypeError, r"learning_rates\[0\] must be a finite"),
         ({"learning_rates": [True]}, TypeError, r"learning_rates\[0\] must be a finite"),
         ({"learning_rates": [[1e-3, 1e-4]]}, TypeError, r"learning_rates\[0\] must be a finite"),
+        ({"seeds": [0, 0.5]}, TypeError, r"seeds\[1\] must be an int, got float"),
+        ({"seeds": ["a"]}, TypeError, r"seeds\[0\] must be an int, got str"),
     ],
 )
 def test_bad_run_lists_are_named(kwargs: dict, error: type[Exception], message: str) -> None:
@@ -184,6 +185,41 @@ def test_bad_run_lists_are_named(kwargs: dict, error: type[Exception], message: 
 def test_networks_that_differ_between_runs_are_refused() -> None:
     with pytest.raises(ValueError, match="run 1's network differs in structure from run 0's"):
         train_ppo_runs(ENV, lambda seed: network(seed, width=16 + seed), config(), seeds=[0, 1])
+    one = network(0)
+    with pytest.raises(ValueError, match="one network object for runs 0 and 1; each run trains"):
+        train_ppo_runs(ENV, lambda seed: one, config(), seeds=[0, 1])
+
+
+def test_numpy_seeds_reach_make_networks_as_ints() -> None:
+    from nnx_ppo.algorithms._runs import _require_runs
+
+    seeds, _ = _require_runs(np.arange(2), None, config())
+    assert seeds == [0, 1] and all(type(seed) is int for seed in seeds)
+
+
+def test_a_diverged_run_leaves_every_network_at_the_last_good_step(monkeypatch) -> None:
+    from nnx_ppo.algorithms import _step
+
+    quiet = config()
+    quiet.eval.enabled, quiet.checkpoint_every_steps = False, 0  # nothing writes the networks
+    quiet.ppo.learning_rate_schedule = "constant"  # the same rates over a shorter run
+    host_metrics = _step._host_metrics
+
+    def diverging(reports, steps_taken, ppo, iterations):
+        if steps_taken == 2 * STEP:
+            raise FloatingPointError("the loss became NaN")
+        return host_metrics(reports, steps_taken, ppo, iterations)
+
+    monkeypatch.setattr(_step, "_host_metrics", diverging)
+    networks = [network(0), network(1)]
+    with pytest.raises(FloatingPointError, match=r"run 0 \(seed 0\): the loss became NaN"):
+        train_ppo_runs(ENV, lambda seed: networks[seed], quiet, seeds=[0, 1])
+    monkeypatch.setattr(_step, "_host_metrics", host_metrics)
+    quiet.ppo.total_steps = 2 * STEP
+    reached = [r.training_state.networks for r in train_ppo_runs(ENV, network, quiet, seeds=[0, 1])]
+    for left, good in zip(networks, reached, strict=True):
+        for a, b in zip(parameters(left), parameters(good), strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 @functools.cache

@@ -88,6 +88,7 @@ def test_many_runs_split_over_devices_train_as_on_one(tmp_path):
     assert found["collectives"] == []
     assert "3 runs do not split evenly over 2 devices; give a multiple of 2" in found["uneven"]
     assert "8 devices asked for, but this process sees 4" in found["too_many"]
+    assert found["default_devices"] == [1, 3, 4, 3, 4]
 
 
 def _free_port() -> int:

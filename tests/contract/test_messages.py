@@ -349,6 +349,14 @@ def test_a_users_jaxtyping_annotation_is_checked() -> None:
     assert "found:    f32[8,4]" in message
 
 
+def test_a_width_read_off_the_module_is_shown_with_its_value() -> None:
+    from nnx_ppo.networks.feedforward import Dense
+
+    message = _message(lambda: Dense(5, 4, nnx.Rngs(0))((), _zeros(B, 4)))
+
+    assert "expected: Float[Array, 'B in_features=5'] with B=8" in message
+
+
 def test_the_contracts_one_array_aliases_leave_each_argument_its_own_features() -> None:
     state, _ = _batch()
 

@@ -256,7 +256,9 @@ def test_build_errors_name_the_offender():
 
 def test_finalize_is_required_and_final():
     graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("i", 2, input_from="x")
     graph.add_output("o", 2)
+    graph.connect("i", "o")
     with pytest.raises(RuntimeError, match="not finalized; call finalize"):
         graph.initialize_state(1)
     graph.finalize()
@@ -265,6 +267,23 @@ def test_finalize_is_required_and_final():
     with pytest.raises(RuntimeError, match="finalized: cannot connect 'o' -> 'o'"):
         graph.connect("o", "o", delay=1)
     with pytest.raises(RuntimeError, match="finalized: cannot finalize"):
+        graph.finalize()
+
+
+def test_a_population_that_receives_or_feeds_nothing_is_refused():
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("i", 3, input_from="obs")
+    graph.add_population("a", 4)
+    graph.add_output("o", 4)
+    graph.connect("i", "a")
+    with pytest.raises(ValueError, match="population 'a' feeds nothing and is no output"):
+        graph.finalize()
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("i", 3, input_from="obs")
+    graph.add_output("o", 4)
+    graph.add_output("p", 4, output_to="q")
+    graph.connect("i", "o")
+    with pytest.raises(ValueError, match="population 'p' receives no connection and reads no"):
         graph.finalize()
 
 

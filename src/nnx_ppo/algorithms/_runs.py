@@ -53,7 +53,7 @@ from nnx_ppo.algorithms._train import (
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, TrainResult, _linear_decay
 from nnx_ppo.algorithms.rollout import Tree
 from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState
-from nnx_ppo.contract.arguments import require_number
+from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.checks import is_key, key_data_or_leaf
 from nnx_ppo.networks.types import StatefulModule
 
@@ -130,7 +130,12 @@ def _require_runs(
     if seeds is None:
         assert learning_rates is not None
         seeds = [config.seed] * len(learning_rates)
-    seeds = _per_run("seeds", seeds)
+    # The int64 range new_training_state takes; NumPy integers become ints, as
+    # make_networks (nnx.Rngs) needs.
+    seeds = [
+        require_int("train_ppo_runs", f"seeds[{i}]", seed, minimum=-(2**63), maximum=2**63 - 1)
+        for i, seed in enumerate(_per_run("seeds", seeds))
+    ]
     if learning_rates is not None and len(learning_rates) != len(seeds):
         raise ValueError(
             f"train_ppo_runs: {len(seeds)} seeds but {len(learning_rates)} learning_rates; "
@@ -248,14 +253,19 @@ def train_ppo_runs(
 
     Returns:
       One :class:`~nnx_ppo.algorithms.config.TrainResult` per run, in order; run
-      ``i`` trained the network ``make_networks(seeds[i])`` returned, in place.
+      ``i`` trained the network ``make_networks(seeds[i])`` returned, in place, and
+      its training state holds the optimizer state of a single run at its rate, as
+      its checkpoints do.
 
     Raises:
+      TypeError: a seed that is not an integer (named by its index).
       ValueError: no runs, lengths that differ, a learning rate that is not
-        positive, networks whose structures differ (named by run), or runs that
-        do not split evenly over ``config.devices``.
+        positive, networks whose structures differ or one network object for
+        two runs (named by run), or runs that do not split evenly over
+        ``config.devices``.
       FloatingPointError: a run's loss or parameters became NaN or infinite,
-        named by run; no network is changed by that call.
+        named by run; every run's network and optimizer are left at the last
+        step before that call.
     """
     config = _with_overrides("train_ppo", TrainConfig, "ppo", config, None)
     if config.video.enabled:
@@ -306,6 +316,13 @@ def train_ppo_runs(
             while_start_compiles=compile_first_call if run == 0 and ppo.total_steps else None,
         )
         states.append(_step._prepared("train_ppo_runs", state, ppo))
+    for run, state in enumerate(states):
+        earlier = [i for i in range(run) if states[i].networks is state.networks]
+        if earlier:
+            raise ValueError(
+                f"train_ppo_runs: make_networks returned one network object for runs "
+                f"{earlier[0]} and {run}; each run trains a network of its own"
+            )
     graphdef, first = nnx.split((states[0].networks, states[0].optimizer))
     graph = _step._GraphArgument(graphdef)
     splits = [first]
@@ -396,6 +413,7 @@ def train_ppo_runs(
                     )
                 )
             except FloatingPointError as error:
+                current()  # every network at the last good step, as train_ppo leaves its own
                 raise FloatingPointError(f"run {run} (seed {seeds[run]}): {error}") from None
         stacked, carries = new_stacked, new_carries
         steps_taken += fused * ppo.steps_per_iteration
@@ -407,6 +425,12 @@ def train_ppo_runs(
         due = _crossed(last["checkpoint"], steps_taken, config.checkpoint_every_steps)
         host_work(per_run, checkpoint_due=due or steps_taken >= ppo.total_steps)
     return [
-        TrainResult(state, last_metrics[run], histories[run], steps_taken, iterations)
+        TrainResult(
+            state if rates is None else _as_single_run(state, ppo, rates[run]),
+            last_metrics[run],
+            histories[run],
+            steps_taken,
+            iterations,
+        )
         for run, state in enumerate(current())
     ]

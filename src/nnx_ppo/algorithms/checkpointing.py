@@ -549,7 +549,17 @@ def _read_json(step_dir: Path, item: str) -> Any:
     )
 
 
-def _compare(saved: dict[str, dict[str, Any]], wanted: dict[str, dict[str, Any]]) -> None:
+_PPO_OPTIMIZER = (
+    "as train_ppo does from its config: new_training_state(env, networks, ppo.n_envs, seed, "
+    "ppo.optimizer_learning_rate(), ppo.gradient_clipping, ppo.weight_decay)"
+)
+"""How a PPO run's template gets the run's optimizer, for a checkpoint whose optimizer
+state does not fit."""
+
+
+def _compare(
+    saved: dict[str, dict[str, Any]], wanted: dict[str, dict[str, Any]], optimizer_hint: str
+) -> None:
     missing = [p for p in wanted if p not in saved]
     unexpected = [p for p in saved if p not in wanted]
     problems = []
@@ -572,9 +582,7 @@ def _compare(saved: dict[str, dict[str, Any]], wanted: dict[str, dict[str, Any]]
     if all(path.startswith("['optimizer']") for path in differing):
         cause = (
             "its optimizer state does not fit this template's optimizer: build the template "
-            "with the run's optimizer settings, as train_ppo does from its config: "
-            "new_training_state(env, networks, ppo.n_envs, seed, "
-            "ppo.optimizer_learning_rate(), ppo.gradient_clipping, ppo.weight_decay)"
+            f"with the run's optimizer settings, {optimizer_hint}"
         )
     else:
         cause = "the checkpoint does not fit this network (a different architecture or env?)"
@@ -610,6 +618,18 @@ def load_checkpoint(
       CheckpointError: the checkpoint is missing, incomplete or corrupted, or its
         arrays do not fit the template (the message names the paths that differ).
     """
+    return _load_checkpoint(path, template, optimizer, step, _PPO_OPTIMIZER)
+
+
+def _load_checkpoint(
+    path: str | Path,
+    template: TrainingState | nnx.Module,
+    optimizer: nnx.Optimizer | None,
+    step: int | None,
+    optimizer_hint: str,
+) -> dict[str, Any]:
+    """:func:`load_checkpoint`; ``optimizer_hint`` says how the caller's template gets the
+    run's optimizer settings, for a checkpoint whose optimizer state does not fit."""
     root, step = find_checkpoint(path, step)
     step_dir = step_directory(root, step)
     manifest = _read_json(step_dir, "manifest")
@@ -626,7 +646,7 @@ def load_checkpoint(
     _, entries = _flatten(target)
     wanted = {entry["path"]: entry for entry in entries}
     prefixes = tuple(f"[{name!r}]" for name in target)
-    _compare({p: e for p, e in saved.items() if p.startswith(prefixes)}, wanted)
+    _compare({p: e for p, e in saved.items() if p.startswith(prefixes)}, wanted, optimizer_hint)
 
     specs = {
         path: jax.ShapeDtypeStruct(tuple(e["stored_shape"]), np.dtype(e["stored_dtype"]))

@@ -344,8 +344,8 @@ class TrainConfig(_FieldsOnly):
         at step 0 and at its end); 0 writes none.
       devices: how many devices the envs are split over (the first ``devices``
         of ``jax.devices()``); ``None`` for all of them when there is more than
-        one. ``train_ppo_runs`` splits its runs over them instead. See
-        :mod:`nnx_ppo.algorithms.sharding`.
+        one. ``train_ppo_runs`` splits its runs over them instead (``None``: as
+        many as divide the runs evenly). See :mod:`nnx_ppo.algorithms.sharding`.
     """
 
     ppo: PPOConfig = field(default_factory=PPOConfig)

@@ -38,7 +38,7 @@ from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms._loss import _replay
 from nnx_ppo.algorithms._step import _ConfigArgument, _EnvArgument
 from nnx_ppo.algorithms._train import _HostWork, _render_of, _with_overrides
-from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn
+from nnx_ppo.algorithms.checkpointing import _load_checkpoint, make_checkpoint_fn
 from nnx_ppo.algorithms.config import (
     EvalConfig,
     VideoConfig,
@@ -57,7 +57,7 @@ from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.axes import BatchedTree, Carry, CarrySlice, Extras, HistoryTree, Scalar
 from nnx_ppo.contract.checks import CallRecord, checks, observe_calls, typechecked
 from nnx_ppo.jax_dataclass import Replaceable
-from nnx_ppo.networks.sampling_layers import ActionSampler
+from nnx_ppo.networks.sampling_layers import ActionSampler, CategoricalSampler
 from nnx_ppo.networks.types import (
     StatefulModule,
     StatefulModuleOutput,
@@ -236,6 +236,9 @@ class _SamplerLeaves:
     action_tree: Any
     extras_paths: tuple[tuple[str, tuple[Any, ...]], ...]
     raw_shapes: tuple[tuple[str, jax.ShapeDtypeStruct], ...]
+    samplers: tuple[tuple[str, tuple[str, tuple[int, ...]]], ...]
+    """Each action's sampler: its class and the shape of one env's input (the logits of a
+    categorical sampler, whose width is its number of classes)."""
 
 
 def _sampler_leaves(network: StatefulModule, obs: BatchedTree, role: str) -> _SamplerLeaves:
@@ -254,18 +257,23 @@ def _sampler_leaves(network: StatefulModule, obs: BatchedTree, role: str) -> _Sa
         with checks(True), observe_calls(records.append):
             out = probe(probe.initialize_state(jax.tree.leaves(obs)[0].shape[0]), obs)
         output = checked_ppo_output(out.output, f"distillation ({role})")
-        raw_of_action = {
-            id(record.result.output["action"]): record.result.rollout_extras
+        sampler_calls = {
+            id(record.result.output["action"]): record
             for record in records
             if isinstance(record.module, ActionSampler)
             and record.method == "__call__"
             and record.result is not None
         }
+        raw_of_action = {
+            action: record.result.rollout_extras
+            for action, record in sampler_calls.items()
+            if record.result is not None
+        }
         extras_path_of = {
             id(leaf): tuple(path)
             for path, leaf in jax.tree_util.tree_flatten_with_path(out.rollout_extras)[0]
         }
-        paths, shapes = [], []
+        paths, shapes, samplers = [], [], []
         for path, action in jax.tree_util.tree_flatten_with_path(output.actions)[0]:
             name = jax.tree_util.keystr(path)
             raw = raw_of_action.get(id(action))
@@ -277,8 +285,14 @@ def _sampler_leaves(network: StatefulModule, obs: BatchedTree, role: str) -> _Sa
                 )
             paths.append((name, extras_path_of[id(raw)]))
             shapes.append((name, jax.ShapeDtypeStruct(raw.shape[1:], raw.dtype)))
+            call = sampler_calls[id(action)]
+            given = jax.tree.leaves(call.arguments[1][1])  # the sampler's x
+            width = tuple(given[0].shape[1:]) if len(given) == 1 else ()
+            samplers.append((name, (type(call.module).__name__, width)))
         found.append(
-            _SamplerLeaves(jax.tree.structure(output.actions), tuple(paths), tuple(shapes))
+            _SamplerLeaves(
+                jax.tree.structure(output.actions), tuple(paths), tuple(shapes), tuple(samplers)
+            )
         )
 
     try:
@@ -296,6 +310,21 @@ def _require_same_actions(teacher: _SamplerLeaves, student: _SamplerLeaves) -> N
             f"student cannot be scored on the teacher's actions.\n  teacher actions: "
             f"{teacher.action_tree}\n  student actions: {student.action_tree}"
         )
+    student_samplers = dict(student.samplers)
+    for name, (kind, width) in teacher.samplers:
+        other, other_width = student_samplers[name]
+        if kind != other:
+            raise ValueError(
+                f"distillation: the samplers of action{name} differ: the teacher's is a {kind}, "
+                f"the student's a {other}; the student learns the teacher's raw action, which "
+                "only a sampler of the same kind turns into the same action (a "
+                "NormalTanhSampler squashes what a NormalSampler emits as it is)"
+            )
+        if kind == CategoricalSampler.__name__ and width != other_width:
+            raise ValueError(
+                f"distillation: the samplers of action{name} choose among different classes: "
+                f"the teacher's takes logits {width} per env, the student's {other_width}"
+            )
     student_shapes = dict(student.raw_shapes)
     for name, wanted in teacher.raw_shapes:
         got = student_shapes[name]
@@ -490,11 +519,35 @@ def _compiled_step(
     return nnx.state((pair, optimizer)), carry, metrics
 
 
-def _deterministic_copy(teacher: StatefulModule) -> StatefulModule:
-    """A copy of the teacher in eval mode, its arrays shared; the teacher itself is untouched."""
+def _deterministic_copy(teacher: StatefulModule, student: StatefulModule) -> StatefulModule:
+    """A copy of the teacher in eval mode, its arrays shared; the teacher itself is untouched.
+
+    Raises:
+      ValueError: the student holds a variable of the teacher, which training the student
+        (in place) would change.
+    """
+    if student is teacher:
+        raise ValueError("distillation: the student is the teacher; give it a network of its own")
+
+    # Random streams shared through one nnx.Rngs are no concern: training writes none.
+    def trained(value: Any) -> bool:
+        return isinstance(value, nnx.Variable) and not isinstance(value, nnx.RngState)
+
+    of_teacher = {id(value): path for path, value in nnx.iter_graph(teacher) if trained(value)}
+    for path, value in nnx.iter_graph(student):
+        if trained(value) and id(value) in of_teacher:
+            raise ValueError(
+                f"distillation: the student's {_dotted(path)} is the teacher's "
+                f"{_dotted(of_teacher[id(value)])}: training the student would change the "
+                "teacher. Give the student copies (nnx.clone) of what it takes from the teacher."
+            )
     copy = nnx.clone(teacher)
     copy.eval()
     return copy
+
+
+def _dotted(path: tuple[Any, ...]) -> str:
+    return ".".join(map(str, path)) or "whole network"
 
 
 def distillation_step(
@@ -551,8 +604,8 @@ def distillation_step(
             f"distillation_step: n_envs is {n_envs} but distillation_state holds {held} "
             "environments; pass the n_envs the state was made with"
         )
-    frozen = _deterministic_copy(teacher)
     student = distillation_state.student
+    frozen = _deterministic_copy(teacher, student)
     leaves = _matched_samplers(frozen, student, distillation_state.env_states.obs)
     pair = _StudentWithTeacher(student, frozen)
     graphdef, state = nnx.split((pair, distillation_state.optimizer))
@@ -663,7 +716,7 @@ def new_distillation_state(
     obs = jax.eval_shape(
         lambda: rollout.reset_envs(env, jax.random.split(jax.random.key(0), n_envs)).obs
     )
-    frozen = _deterministic_copy(teacher)
+    frozen = _deterministic_copy(teacher, student)
     _matched_samplers(frozen, student, obs)
     start = new_training_state(
         env, student, n_envs, seed, learning_rate, gradient_clipping, weight_decay
@@ -713,6 +766,13 @@ def make_distillation_checkpoint_fn(
     return checkpoint_fn
 
 
+_DISTILLATION_OPTIMIZER = (
+    "as train_distillation does from its config: new_distillation_state(env, teacher, "
+    "student, d.n_envs, seed, d.learning_rate, d.gradient_clipping, d.weight_decay) with "
+    "d = config.distillation"
+)
+
+
 def load_distillation_checkpoint(
     path: str | Path, template: DistillationState, *, step: int | None = None
 ) -> DistillationState:
@@ -722,14 +782,18 @@ def load_distillation_checkpoint(
       path: a run directory, a checkpoint directory (the latest is taken) or one
         step directory.
       template: a state of the same student, teacher and ``n_envs`` (from
-        :func:`new_distillation_state`); its student and optimizer are updated in place.
+        :func:`new_distillation_state`, with the run's learning rate, clipping and
+        decay: the resumed run trains with the template's optimizer, whatever a
+        config says); its student and optimizer are updated in place.
       step: a specific step instead of the latest.
 
     Raises:
       CheckpointError: missing, corrupted, or not of this architecture (the message
         names the paths that differ).
     """
-    loaded = load_checkpoint(path, _as_training_state(template), step=step)["training_state"]
+    loaded = _load_checkpoint(
+        path, _as_training_state(template), None, step, _DISTILLATION_OPTIMIZER
+    )["training_state"]
     return template.replace(
         student_states=loaded.network_states["student"],
         teacher_states=loaded.network_states["teacher"],
@@ -776,7 +840,9 @@ def train_distillation(
       checkpoint_fn: called as ``checkpoint_fn(state, step)``, e.g.
         :func:`make_distillation_checkpoint_fn`'s.
       eval_env: the evaluation environment; ``env`` when ``None``.
-      initial_state: resume from this state instead of a fresh one.
+      initial_state: resume from this state instead of a fresh one (its optimizer
+        included: the config's ``learning_rate``, ``gradient_clipping`` and
+        ``weight_decay`` then go unused).
 
     Returns:
       A :class:`DistillationTrainResult`.

@@ -108,17 +108,18 @@ class SlimData(NamedTuple):
 class SlimState(NamedTuple):
     """An env state cut down to what rendering reads (a pytree).
 
-    ``done``, ``info`` and ``metrics`` are the state's own. ``data`` is a
+    ``done``, ``info``, ``metrics`` and ``obs`` are the state's own. ``data`` is a
     :class:`SlimData` when the state's ``data`` has all of its fields (an MJX
     ``Data``), and otherwise the state's ``data`` as it is (the built-in envs keep
     a few scalars there). ``*T`` is the time axis of a stacked trajectory, absent in
-    one state.
+    one state. (nnx-ppo 0.3.0's had no ``obs``; a renderer may read it here.)
     """
 
     data: SlimData | PyTree[Shaped[Array, "..."]]  # (*T, ...): one variadic axis per shape
     done: PyTree[Shaped[Array, "*T"]]
     info: dict[str, Any]
     metrics: dict[str, Any]
+    obs: PyTree[Shaped[Array, "..."]] = None
 
 
 _SLIM_FIELDS = SlimData._fields
@@ -130,7 +131,7 @@ def _slim(state: EnvState) -> SlimState:
     data = getattr(state, "data", ())
     if all(hasattr(data, name) for name in _SLIM_FIELDS):
         data = SlimData(*(getattr(data, name) for name in _SLIM_FIELDS))
-    return SlimState(data, state.done, state.info, state.metrics)
+    return SlimState(data, state.done, state.info, state.metrics, state.obs)
 
 
 def eval_rollout_for_render_scan(

@@ -111,18 +111,22 @@ def runs_mesh(devices: int | None, n_runs: int) -> Mesh | None:
     """The mesh ``train_ppo_runs`` splits ``n_runs`` stacked runs over, or ``None`` (one device).
 
     Each device trains ``n_runs / devices`` whole runs, so no run's data crosses
-    devices. ``devices=None`` takes every device of this process when there is
-    more than one. On a CPU host, ``XLA_FLAGS=--xla_force_host_platform_device_count=N``
-    set before JAX starts makes ``N`` devices, each run by a thread of its own,
-    so the runs' programs use ``N`` cores.
+    devices. ``devices=None`` takes as many of this process's devices as divide
+    the runs evenly: every device when they do. On a CPU host,
+    ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` set before JAX starts
+    makes ``N`` devices, each run by a thread of its own, so the runs' programs
+    use ``N`` cores.
 
     Raises:
       ValueError: more devices are asked for than this process has, or the runs
-        do not split evenly over them.
+        do not split evenly over the devices asked for.
     """
     require_int("runs_mesh", "n_runs", n_runs)
     local = jax.local_devices()
-    count = len(local) if devices is None else require_int("runs_mesh", "devices", devices)
+    if devices is None:
+        count = max(d for d in range(1, len(local) + 1) if n_runs % d == 0)
+    else:
+        count = require_int("runs_mesh", "devices", devices)
     if count > len(local):
         raise ValueError(
             f"train_ppo_runs: {count} devices asked for, but this process sees {len(local)} "
@@ -133,7 +137,8 @@ def runs_mesh(devices: int | None, n_runs: int) -> Mesh | None:
         return None
     if n_runs % count:
         raise ValueError(
-            f"train_ppo_runs: {n_runs} runs do not split evenly over {count} devices; give a "
+            f"train_ppo_runs: {n_runs} run{'s do' if n_runs > 1 else ' does'} not split "
+            f"evenly over {count} devices; give a "
             f"multiple of {count} runs, or set config.devices to a number of devices that "
             f"divides {n_runs} (1 trains every run on one device)"
         )

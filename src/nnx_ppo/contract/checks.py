@@ -476,6 +476,20 @@ _ANNOTATED_BOUND = re.compile(r"axis annotation are as follows\.\n(.*)\Z", re.DO
 _NUMPY_OR_JAX = re.compile(r"typing\.Union\[(\w+)\[Array, ('[^']*')\], \1\[ndarray, \2\]\]")
 """The contract's aliases accept NumPy arrays too; a message shows them as the JAX type."""
 
+_SELF_DIMENSION = re.compile(r"\{self\.(\w+)\}")
+"""A dimension jaxtyping reads off the module (``"B {self.in_features}"``)."""
+
+
+def _with_module_values(annotation: str, module: Any) -> str:
+    """``annotation`` with each ``{self.name}`` dimension shown as ``name=value``."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        held = getattr(module, name, None)
+        return f"{name}={held}" if isinstance(held, int) else match.group(0)
+
+    return _SELF_DIMENSION.sub(value, annotation)
+
 
 def _annotation_violation(
     site: _Site | str, error: Exception, rule: str = _RULE_ANNOTATIONS
@@ -496,6 +510,8 @@ def _annotation_violation(
     annotation = expected.group(1).removeprefix("<class '").removesuffix("'>")
     annotation = annotation.replace("jaxlib._jax.Array", "Array").replace("jax.Array", "Array")
     annotation = _NUMPY_OR_JAX.sub(r"\1[Array, \2]", annotation)
+    if isinstance(site, _Site):
+        annotation = _with_module_values(annotation, site.module)
     bound = _ANNOTATED_BOUND.search(text)
     if bound is not None:
         annotation += " with " + ", ".join(bound.group(1).split())

@@ -306,8 +306,10 @@ class PopulationGraph(StatefulModule):
         static structure: eager and compiled calls visit the populations alike.
 
         Raises:
-          ValueError: the graph has no population or no output population, or its
-            zero-delay connections form a cycle (named, e.g. ``a -> b -> a``).
+          ValueError: the graph has no population or no output population, a
+            population that receives nothing and reads no input, or one that feeds
+            nothing and is no output, or its zero-delay connections form a cycle
+            (named, e.g. ``a -> b -> a``).
           RuntimeError: the graph is already finalized.
         """
         self._require_building("finalize")
@@ -325,6 +327,19 @@ class PopulationGraph(StatefulModule):
         order = _evaluation_order(
             self.declared, [(edge.src, edge.dst) for edge in edges if edge.delay == 0]
         )
+        for population in self._declared_populations():
+            name = population.name
+            if population.input_from is None and not any(e.dst == name for e in edges):
+                raise ValueError(
+                    f"PopulationGraph.finalize: population {name!r} receives no connection "
+                    "and reads no input, so it never changes; connect a source to it or "
+                    "remove it"
+                )
+            if population.output_to is None and not any(e.src == name for e in edges):
+                raise ValueError(
+                    f"PopulationGraph.finalize: population {name!r} feeds nothing and is no "
+                    "output, so nothing reads it; connect it to a population or remove it"
+                )
         for edge in edges:
             source = self.populations[edge.src]
             source.max_outgoing_delay = max(source.max_outgoing_delay, edge.delay)
