@@ -192,3 +192,15 @@ def test_mismatched_reward_and_action_trees_are_explained(scripted_network):
             {**targets, "c": targets["a"]},
             AGENT_CONFIGS["per_agent"],
         )
+
+
+def test_a_reward_tree_of_one_leaf_is_shared_by_every_action_leaf():
+    from nnx_ppo.algorithms._loss import _policy_advantages
+
+    team = jnp.arange(6.0).reshape(3, 2)
+    likelihoods = {"mover": jnp.zeros((3, 2)), "picker": jnp.zeros((3, 2))}
+    for reward_tree in (team, {"team": team}, [team]):
+        shared = _policy_advantages(reward_tree, likelihoods, combine=False)
+        assert set(shared) == {"mover", "picker"}
+        for leaf in shared.values():
+            np.testing.assert_array_equal(leaf, team)

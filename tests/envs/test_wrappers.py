@@ -162,7 +162,7 @@ def test_wrappers_forward_the_wrapped_envs_attributes() -> None:
 
 
 NOT_AN_ENV: Any = object()
-A_FLOAT: Any = 2.0
+A_FLOAT: Any = 2.5
 A_STRING: Any = "2"
 
 
@@ -174,11 +174,35 @@ A_STRING: Any = "2"
         (lambda: EpisodeWrapper(NOT_AN_ENV, max_len=2), TypeError, "no reset"),
         (lambda: RewardScalingWrapper(envs.CartPole(), A_STRING), TypeError, "reward_scale"),
         (lambda: RewardScalingWrapper(envs.CartPole(), float("nan")), TypeError, "finite"),
+        (
+            lambda: EpisodeWrapper(envs.CartPole(), 5, random_initial_step=A_STRING),
+            TypeError,
+            "random_initial_step must be a bool, got str",
+        ),
+        (
+            lambda: EpisodeWrapper(EpisodeWrapper(envs.CartPole(), 8), 100),
+            ValueError,
+            r"already has a time limit \(an EpisodeWrapper with max_len=8 inside\)",
+        ),
+        (
+            lambda: EpisodeWrapper(
+                RewardScalingWrapper(EpisodeWrapper(envs.CartPole(), 8), 2.0), max_len=9
+            ),
+            ValueError,
+            "already has a time limit",
+        ),
     ],
 )
 def test_bad_wrapper_arguments_are_named(make: Any, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         make()
+
+
+def test_wrapper_arguments_in_0_3_0_s_forms_are_taken() -> None:
+    assert EpisodeWrapper(envs.CartPole(), 1000.0).max_len == 1000  # type: ignore[arg-type]
+    assert EpisodeWrapper(envs.CartPole(), jnp.int32(7)).max_len == 7  # type: ignore[arg-type]
+    assert RewardScalingWrapper(envs.CartPole(), jnp.asarray(0.5)).reward_scale == 0.5
+    assert RewardScalingWrapper(envs.CartPole(), np.array(0.5)).reward_scale == 0.5
 
 
 @given(scale=st.floats(-10, 10, allow_nan=False))

@@ -827,6 +827,33 @@ class KeyedSharedTableEnv(envs.CartPole):
         return stepped.replace(data={**stepped.data, "table": state.data["table"]})
 
 
+class PulsedDoneEnv:
+    """Two agents, each done for one step only (agent a at step 2, b at step 4): every leaf
+    is never done at once, so the episode never ends."""
+
+    action_size = 1
+
+    def reset(self, rng: Any) -> envs.State:
+        zero = jnp.zeros(())
+        return envs.State(
+            obs=jax.random.normal(rng, (2,)),
+            reward={"a": zero, "b": zero},
+            done={"a": zero, "b": zero},
+            metrics={},
+            info={},
+            data={"t": jnp.zeros((), jnp.int32)},
+        )
+
+    def step(self, state: envs.State, action: Any) -> envs.State:
+        t = state.data["t"] + 1
+        return state.replace(
+            obs=state.obs + 0.1,
+            reward={"a": jnp.ones(()), "b": jnp.ones(())},
+            done={"a": (t == 2).astype(jnp.float32), "b": (t == 4).astype(jnp.float32)},
+            data={"t": t},
+        )
+
+
 class ResetIgnoresItsKeyEnv(envs.CartPole):
     """Starts every episode from one key: every env starts in the same state."""
 
@@ -869,12 +896,22 @@ ENV_BUGS: dict[str, tuple[Any, EnvProperty, str]] = {
         "state.data['table']",
     ),
     "reset that ignores its key": (ResetIgnoresItsKeyEnv(), EnvProperty.RANDOM_RESET, "state.obs"),
+    "per-agent done set for one step only": (
+        PulsedDoneEnv(),
+        EnvProperty.DONE_LEAVES,
+        "state.done['a'] at step 2",
+    ),
 }
 
 
 def test_a_start_fixed_on_purpose_says_so() -> None:
     check_env(ResetIgnoresItsKeyEnv(), n_envs=2, steps=3, random_reset=False)
-    check_env(ResetIgnoresItsKeyEnv(), n_envs=1, steps=3)  # one env shows nothing to compare
+
+
+def test_an_env_of_few_starts_is_not_taken_for_one_that_ignores_its_key() -> None:
+    # The memory task's cue takes two values: these keys reset n_envs envs alike.
+    for key, n_envs in ((12, 4), (199, 2)):
+        check_env(envs.make("memory"), n_envs=n_envs, steps=3, key=jax.random.key(key))
 
 
 @pytest.mark.parametrize("bug", list(ENV_BUGS))

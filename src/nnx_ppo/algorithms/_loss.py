@@ -84,7 +84,7 @@ def _policy_advantages(
     advantage); a single reward leaf is shared by every action leaf; otherwise
     the reward and action trees must match leaf for leaf (one agent each).
     """
-    if combine or isinstance(advantages, jax.Array):
+    if combine or len(jax.tree.leaves(advantages)) == 1:
         shared = jax.tree.reduce(jnp.add, advantages)
         return jax.tree.map(lambda _: shared, loglikelihoods)
     if jax.tree.structure(advantages) == jax.tree.structure(loglikelihoods):

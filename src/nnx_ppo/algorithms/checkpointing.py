@@ -43,9 +43,9 @@ from nnx_ppo.algorithms.config import (
     AdvantageNormalization,
     LearningRateSchedule,
     TrainConfig,
-    _whole_step_count,
 )
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
+from nnx_ppo.contract.arguments import as_whole
 from nnx_ppo.contract.checks import is_key, key_data_or_leaf
 
 __all__ = [
@@ -205,7 +205,7 @@ _FIELD_FORMS: dict[str, tuple[str, Callable[[Any], bool]]] = {
 def _parse_field(name: str, kind: str, value: Any) -> Any:
     """``value`` as the field of type ``kind`` (its annotation) holds it; else a named error."""
     if name.rpartition(".")[2] in _STEP_COUNTS:
-        value = _whole_step_count(value)  # total_steps = 1e6, as a config may write it
+        value = as_whole(value)  # total_steps = 1e6, as a config may write it
     form, accepts = _FIELD_FORMS[kind]
     if not accepts(value):
         raise ValueError(f"config field {name} must be {form}; got {json.dumps(value)}")

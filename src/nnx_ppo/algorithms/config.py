@@ -25,7 +25,7 @@ import optax
 from jaxtyping import UInt8
 
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
-from nnx_ppo.contract.arguments import require_int, require_number
+from nnx_ppo.contract.arguments import as_whole, require_int, require_number
 
 __all__ = [
     "EvalConfig",
@@ -85,17 +85,12 @@ _STEP_COUNTS = frozenset({"total_steps", "every_steps", "checkpoint_every_steps"
 """The config fields that count env steps: written as whole floats (``1e6``) too."""
 
 
-def _whole_step_count(value: Any) -> Any:
-    """``value`` as an int where it is a whole float (``1e6``); else ``value`` unchanged."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
 def _accept_030_forms(config: Any) -> None:
     """Write in this version's form what nnx-ppo 0.3.0 took: a count of env steps given as
     a whole float (``total_steps=1e6``) becomes an int, and an empty
     ``logging_percentiles`` is ``None`` (mean and std)."""
     for name in _STEP_COUNTS & set(getattr(type(config), "__dataclass_fields__", {})):
-        setattr(config, name, _whole_step_count(getattr(config, name)))
+        setattr(config, name, as_whole(getattr(config, name)))
     percentiles = getattr(config, "logging_percentiles", None)
     if isinstance(percentiles, tuple) and not percentiles:
         config.logging_percentiles = None

@@ -11,12 +11,24 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["is_int", "require_int", "require_number"]
+__all__ = ["as_whole", "is_int", "require_int", "require_number"]
 
 
 def is_int(value: Any) -> bool:
     """Whether ``value`` is an ``int`` or a NumPy integer (a ``bool`` is neither)."""
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def as_whole(value: Any) -> Any:
+    """``value`` as an ``int`` where it is a whole number written another way (a whole
+    float such as ``1e6``, or a 0-d integer array); anything else as it is, for
+    :func:`require_int` to judge. nnx-ppo 0.3.0 took counts in these forms."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and np.ndim(value) == 0 and np.issubdtype(dtype, np.integer):
+        return int(value)
+    return value
 
 
 def _allowed(minimum: float | None, maximum: float | None, strict: bool = False) -> str:

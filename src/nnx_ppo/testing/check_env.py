@@ -24,13 +24,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import PRNGKeyArray
+from jaxtyping import Bool, PRNGKeyArray
 
 from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import checks
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.axes import Unbatched
-from nnx_ppo.contract.checks import named_leaves
+from nnx_ppo.contract.checks import is_key, named_leaves
 from nnx_ppo.contract.env_checks import (
     check_action_tree,
     check_env_state,
@@ -70,6 +70,12 @@ class EnvProperty(enum.StrEnum):
     DETERMINISM = "deterministic given the key"
     RANDOM_RESET = "reset draws from its key"
     TRUNCATION = "truncation signal"
+    DONE_LEAVES = "per-leaf done stays set"
+
+
+_RESETS_COMPARED = 32
+"""Resets ``reset draws from its key`` compares: an env of two equally likely starts gives
+32 equal ones once in 2**31."""
 
 
 def _action_size(env: Any) -> Any:
@@ -229,19 +235,48 @@ class _EnvKit:
                 )
 
     def check_random_reset(self) -> None:
-        observations = named_leaves("state.obs", self.result[0].obs)
-        if any((leaf != leaf[:1]).any() for _, leaf in observations if np.ndim(leaf)):
+        # Many resets, not the rollout's n_envs: an env with a few starts (a cue of two
+        # values) gives n_envs equal ones now and then, never this many.
+        keys = jax.random.split(jax.random.fold_in(self.key, 2), _RESETS_COMPARED)
+        reset = _vmap_reset(self.env.reset, _holds_shared(self.reference))
+        states = jax.device_get(jax.jit(reset, compiler_options=fast_compile_options())(keys))
+        starts = named_leaves("state.obs", states.obs) + named_leaves("state.data", states.data)
+        if any(
+            (leaf != leaf[:1]).any() for _, leaf in starts if np.ndim(leaf) and not is_key(leaf)
+        ):
             return
-        name, leaf = observations[0]
         raise self.fail(
             EnvProperty.RANDOM_RESET,
-            f"env.reset gave all {self.n_envs} envs the same observation from different keys: "
-            "it ignores its key, so every env would start every episode in one state.",
-            leaf=name,
-            expected="observations that differ between envs reset from different keys "
+            f"env.reset from {_RESETS_COMPARED} different keys gave {_RESETS_COMPARED} equal "
+            "starts: it ignores its key, so every env would start every episode alike.",
+            leaf="state.obs and state.data",
+            expected="starts (observation or data) that differ between keys "
             "(check_env(..., random_reset=False) where the start is fixed on purpose)",
-            found=f"the same {np.shape(leaf)[1:]} observation in every env",
+            found=f"the same start from all {_RESETS_COMPARED} keys",
         )
+
+    def check_done_leaves(self) -> None:
+        done = named_leaves("state.done", self.result[1].done)  # each (steps, n_envs)
+        flags: Bool[np.ndarray, "leaves steps envs"] = np.stack(
+            [np.asarray(leaf) != 0 for _, leaf in done]
+        )
+        ended: Bool[np.ndarray, "steps envs"] = np.all(flags, axis=0)
+        for env in range(self.n_envs):
+            last = int(np.argmax(ended[:, env])) if ended[:, env].any() else self.steps - 1
+            for (name, _), leaf in zip(done, flags[:, : last + 1, env], strict=True):
+                cleared = np.flatnonzero(leaf[:-1] & ~leaf[1:])
+                if cleared.size:
+                    t = int(cleared[0])
+                    raise self.fail(
+                        EnvProperty.DONE_LEAVES,
+                        f"{name} was set at step {t} and cleared at step {t + 1}, before every "
+                        "leaf of state.done was: the env is reset only once every leaf is "
+                        "done, so its episode would never end.",
+                        leaf=f"{name} at step {t + 1}, env {env}",
+                        expected="a leaf's done kept set from its agent's end until every "
+                        "leaf is done",
+                        found=f"{name} = 0 after {name} = 1",
+                    )
 
     def check_truncation(self) -> None:
         states, trajectory = self.result
@@ -351,12 +386,10 @@ ENV_PROPERTIES: tuple[PropertyCheck[_EnvKit], ...] = (
         EnvProperty.RANDOM_RESET,
         "env.reset draws its start from its key: envs reset from different keys do not all "
         "start alike",
-        "the ``n_envs`` observations ``reset`` returns from ``n_envs`` keys are not all the same",
+        f"the starts (``obs`` and ``data``, keys left out) ``reset`` returns from "
+        f"{_RESETS_COMPARED} keys are not all the same",
         _EnvKit.check_random_reset,
-        Condition(
-            "``random_reset=True`` and ``n_envs`` > 1",
-            lambda kit: kit.random_reset and kit.n_envs > 1,
-        ),
+        Condition("``random_reset=True``", lambda kit: kit.random_reset),
     ),
     PropertyCheck(
         EnvProperty.TRUNCATION,
@@ -366,6 +399,17 @@ ENV_PROPERTIES: tuple[PropertyCheck[_EnvKit], ...] = (
         "are bool-like (bool, or 0 and 1), one flag per environment (or per ``done`` "
         "leaf), and set only where ``done`` is",
         _EnvKit.check_truncation,
+    ),
+    PropertyCheck(
+        EnvProperty.DONE_LEAVES,
+        "with one done per reward leaf, a leaf's done stays set from its agent's end until "
+        "every leaf is done: only then does the episode end and the env reset",
+        "over the rollout, no leaf of ``done`` is cleared before every leaf is set",
+        _EnvKit.check_done_leaves,
+        Condition(
+            "``done`` has several leaves",
+            lambda kit: len(jax.tree.leaves(kit.result[1].done)) > 1,
+        ),
     ),
 )
 """The properties :func:`check_env` checks, in the order it checks them."""

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
-from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.arguments import as_whole, require_int
 from nnx_ppo.contract.axes import Unbatched
 from nnx_ppo.envs.state import EnvState, RLEnv, episode_flags
 from nnx_ppo.wrappers.base import Wrapper
@@ -20,7 +20,7 @@ class EpisodeWrapper(Wrapper):
     Writes two entries in ``state.info``:
 
     - ``"step_counter"``: an ``int32`` scalar, the steps taken in the episode
-      (0 after ``reset``);
+      (0 after ``reset``, or the random start of ``random_initial_step``);
     - ``"truncated"``: a ``bool`` shaped like ``done``, ``True`` where the
       episode was cut short: by this time limit, or by the wrapped env's own
       ``info["truncated"]`` (or Playground's ``info["truncation"]``) where its
@@ -43,8 +43,22 @@ class EpisodeWrapper(Wrapper):
 
     def __init__(self, env: RLEnv, max_len: int, *, random_initial_step: bool = False) -> None:
         super().__init__(env)
-        self.max_len = require_int("EpisodeWrapper", "max_len", max_len, 1)
+        self.max_len = require_int("EpisodeWrapper", "max_len", as_whole(max_len), 1)
+        if not isinstance(random_initial_step, bool):
+            raise TypeError(
+                "EpisodeWrapper: random_initial_step must be a bool, got "
+                f"{type(random_initial_step).__name__} {random_initial_step!r}"
+            )
         self.random_initial_step = random_initial_step
+        inner: object = env
+        while isinstance(inner, Wrapper):
+            if isinstance(inner, EpisodeWrapper):
+                raise ValueError(
+                    "EpisodeWrapper: the env already has a time limit (an EpisodeWrapper "
+                    f"with max_len={inner.max_len} inside); two would share "
+                    "info['step_counter'] and cut each other's episodes. Keep one."
+                )
+            inner = inner.env
 
     def reset(self, rng: PRNGKeyArray) -> EnvState:
         """The wrapped env's reset, with the counter and ``truncated`` in ``info``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from nnx_ppo.contract.arguments import require_number
@@ -26,6 +27,8 @@ class RewardScalingWrapper(Wrapper):
 
     def __init__(self, env: RLEnv, reward_scale: float) -> None:
         super().__init__(env)
+        if isinstance(reward_scale, np.ndarray | jax.Array) and reward_scale.ndim == 0:
+            reward_scale = reward_scale.item()  # a 0-d array, as 0.3.0 took
         require_number("RewardScalingWrapper", "reward_scale", reward_scale)
         self.reward_scale = float(reward_scale)
 
