@@ -273,8 +273,10 @@ def test_values_must_match_the_reward_tree(counting_env, scripted_network):
         lambda out: out.replace(value_estimates={"a": out.value_estimates}),
     )
     env_state = reset_envs(counting_env, jax.random.split(jax.random.key(0), 2))
-    with pytest.raises(ContractError, match="misshaped value_estimates"):
+    with pytest.raises(ContractError, match="misshaped value_estimates") as error:
         unroll_env(counting_env, env_state, network, jnp.zeros(2), 3, jax.random.key(1))
+    # The leaf is named, as a mismatched done tree names its leaf.
+    assert "found:    missing value_estimates; unexpected value_estimates['a']" in str(error.value)
 
 
 def test_unbatched_env_state_is_named(counting_env, scripted_network):

@@ -24,7 +24,12 @@ from nnx_ppo.contract.axes import (
     HistoryTree,
     RegularizationLoss,
 )
-from nnx_ppo.contract.checks import CONTRACT_METHODS, describe_leaf, named_leaves
+from nnx_ppo.contract.checks import (
+    CONTRACT_METHODS,
+    describe_leaf,
+    named_leaves,
+    structure_difference,
+)
 from nnx_ppo.contract.errors import rule_text
 from nnx_ppo.jax_dataclass import Replaceable
 
@@ -169,7 +174,9 @@ def checked_ppo_output(
             where,
             "value_estimates",
             f"one value per reward leaf: the tree {jax.tree.structure(rewards)}",
-            f"tree {jax.tree.structure(output.value_estimates)}",
+            structure_difference(
+                "value_estimates", rewards, "value_estimates", output.value_estimates
+            ),
         )
     for name, leaf in named_leaves("value_estimates", output.value_estimates):
         if getattr(leaf, "shape", None) != (batch,):
