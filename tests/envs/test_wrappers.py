@@ -243,3 +243,18 @@ def test_reward_scaling_scales_the_reward_reset_returns_too():
 
     state = RewardScalingWrapper(RewardOnReset(), 2.5).reset(jax.random.key(0))
     assert float(state.reward) == 2.5
+
+
+class _TruncationOfTwo(envs.CartPole):
+    """A wrapped env whose own truncation flag is not shaped like its done."""
+
+    def step(self, state: Any, action: Any) -> Any:
+        stepped = super().step(state, action)
+        return stepped.replace(info={**stepped.info, "truncated": jnp.zeros((2,), bool)})
+
+
+def test_a_wrapped_envs_malformed_truncation_is_named_as_its_own() -> None:
+    env = EpisodeWrapper(_TruncationOfTwo(), 4)
+    state = env.reset(jax.random.key(0))
+    with pytest.raises(ContractError, match=r"_TruncationOfTwo\.step in EpisodeWrapper: "):
+        jax.eval_shape(env.step, state, jnp.asarray(0))

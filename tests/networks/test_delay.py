@@ -141,3 +141,13 @@ def test_an_input_of_another_kind_is_refused_and_one_of_the_same_kind_cast():
 def test_bad_constructor_arguments_are_named(sample: Any, k_steps: Any, error: type):
     with pytest.raises(error, match="Delay"):
         Delay(sample, k_steps)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "initial_value", "becomes"),
+    [(np.int32, 0.5, "0"), (np.bool_, 0.5, "True"), (np.uint8, -1.0, "255")],
+)
+def test_an_initial_value_the_leaf_cannot_hold_is_refused(dtype, initial_value, becomes):
+    with pytest.raises(ValueError, match=f"cannot be held by the .* leaf .*become {becomes}"):
+        Delay(np.zeros(1, dtype), 1, initial_value=initial_value)
+    Delay(np.zeros(1, dtype), 1, initial_value=1.0)  # a value it holds

@@ -495,3 +495,12 @@ def test_a_masked_class_is_reported_with_probability_zero_and_finite_metrics():
     np.testing.assert_allclose(out.metrics["probs"], expected, rtol=1e-6, atol=0)
     assert all(bool(jnp.all(jnp.isfinite(m))) for m in out.metrics.values())
     assert bool(jnp.all(out.output["action"] != jnp.array([1, 0])))  # never a masked class
+
+
+def test_a_nan_logit_gives_a_nan_entropy_not_zero():
+    sampler = CategoricalSampler(nnx.Rngs(0), 0.01)
+    for logits in ([jnp.nan, 0.0, 1.0], [jnp.inf, 0.0, 1.0]):
+        out = sampler(sampler.initialize_state(1), jnp.array([logits]))
+        assert np.isnan(out.metrics["entropy"][0]), logits
+    masked = sampler(sampler.initialize_state(1), jnp.array([[-jnp.inf, 0.0, 0.0]]))
+    np.testing.assert_allclose(masked.metrics["entropy"][0], np.log(2.0), rtol=1e-6)

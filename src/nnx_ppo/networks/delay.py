@@ -4,6 +4,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Int, PyTree, Shaped
 
 from nnx_ppo.contract.arguments import require_int
@@ -55,6 +56,14 @@ class Delay(StatefulModule):
             if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
                 raise TypeError(
                     f"Delay sample_input leaves must be arrays, got {type(leaf).__name__}"
+                )
+        for path, leaf in jax.tree_util.tree_flatten_with_path(sample)[0]:
+            held = np.asarray(initial_value).astype(leaf.dtype)
+            if not jnp.issubdtype(leaf.dtype, jnp.inexact) and held != initial_value:
+                raise ValueError(
+                    f"Delay: initial_value {initial_value!r} cannot be held by the "
+                    f"{leaf.dtype} leaf sample_input{jax.tree_util.keystr(path)} (it would "
+                    f"become {held.item()!r}); give a value that leaf's dtype holds"
                 )
         self.k_steps = k_steps
         self.initial_value = initial_value

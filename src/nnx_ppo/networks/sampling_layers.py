@@ -529,8 +529,8 @@ class CategoricalSampler(ActionSampler):
     def entropy(self, parameters: DistributionParameters) -> FloatBatch:
         log_probs = parameters["log_probs"]
         # Classes with probability 0 (logit -inf) contribute 0, not 0 * -inf; masking the
-        # log as well keeps the gradient finite.
-        possible = log_probs > -jnp.inf
+        # log as well keeps the gradient finite. A NaN stays in, so it shows.
+        possible = ~jnp.isneginf(log_probs)
         safe_log_probs = jnp.where(possible, log_probs, 0.0)
         terms = jnp.where(possible, jnp.exp(safe_log_probs) * safe_log_probs, 0.0)
         return -jnp.sum(terms, axis=-1)

@@ -8,6 +8,7 @@ from jaxtyping import PRNGKeyArray
 
 from nnx_ppo.contract.arguments import as_whole, require_int
 from nnx_ppo.contract.axes import Unbatched
+from nnx_ppo.contract.env_checks import check_env_state
 from nnx_ppo.envs.state import EnvState, RLEnv, episode_flags
 from nnx_ppo.wrappers.base import Wrapper
 
@@ -75,6 +76,9 @@ class EpisodeWrapper(Wrapper):
     def step(self, state: EnvState, action: Unbatched) -> EnvState:
         """The wrapped env's step, truncated once ``max_len`` steps are taken."""
         next_state = self.env.step(state, action)
+        # The wrapped env's own flags are read below: a malformed one is named here, as
+        # the wrapped env's, before it is folded into done.
+        check_env_state(next_state, where=f"{type(self.env).__name__}.step in EpisodeWrapper")
         counter = state.info["step_counter"] + 1
         time_up = counter >= self.max_len
         # The wrapped env's own truncations, read as training reads them: only where done.
