@@ -13,6 +13,10 @@ os.environ.setdefault(
     os.path.join(tempfile.gettempdir(), f"nnx-ppo-tests-jax-cache-{getpass.getuser()}"),
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+# A size limit turns on JAX's file lock around the cache's reads and writes. Without it
+# an entry is written in place while another process may read it, and a worker that
+# deserialized a half-written executable crashed (a segfault in a ci-fresh run).
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 * 2**30))
 
 from hypothesis import HealthCheck, settings
 
