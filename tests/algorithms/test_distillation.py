@@ -139,7 +139,7 @@ def test_a_student_holding_the_teachers_variables_is_refused():
             ),
         ]
     )
-    with pytest.raises(ValueError, match=r"student's layers\.0\..* is the teacher's layers\.0"):
+    with pytest.raises(ValueError, match=r"student\.layers\[0\]\..* is teacher\.layers\[0\]\."):
         new_distillation_state(ENV, teacher, sharing, 8, seed=0)
 
 

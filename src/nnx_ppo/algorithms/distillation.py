@@ -55,7 +55,13 @@ from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, TrainingState, Transition
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.axes import BatchedTree, Carry, CarrySlice, Extras, HistoryTree, Scalar
-from nnx_ppo.contract.checks import CallRecord, checks, observe_calls, typechecked
+from nnx_ppo.contract.checks import (
+    CallRecord,
+    checks,
+    format_graph_path,
+    observe_calls,
+    typechecked,
+)
 from nnx_ppo.jax_dataclass import Replaceable
 from nnx_ppo.networks.sampling_layers import ActionSampler, CategoricalSampler
 from nnx_ppo.networks.types import (
@@ -519,12 +525,11 @@ def _compiled_step(
     return nnx.state((pair, optimizer)), carry, metrics
 
 
-def _deterministic_copy(teacher: StatefulModule, student: StatefulModule) -> StatefulModule:
-    """A copy of the teacher in eval mode, its arrays shared; the teacher itself is untouched.
+def _require_unshared(teacher: StatefulModule, student: StatefulModule) -> None:
+    """Refuse a student holding a variable of the teacher: training it would change the teacher.
 
     Raises:
-      ValueError: the student holds a variable of the teacher, which training the student
-        (in place) would change.
+      ValueError: the student is the teacher, or holds one of its trained variables.
     """
     if student is teacher:
         raise ValueError("distillation: the student is the teacher; give it a network of its own")
@@ -537,17 +542,18 @@ def _deterministic_copy(teacher: StatefulModule, student: StatefulModule) -> Sta
     for path, value in nnx.iter_graph(student):
         if trained(value) and id(value) in of_teacher:
             raise ValueError(
-                f"distillation: the student's {_dotted(path)} is the teacher's "
-                f"{_dotted(of_teacher[id(value)])}: training the student would change the "
-                "teacher. Give the student copies (nnx.clone) of what it takes from the teacher."
+                f"distillation: student{format_graph_path(student, path)} is "
+                f"teacher{format_graph_path(teacher, of_teacher[id(value)])}: training the "
+                "student would change the teacher. Give the student copies (nnx.clone) of "
+                "what it takes from the teacher."
             )
+
+
+def _deterministic_copy(teacher: StatefulModule) -> StatefulModule:
+    """A copy of the teacher in eval mode, its arrays shared; the teacher itself is untouched."""
     copy = nnx.clone(teacher)
     copy.eval()
     return copy
-
-
-def _dotted(path: tuple[Any, ...]) -> str:
-    return ".".join(map(str, path)) or "whole network"
 
 
 def distillation_step(
@@ -605,7 +611,8 @@ def distillation_step(
             "environments; pass the n_envs the state was made with"
         )
     student = distillation_state.student
-    frozen = _deterministic_copy(teacher, student)
+    _require_unshared(teacher, student)
+    frozen = _deterministic_copy(teacher)
     leaves = _matched_samplers(frozen, student, distillation_state.env_states.obs)
     pair = _StudentWithTeacher(student, frozen)
     graphdef, state = nnx.split((pair, distillation_state.optimizer))
@@ -716,7 +723,8 @@ def new_distillation_state(
     obs = jax.eval_shape(
         lambda: rollout.reset_envs(env, jax.random.split(jax.random.key(0), n_envs)).obs
     )
-    frozen = _deterministic_copy(teacher, student)
+    _require_unshared(teacher, student)
+    frozen = _deterministic_copy(teacher)
     _matched_samplers(frozen, student, obs)
     start = new_training_state(
         env, student, n_envs, seed, learning_rate, gradient_clipping, weight_decay

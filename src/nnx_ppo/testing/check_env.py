@@ -127,7 +127,7 @@ class _EnvKit:
         self.name = type(env).__name__
         self.reference: Any = None
         self.program = ""  # the rollout's traced program, as text
-        self.result: tuple[Any, Any] = (None, None)
+        self.result: tuple[Any, Any, Any] = (None, None, None)
 
     def fail(self, prop: EnvProperty, sentence: str, **details: Any) -> ContractPropertyError:
         sizes = {"n_envs": self.n_envs, "steps": self.steps}
@@ -160,9 +160,11 @@ class _EnvKit:
             ) from None
 
     def rollout(self) -> jax.stages.Wrapped:
-        """A freshly traced ``jit(key -> (reset states, stepped states))`` over ``n_envs``.
+        """A freshly traced ``jit(key -> (reset states, stepped states, starts))``.
 
-        Each call of this method traces anew, so two rollouts compare two traces.
+        The states are over ``n_envs``; the starts are ``_RESETS_COMPARED`` more resets,
+        for ``reset draws from its key``, in the same program so that no second one
+        compiles. Each call of this method traces anew, so two rollouts compare two traces.
         """
         env, reference, name = self.env, self.reference, self.name
         # Batched as training batches it: Shared nodes stay unbatched.
@@ -184,12 +186,13 @@ class _EnvKit:
             stepped = _vmap_step(step_one, shared)(states, actions)
             return stepped, stepped
 
-        def run(key: PRNGKeyArray) -> tuple[Any, Any]:
+        def run(key: PRNGKeyArray) -> tuple[Any, Any, Any]:
             reset_keys = jax.random.split(jax.random.fold_in(key, 0), self.n_envs)
             action_keys = jax.random.split(jax.random.fold_in(key, 1), (self.steps, self.n_envs))
+            start_keys = jax.random.split(jax.random.fold_in(key, 2), _RESETS_COMPARED)
             states = _vmap_reset(reset_one, shared)(reset_keys)
             _, trajectory = jax.lax.scan(step_all, states, action_keys)
-            return states, trajectory
+            return states, trajectory, _vmap_reset(reset_one, shared)(start_keys)
 
         return jax.jit(run, compiler_options=fast_compile_options())
 
@@ -237,9 +240,7 @@ class _EnvKit:
     def check_random_reset(self) -> None:
         # Many resets, not the rollout's n_envs: an env with a few starts (a cue of two
         # values) gives n_envs equal ones now and then, never this many.
-        keys = jax.random.split(jax.random.fold_in(self.key, 2), _RESETS_COMPARED)
-        reset = _vmap_reset(self.env.reset, _holds_shared(self.reference))
-        states = jax.device_get(jax.jit(reset, compiler_options=fast_compile_options())(keys))
+        states = self.result[2]
         starts = named_leaves("state.obs", states.obs) + named_leaves("state.data", states.data)
         if any(
             (leaf != leaf[:1]).any() for _, leaf in starts if np.ndim(leaf) and not is_key(leaf)
@@ -279,7 +280,7 @@ class _EnvKit:
                     )
 
     def check_truncation(self) -> None:
-        states, trajectory = self.result
+        states, trajectory, _ = self.result
         for stage, batch, lead in (
             ("reset", states, (self.n_envs,)),
             ("step", trajectory, (self.steps, self.n_envs)),
