@@ -52,7 +52,7 @@ EXPECTED_OUTPUT = {
         "trainable leaves: 0",
     ],
     "training_many_runs.py": [
-        "run 2 (seed 0, lr 0.003): 2048 env steps, evaluations at [0, 1024, 2048]",
+        "run 2 (seed 0, lr 0.003): 2048 env steps, evaluations at [0, 1024, 2048], diverged: None",
         "one network per run: True",
         "run 3's checkpoints: ['step_0000000000', 'step_0000002048']",
     ],

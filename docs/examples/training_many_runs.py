@@ -45,11 +45,13 @@ results = train_ppo_runs(
     learning_rates=learning_rates,
     log_fn=log_fn,
     checkpoint_fn=lambda run, training_state, step: save[run](training_state, step),
+    on_divergence="continue",  # a run that diverges is set aside; the others go on
 )
 for run, result in enumerate(results):
     print(
         f"run {run} (seed {seeds[run]}, lr {learning_rates[run]:g}): "
-        f"{result.total_steps} env steps, evaluations at {[h['step'] for h in result.eval_history]}"
+        f"{result.total_steps} env steps, "
+        f"evaluations at {[h['step'] for h in result.eval_history]}, diverged: {result.diverged}"
     )
 print("one network per run:", len({id(r.training_state.networks) for r in results}) == 4)
 print("run 3's checkpoints:", sorted(path.name for path in (checkpoints / "run3").iterdir()))

@@ -222,6 +222,49 @@ def test_a_diverged_run_leaves_every_network_at_the_last_good_step(monkeypatch) 
             np.testing.assert_array_equal(a, b)
 
 
+def test_a_run_that_diverges_is_set_aside_while_the_others_train_on() -> None:
+    logged: list[tuple[int, int]] = []
+    saved: list[tuple[int, int]] = []
+    diverging = network(0)
+    start = parameters(diverging)
+    kept, diverged = train_ppo_runs(
+        ENV,
+        lambda seed: network(seed) if seed else diverging,
+        config(),
+        seeds=[1, 0],
+        learning_rates=[3e-3, 1e30],  # Adam's steps of 1e30 overflow the loss at once
+        log_fn=lambda run, metrics, step: logged.append((run, step)),
+        checkpoint_fn=lambda run, state, step: saved.append((run, step)),
+        on_divergence="continue",
+    )
+    assert diverged.diverged is not None
+    assert diverged.diverged.startswith(
+        "run 1 (seed 0): PPO step ending at env step 128: the loss is NaN or infinite"
+    ), diverged.diverged
+    assert (diverged.total_steps, diverged.total_iterations) == (0, 0)
+    assert diverged.training_state.steps_taken == 0
+    assert [h["step"] for h in diverged.eval_history] == [0]
+    for got, want in zip(parameters(diverged.training_state.networks), start, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert [step for run, step in logged if run == 1] == [0]
+    assert [step for run, step in saved if run == 1] == [0]
+
+    single = config()
+    single.seed, single.ppo.learning_rate = 1, 3e-3
+    alone = network(1)
+    train_ppo(ENV, alone, single)
+    assert kept.diverged is None and kept.total_steps == 4 * STEP
+    assert [step for run, step in saved if run == 0] == [0, 2 * STEP, 4 * STEP]
+    for got, want in zip(parameters(kept.training_state.networks), parameters(alone), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_on_divergence_takes_stop_or_continue() -> None:
+    expected = r'on_divergence must be "stop" or "continue", got \'raise\''
+    with pytest.raises(ValueError, match=expected):
+        train_ppo_runs(ENV, network, config(), seeds=[0], on_divergence="raise")  # type: ignore[arg-type]
+
+
 @functools.cache
 def _many_runs_program() -> str:
     """The jaxpr of two runs' PPO step in one program."""

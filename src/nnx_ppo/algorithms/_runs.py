@@ -30,7 +30,7 @@ import functools
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import numpy as np
@@ -214,6 +214,17 @@ def _unstack(tree: Tree, run: int) -> Tree:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _SetAside:
+    """A diverged run's last good step, on the host (``on_divergence="continue"``)."""
+
+    split: Any
+    carry: Any
+    steps: int
+    iterations: int
+    error: str
+
+
 def train_ppo_runs(
     env: RLEnv,
     make_networks: Callable[[int], StatefulModule],
@@ -224,6 +235,7 @@ def train_ppo_runs(
     log_fn: Callable[[int, dict[str, float], int], None] | None = None,
     checkpoint_fn: Callable[[int, TrainingState, int], None] | None = None,
     eval_env: RLEnv | None = None,
+    on_divergence: Literal["stop", "continue"] = "stop",
 ) -> list[TrainResult]:
     """Train one run per seed (and learning rate) of ``config``, all in one compiled program.
 
@@ -250,22 +262,30 @@ def train_ppo_runs(
         loads into
         ``new_training_state(..., learning_rate, ...)``.
       eval_env: the evaluation environment; ``env`` when ``None``.
+      on_divergence: what a run whose loss, rewards or parameters become NaN or
+        infinite does to the others. ``"stop"``: every run stops (the
+        ``FloatingPointError`` below). ``"continue"``: that run is set aside at
+        its last good step, with no more evaluations, logs or checkpoints, its
+        result's ``diverged`` holding the error, while the others train on (a
+        learning-rate sweep whose largest rate diverges). When every run has
+        diverged, training ends there.
 
     Returns:
       One :class:`~nnx_ppo.algorithms.config.TrainResult` per run, in order; run
       ``i`` trained the network ``make_networks(seeds[i])`` returned, in place, and
       its training state holds the optimizer state of a single run at its rate, as
-      its checkpoints do.
+      its checkpoints do. A run set aside by ``on_divergence="continue"`` is at its
+      last good step, and its ``total_steps`` and ``total_iterations`` count to there.
 
     Raises:
       TypeError: a seed that is not an integer (named by its index).
       ValueError: no runs, lengths that differ, a learning rate that is not
-        positive, networks whose structures differ or one network object for
-        two runs (named by run), or runs that do not split evenly over
-        ``config.devices``.
-      FloatingPointError: a run's loss or parameters became NaN or infinite,
-        named by run; every run's network and optimizer are left at the last
-        step before that call.
+        positive, an ``on_divergence`` other than ``"stop"`` or ``"continue"``,
+        networks whose structures differ or one network object for two runs
+        (named by run), or runs that do not split evenly over ``config.devices``.
+      FloatingPointError: with ``on_divergence="stop"``, a run's loss, rewards or
+        parameters became NaN or infinite, named by run; every run's network and
+        optimizer are left at the last step before that call.
     """
     config = _with_overrides("train_ppo", TrainConfig, "ppo", config, None)
     if config.video.enabled:
@@ -275,6 +295,10 @@ def train_ppo_runs(
             stacklevel=2,
         )
     seeds, rates = _require_runs(seeds, learning_rates, config)
+    if on_divergence not in ("stop", "continue"):
+        raise ValueError(
+            f'train_ppo_runs: on_divergence must be "stop" or "continue", got {on_divergence!r}'
+        )
     if not config.checkpoint_every_steps:  # a cadence of 0 turns checkpoints off
         checkpoint_fn = None
     mesh = sharding.runs_mesh(config.devices, len(seeds))
@@ -343,50 +367,64 @@ def train_ppo_runs(
     histories: list[list[dict[str, float]]] = [[] for _ in seeds]
     last_metrics: list[dict[str, float]] = [{} for _ in seeds]
     last: dict[str, int | None] = {"eval": None, "checkpoint": None}
-    steps_taken = 0
+    steps_taken = iterations = 0
+    set_aside: dict[int, _SetAside] = {}  # diverged runs, by index (on_divergence="continue")
 
     def current() -> list[TrainingState]:
-        """Every run's training state, its network and optimizer brought up to date."""
-        host_stacked, host_carries = _to_host((stacked, carries))
-        for run, state in enumerate(states):
-            nnx.update(
-                (state.networks, state.optimizer), _to_device(_unstack(host_stacked, run), None)
-            )
-        return [
-            _step._advanced(state, _to_device(_unstack(host_carries, run), None), steps_taken)
-            for run, state in enumerate(states)
-        ]
+        """Every run's training state, its network and optimizer brought up to date.
 
-    def evaluate(states: list[TrainingState]) -> list[dict[str, float]]:
-        """Every run's evaluation metrics, recorded in its history."""
-        evaluations = []
-        for seed, state, history in zip(seeds, states, histories, strict=True):
-            key = _key_at(seed, steps_taken)
-            metrics = _evaluate(eval_env, state.networks, config.eval, key, timed, None)
-            history.append(_history_entry(steps_taken, metrics))
-            evaluations.append(metrics)
+        A run set aside is at its last good step.
+        """
+        host_stacked, host_carries = _to_host((stacked, carries))
+        advanced = []
+        for run, state in enumerate(states):
+            aside = set_aside.get(run)
+            if aside is None:
+                split, carry, steps = (
+                    _unstack(host_stacked, run),
+                    _unstack(host_carries, run),
+                    steps_taken,
+                )
+            else:
+                split, carry, steps = aside.split, aside.carry, aside.steps
+            nnx.update((state.networks, state.optimizer), _to_device(split, None))
+            advanced.append(_step._advanced(state, _to_device(carry, None), steps))
+        return advanced
+
+    def training() -> list[int]:
+        return [run for run in range(len(seeds)) if run not in set_aside]
+
+    def evaluate(states: list[TrainingState]) -> dict[int, dict[str, float]]:
+        """Every training run's evaluation metrics, recorded in its history."""
+        evaluations = {}
+        for run in training():
+            key = _key_at(seeds[run], steps_taken)
+            metrics = _evaluate(eval_env, states[run].networks, config.eval, key, timed, None)
+            histories[run].append(_history_entry(steps_taken, metrics))
+            evaluations[run] = metrics
         last["eval"] = steps_taken
         return evaluations
 
     def checkpoint(states: list[TrainingState]) -> None:
-        """Every run's checkpoint, as a single run at its learning rate would hold it."""
+        """Every training run's checkpoint, as a single run at its rate would hold it."""
         assert checkpoint_fn is not None
-        for run, state in enumerate(states):
+        for run in training():
+            state = states[run]
             checkpoint_fn(
                 run, state if rates is None else _as_single_run(state, ppo, rates[run]), steps_taken
             )
         last["checkpoint"] = steps_taken
 
-    def host_work(per_run: list[list[dict[str, float]]], checkpoint_due: bool) -> None:
-        """Evaluate, log every run's steps, then checkpoint, as ``train_ppo`` orders them."""
+    def host_work(per_run: dict[int, list[dict[str, float]]], checkpoint_due: bool) -> None:
+        """Evaluate, log every training run's steps, then checkpoint, as ``train_ppo`` does."""
         checkpointing = checkpoint_due and checkpoint_fn is not None
         eval_due = config.eval.enabled and _crossed(
             last["eval"], steps_taken, config.eval.every_steps
         )
         states = current() if eval_due or checkpointing else []
-        evaluations = evaluate(states) if eval_due else [{} for _ in seeds]
-        for run, evaluation in enumerate(evaluations):
-            per_run[run][-1] |= evaluation
+        evaluations = evaluate(states) if eval_due else {}
+        for run in training():
+            per_run[run][-1] |= evaluations.get(run, {})
             last_metrics[run] = per_run[run][-1]
             if log_fn is not None:
                 for metrics in filter(None, per_run[run]):  # step 0 logs an evaluation only
@@ -395,32 +433,41 @@ def train_ppo_runs(
         if checkpointing:
             checkpoint(states)
 
-    host_work([[{}] for _ in seeds], checkpoint_due=True)  # the initial evaluation and checkpoint
-    iterations = 0
-    while steps_taken < ppo.total_steps:
+    host_work({run: [{}] for run in training()}, checkpoint_due=True)  # the step-0 work
+    while steps_taken < ppo.total_steps and training():
         start = time.perf_counter()
         fused = _steps_until_host_needed(steps_taken, config, checkpoint_fn is not None, False)
         new_stacked, new_carries, reports = _step._compiled_run_steps(
             env_argument, config_argument, graph, stacked, carries, fused, mesh
         )
         reports = jax.device_get(reports)
-        per_run = []
-        for run in range(len(seeds)):
+        per_run = {}
+        for run in training():
             try:
-                per_run.append(
-                    _step._host_metrics(
-                        _step.StepReport(*_unstack(reports, run)), steps_taken, ppo, fused
-                    )
+                per_run[run] = _step._host_metrics(
+                    _step.StepReport(*_unstack(reports, run)), steps_taken, ppo, fused
                 )
             except FloatingPointError as error:
-                current()  # every network at the last good step, as train_ppo leaves its own
-                raise FloatingPointError(f"run {run} (seed {seeds[run]}): {error}") from None
+                named = FloatingPointError(f"run {run} (seed {seeds[run]}): {error}")
+                if on_divergence == "stop":
+                    current()  # every network at the last good step, as train_ppo leaves its own
+                    raise named from None
+                # Its slice of the stacked state keeps going, unread: a vmapped run's NaNs
+                # reach no other run.
+                host_stacked, host_carries = _to_host((stacked, carries))
+                set_aside[run] = _SetAside(
+                    _unstack(host_stacked, run),
+                    _unstack(host_carries, run),
+                    steps_taken,
+                    iterations,
+                    str(named),
+                )
         stacked, carries = new_stacked, new_carries
         steps_taken += fused * ppo.steps_per_iteration
         iterations += fused
         if timed:
             elapsed = time.perf_counter() - start
-            for metrics in (m for per_step in per_run for m in per_step):
+            for metrics in (m for per_step in per_run.values() for m in per_step):
                 metrics["throughput/train_sps"] = fused * ppo.steps_per_iteration / elapsed
         due = _crossed(last["checkpoint"], steps_taken, config.checkpoint_every_steps)
         host_work(per_run, checkpoint_due=due or steps_taken >= ppo.total_steps)
@@ -429,8 +476,9 @@ def train_ppo_runs(
             state if rates is None else _as_single_run(state, ppo, rates[run]),
             last_metrics[run],
             histories[run],
-            steps_taken,
-            iterations,
+            state.steps_taken,
+            iterations if run not in set_aside else set_aside[run].iterations,
+            diverged=None if run not in set_aside else set_aside[run].error,
         )
         for run, state in enumerate(current())
     ]

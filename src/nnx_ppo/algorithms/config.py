@@ -415,6 +415,10 @@ class TrainResult:
         ``episode_reward_mean`` naming ``eval/episode_reward/mean``.
       total_steps: env steps taken, exact.
       total_iterations: PPO steps taken in this call.
+      diverged: ``None``, or for a run that
+        :func:`~nnx_ppo.algorithms.ppo.train_ppo_runs` set aside
+        (``on_divergence="continue"``) the error that would have stopped it; its
+        state and counts are those of its last good step.
     """
 
     training_state: TrainingState
@@ -422,3 +426,4 @@ class TrainResult:
     eval_history: list[dict[str, float]]
     total_steps: int
     total_iterations: int
+    diverged: str | None = None
