@@ -125,6 +125,15 @@ def test_samplers_of_another_kind_are_named_before_anything_compiles():
         new_distillation_state(ENV, squashed, wider, 8, seed=0)
 
 
+def test_numpy_counts_and_seeds_are_taken_and_bad_ones_named_by_the_function_called():
+    state = new_distillation_state(ENV, lstm_teacher(ENV), delay_student(ENV), np.int64(4), 0)
+    assert state.env_states.done.shape == (4,) and state.teacher_states is not None
+    with pytest.raises(TypeError, match="new_distillation_state: seed must be an int"):
+        new_distillation_state(ENV, lstm_teacher(ENV), delay_student(ENV), 4, seed=1.5)
+    with pytest.raises(ValueError, match="new_distillation_state: n_envs must be a positive int"):
+        new_distillation_state(ENV, lstm_teacher(ENV), delay_student(ENV), 0, seed=0)
+
+
 def test_a_student_holding_the_teachers_variables_is_refused():
     teacher = lstm_teacher(ENV)
     with pytest.raises(ValueError, match="the student is the teacher"):

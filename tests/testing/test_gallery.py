@@ -379,6 +379,19 @@ class EpisodeNoiseKeptAtReset(EpisodeNoise):
         return prev_state
 
 
+class EpisodeNoiseFromFixedKeys(EpisodeNoise):
+    """Draws each new episode's noise from keys folded from one fixed key and the env's
+    index: distinct per env and from the keys before, but the same at every reset."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return {**super().initialize_state(batch_size), "env": jnp.arange(batch_size)}
+
+    def reset_state(self, prev_state: Any) -> Any:
+        env = prev_state["env"]
+        keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(7), i))(env.reshape(-1))
+        return {**self._drawn(keys.reshape(env.shape)), "env": env}
+
+
 class LockstepClock(Leaky):
     """Counts each episode's steps in its carry but reads the count off env 0: right while
     every env starts its episode together, wrong once one env's episode ends alone."""
@@ -670,6 +683,12 @@ MODULE_BUGS: dict[
         {"stochastic": "per_episode", "time_lengths": (4,)},
         ModuleProperty.PER_ENV_KEYS,
         "state['keys'] after the episode that ended at step",
+    ),
+    "per-episode keys drawn from a fixed key at reset": (
+        EpisodeNoiseFromFixedKeys,
+        {"stochastic": "per_episode"},
+        ModuleProperty.PER_ENV_KEYS,
+        "state['keys'] after reset_state",
     ),
     "per-episode noise checked as per-step": (
         EpisodeNoise,

@@ -112,17 +112,17 @@ _ADAMW_DEFAULT_DECAY = 1e-4
 """``optax.adamw``'s default ``weight_decay``: what ``weight_decay=True`` asks for."""
 
 
-def _require_seed(seed: Any) -> None:
+def _require_seed(seed: Any, owner: str = "new_training_state") -> None:
     """A seed is an ``int`` (Python or NumPy) or an integer scalar array."""
     if isinstance(seed, jax.Array | np.ndarray):
         if seed.shape != () or not jnp.issubdtype(seed.dtype, jnp.integer):
             raise TypeError(
-                "new_training_state: seed must be an int or an integer scalar array, got an "
+                f"{owner}: seed must be an int or an integer scalar array, got an "
                 f"array of shape {seed.shape} and dtype {seed.dtype}"
             )
         return
     # Any int seeds a key (TrainConfig.seed may be negative).
-    require_int("new_training_state", "seed", seed, minimum=None)
+    require_int(owner, "seed", seed, minimum=None)
 
 
 def _seed_argument(seed: int | Integer[Array, ""]) -> Integer[Array | np.ndarray, ""]:

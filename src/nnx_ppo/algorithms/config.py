@@ -172,6 +172,9 @@ class PPOConfig(_FieldsOnly):
         keeping the leaves' relative scale.
       target_kl: stop a PPO step's remaining epochs once an epoch's mean approximate
         KL divergence from the rollout policy exceeds this; ``None`` runs every epoch.
+        With several action leaves it is the joint policy's KL: the sum of the
+        leaves' (each logged as ``losses/approx_kl/<leaf>``), as the leaves are
+        sampled independently.
       iterations_per_call: ``train_ppo`` runs up to this many PPO steps in one
         compiled call (one round-trip to the host), ending a call early at the step
         where an evaluation, video or checkpoint falls due; a large value runs

@@ -37,7 +37,7 @@ from jaxtyping import Array, Float, Integer, PRNGKeyArray
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms._loss import _replay
 from nnx_ppo.algorithms._step import _ConfigArgument, _EnvArgument
-from nnx_ppo.algorithms._train import _HostWork, _render_of, _with_overrides
+from nnx_ppo.algorithms._train import _HostWork, _render_of, _require_seed, _with_overrides
 from nnx_ppo.algorithms.checkpointing import _load_checkpoint, make_checkpoint_fn
 from nnx_ppo.algorithms.config import (
     EvalConfig,
@@ -710,10 +710,14 @@ def new_distillation_state(
 
     Raises:
       ValueError: teacher and student have different action trees or samplers (the
-        message shows both), found by tracing before anything is compiled.
-      TypeError: teacher or student is not a ``StatefulModule``.
+        message shows both), found by tracing before anything is compiled; the
+        student is the teacher or holds one of its variables (named by path); or
+        ``n_envs`` is not positive.
+      TypeError: teacher or student is not a ``StatefulModule``; ``n_envs`` or
+        ``seed`` is not an integer.
     """
-    require_int("new_distillation_state", "n_envs", n_envs)
+    n_envs = require_int("new_distillation_state", "n_envs", n_envs)
+    _require_seed(seed, "new_distillation_state")
     for role, network in (("teacher", teacher), ("student", student)):
         if not isinstance(network, StatefulModule):
             raise TypeError(

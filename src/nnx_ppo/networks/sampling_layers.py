@@ -60,9 +60,10 @@ __all__ = [
 DistributionParameters = dict[str, Float[Array, "..."]]
 """A sampler's distribution parameters by name; also its metrics.
 
-Batched, leaves ``(B, ...)``, as :meth:`ActionSampler.distribution_parameters` returns
-them and every method but :meth:`ActionSampler.sample` takes them; ``sample``, vmapped
-over the envs, receives one env's slice, leaves ``(...)`` without ``B``.
+``dict[str, Float[Array, "..."]]``: batched, leaves ``(B, ...)``, as
+:meth:`ActionSampler.distribution_parameters` returns them and every method but
+:meth:`ActionSampler.sample` takes them; ``sample``, vmapped over the envs, receives
+one env's slice, leaves ``(...)`` without ``B``.
 """
 
 

@@ -1177,6 +1177,7 @@ def _check_keys(case: _Case) -> None:
             if carry
             else "an empty carry",
         )
+    _check_reset_draws_from_given_keys(case, [name for name, _ in keys])
     # Every carry of the rollout: the initial one, and those after episode ends.
     for t, (state, out) in enumerate(zip(case.rollout.states, case.rollout.outputs, strict=True)):
         given = dict(named_leaves("state", state))
@@ -1209,6 +1210,41 @@ def _check_keys(case: _Case) -> None:
                     expected="next_state's keys split from state's (split_env_keys)",
                     found="the key the step was given",
                 )
+
+
+def _check_reset_draws_from_given_keys(case: _Case, names: list[str]) -> None:
+    """``reset_state`` of the rollout's final carry, once as it is and once with other keys:
+    a key leaf that comes out the same for a row both times was drawn from something
+    other than the keys given (a fixed key), and every episode would repeat its draws."""
+    final = case.rollout.outputs[-1].next_state
+    other_keys = jax.tree.map(
+        lambda leaf: (
+            jax.vmap(lambda key: jax.random.fold_in(key, 1))(leaf.reshape(-1)).reshape(leaf.shape)
+            if is_key(leaf)
+            else leaf
+        ),
+        final,
+    )
+    with _phase(ModuleProperty.PER_ENV_KEYS, "reset_state of the final carry with other keys"):
+        from_other = dict(
+            named_leaves("state", host(case.kit.reset(case.variables, other_keys))[0])
+        )
+    reset = dict(named_leaves("state", case.reset[0]))
+    for name in names:
+        given = as_numpy(reset[name]).reshape(case.ex.batch_size, -1)
+        same = np.flatnonzero(
+            (given == as_numpy(from_other[name]).reshape(given.shape)).all(axis=1)
+        )
+        if same.size:
+            raise case.fail(
+                ModuleProperty.PER_ENV_KEYS,
+                f"reset_state gave the same key in {name} whatever keys it was given: it "
+                "draws them from a fixed key, so every episode of an env would draw the "
+                "same random numbers.",
+                leaf=f"{name} after reset_state, env {same[0]}",
+                expected="reset_state's keys split from the ones it was given (split_env_keys)",
+                found="the same keys from two carries that differ in their keys only",
+            )
 
 
 def _check_keys_renewed_at_reset(
@@ -1363,8 +1399,9 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         "typed key per env, split every step (with stochastic='per_episode', at every "
         "reset), reset to distinct keys",
         "the carry holds typed PRNG keys, a distinct one per env at every step (after "
-        "episode ends too), and each call splits them (``'per_episode'``: each "
-        "``reset_state`` replaces them)",
+        "episode ends too), each call splits them (``'per_episode'``: each "
+        "``reset_state`` replaces them), and ``reset_state`` derives its keys from the "
+        "ones it is given",
         _check_keys,
         Condition("``stochastic`` is set", lambda case: bool(case.kit.stochastic)),
     ),
