@@ -412,6 +412,24 @@ def test_a_users_env_trains_resumes_and_evaluates_by_module_and_factory(
     assert "my_envs has no attribute 'missing'" in capsys.readouterr().err
 
 
+def test_an_error_in_a_users_factory_shows_its_traceback_and_line_with_status_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "broken_envs.py").write_text(
+        "def misread_option():\n    return int('not-a-number')\n"
+    )
+    monkeypatch.syspath_prepend(tmp_path)
+    run_dir = tmp_path / "run"
+    args = ["train", "--env", "broken_envs:misread_option", "--run-dir", str(run_dir)]
+    assert main(args) == 1
+    shown = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in shown
+    assert (
+        f"error: ValueError raised in your code at {tmp_path / 'broken_envs.py'}:2 in "
+        "misread_option: invalid literal for int() with base 10: 'not-a-number'"
+    ) in " ".join(shown.split()), shown
+
+
 @pytest.mark.parametrize("content", ["[]", "{}", '{"env": "cartpole", "train": 3}'])
 def test_a_config_json_that_is_no_run_configuration_is_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str

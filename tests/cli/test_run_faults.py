@@ -28,7 +28,12 @@ from nnx_ppo.algorithms.checkpointing import (
 )
 from nnx_ppo.cli import run_dir as run_dir_module
 from nnx_ppo.cli.main import main
-from nnx_ppo.cli.presets import follow_run_length, parse_run_config, preset
+from nnx_ppo.cli.presets import (
+    cadences_set_by_hand,
+    follow_run_length,
+    parse_run_config,
+    preset,
+)
 from nnx_ppo.cli.run_dir import hold_run_lock, read_metrics, write_atomically
 from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_default_network
@@ -419,6 +424,9 @@ BAD_INPUT = [
     (["--set", "network.activation=sigmoidish"], "network.activation must be one of elu"),
     (["--set", "network.kind=cnn"], 'network.kind must be "auto", "mlp" or "lstm"'),
     (["--set", "ppo.logging_level=EVERYTHING"], "ppo.logging_level must be flag names"),
+    (["--set", "ppo.logging_level=LOSES"], "('LOSES': no such flag; the flags are LOSSES, CRITIC"),
+    (["--set", "env_kwargs=3"], "config field env_kwargs must be an object"),
+    (["--config", "{tmp}"], "is a directory; give a .toml or .json file"),
     (["--set", "ppo.n_envs=many"], "config field ppo.n_envs must be an integer"),
     (["--set", "ppo.n_envs=0"], "n_envs must be a positive int"),
     (["--set", "ppo.clip_range=[1]"], "config field ppo.clip_range must be a number"),
@@ -458,6 +466,35 @@ def test_a_resume_from_step_0_keeps_step_0s_record_and_nan_is_written_as_null(
     assert json.loads(lines[1])["loss"] is None and "NaN" not in lines[1]  # valid JSON
     trim_metrics(tmp_path / "metrics.jsonl", 0)  # the checkpoint at step 0 resumed
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0]
+
+
+def test_a_log_write_that_fails_names_the_file_and_the_writer_is_given_up_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tensorboardX.event_file_writer import EventFileWriter
+
+    from nnx_ppo.cli.run_dir import RunLogger
+
+    logger = RunLogger(tmp_path)
+    logger({"loss": 1.0}, 0)
+    (tmp_path / "metrics.jsonl").unlink()
+    (tmp_path / "metrics.jsonl").mkdir()  # the append fails, as on a full disk
+    with pytest.raises(OSError, match=r"could not log step 128 in .*metrics\.jsonl: .*; the "):
+        logger({"loss": 2.0}, 128)
+
+    def disk_full(self: EventFileWriter) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(EventFileWriter, "flush", disk_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        logger.close()
+    # What tensorboardX's exit handler runs: given up, it retries nothing.
+    for file_writer in logger._writer.all_writers.values():
+        file_writer.event_writer.close()
+        assert (
+            file_writer.event_writer._worker is None
+            or not file_writer.event_writer._worker.is_alive()
+        )
 
 
 def test_sessions_that_open_the_run_in_one_second_keep_both_event_files(
@@ -535,6 +572,8 @@ def test_bad_input_to_train_is_one_line_naming_the_field(
     [
         ["train", "--steps", "-5"],
         ["train", "--steps", "many"],
+        ["train", "--steps", "1.5"],
+        ["train", "--steps", "1e400"],
         ["eval", "somewhere", "--episodes", "0"],
     ],
 )
@@ -543,6 +582,13 @@ def test_bad_flags_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixtu
         main(argv)
     assert exit_.value.code == 2
     assert "expected a positive integer" in capsys.readouterr().err
+
+
+def test_steps_may_be_written_as_a_whole_float() -> None:
+    from nnx_ppo.cli.main import _positive_int
+
+    assert _positive_int("1e6") == _positive_int("1000000") == 1_000_000
+    assert _positive_int("2.5E3") == 2500
 
 
 def test_eval_of_a_missing_run_or_checkpoint_is_named(
@@ -581,6 +627,9 @@ def test_evaluation_and_checkpoint_cadence_follow_the_run_length() -> None:
     scaled = follow_run_length(config, given=set())["train"]
     assert scaled["eval"]["every_steps"] == 3 * 2048  # 9 evaluations over 51,200 steps
     assert scaled["checkpoint_every_steps"] == 5 * 2048
+    config["train"]["ppo"]["total_steps"] = 5e4  # written as a float, the same count
+    assert follow_run_length(config, given=set())["train"] == scaled
+    assert cadences_set_by_hand(follow_run_length(config, given=set())) == set()
     config["train"]["eval"]["every_steps"] = 10_000
     kept = follow_run_length(config, given={"train.eval.every_steps"})["train"]
     assert kept["eval"]["every_steps"] == 10_000
@@ -668,6 +717,39 @@ def test_resume_refuses_only_the_settings_that_shape_the_saved_state() -> None:
         "ppo.gradient_clipping is 0.5 in the run, null here",
         'ppo.learning_rate_schedule is "constant" in the run, "linear" here',
     ]
+    # The env's options build the env whose states the checkpoint holds.
+    wanted = json.loads(json.dumps(saved))
+    wanted["env_kwargs"] = {"max_steps": 3}
+    assert changed_on_resume(saved, wanted) == [
+        'env_kwargs is {} in the run, {"max_steps": 3} here'
+    ]
+    del saved["env_kwargs"]  # a config.json written before the field existed: no options
+    assert changed_on_resume(saved, json.loads(json.dumps(preset("cartpole")))) == []
+
+
+def test_env_kwargs_must_be_an_object_and_counts_may_be_whole_floats() -> None:
+    config = preset("cartpole")
+    config["env_kwargs"] = 3
+    with pytest.raises(ValueError, match=r"config field env_kwargs must be an object .* got 3$"):
+        parse_run_config(config)
+    config["env_kwargs"], config["episode_length"] = {}, 1e3
+    assert parse_run_config(config)[0]["episode_length"] == 1000
+
+
+def test_a_resumed_run_rounds_its_length_from_the_step_it_resumes_at() -> None:
+    from nnx_ppo.cli.main import _planned_steps
+
+    assert _planned_steps(502, 0, 128) == (
+        512,
+        " (502 rounded up to whole PPO steps of 128)",
+    )
+    assert _planned_steps(1024, 0, 128) == (1024, "")
+    # Resumed at 768 with steps of 160 (another rollout_length): 768 + 2 * 160.
+    assert _planned_steps(1024, 768, 160) == (
+        1088,
+        " (1,024 rounded up to whole PPO steps of 160 from step 768)",
+    )
+    assert _planned_steps(1024, 1024, 160) == (1024, "")
 
 
 def test_the_closed_loop_noise_of_a_failed_checkpoint_read_is_dropped_and_nothing_else() -> None:

@@ -661,10 +661,10 @@ MODULE_BUGS: dict[
     ),
     "every env reset to the same key": (
         ResetToOneKey,
-        # Two envs whose episodes end at the same step show it.
+        # Found before two envs end at the same step: its keys ignore the ones it is given.
         {"stochastic": True, "batch_sizes": (2,), "time_lengths": (4,)},
         ModuleProperty.PER_ENV_KEYS,
-        "state['keys'] at step",
+        "state['keys'] after reset_state",
     ),
     "per-env keys never split": (
         KeysNeverSplit,

@@ -208,7 +208,18 @@ def _parse_field(name: str, kind: str, value: Any) -> Any:
         value = as_whole(value)  # total_steps = 1e6, as a config may write it
     form, accepts = _FIELD_FORMS[kind]
     if not accepts(value):
-        raise ValueError(f"config field {name} must be {form}; got {json.dumps(value)}")
+        unknown = [
+            flag
+            for flag in (_flag_names(value) or [] if kind == "LoggingLevel" else [])
+            if flag not in LoggingLevel.__members__
+        ]
+        named = (
+            f" ({', '.join(map(repr, unknown))}: no such flag; the flags are "
+            f"{', '.join(LoggingLevel.__members__)})"
+            if unknown
+            else ""
+        )
+        raise ValueError(f"config field {name} must be {form}; got {json.dumps(value)}{named}")
     if kind == "LoggingLevel":
         return _logging_level(value)
     if isinstance(value, list):
@@ -220,18 +231,24 @@ def _logging_level(value: Any) -> LoggingLevel | None:
     """A ``LoggingLevel`` from one of its JSON forms; ``None`` if it is none of them."""
     if isinstance(value, LoggingLevel):
         return value
+    names = _flag_names(value)
+    if names is None or any(name not in LoggingLevel.__members__ for name in names):
+        return None
+    flags = LoggingLevel(0)
+    for name in names:
+        flags |= LoggingLevel[name]
+    return flags
+
+
+def _flag_names(value: Any) -> list[str] | None:
+    """The flag names a ``LoggingLevel``'s JSON form lists; ``None`` if it lists none."""
     if isinstance(value, dict) and set(value) == {"flags"}:
         value = value["flags"]
     if isinstance(value, str):
         value = [part.strip() for part in value.split("|")]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         return None
-    flags = LoggingLevel(0)
-    for flag in value:
-        if flag not in LoggingLevel.__members__:
-            return None
-        flags |= LoggingLevel[flag]
-    return flags
+    return value
 
 
 # ------------------------------------------------------------------------ flattening

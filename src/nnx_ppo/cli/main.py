@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -33,6 +34,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from nnx_ppo.cli import check
+from nnx_ppo.contract.arguments import as_whole
+from nnx_ppo.contract.errors import user_code_frame
 
 if TYPE_CHECKING:  # the command imports the library lazily, to start fast
     from nnx_ppo.algorithms.config import TrainConfig, VideoData
@@ -55,12 +58,12 @@ def _seed(text: str) -> int:
 
 
 def _positive_int(text: str) -> int:
-    """An argparse type: a positive integer, or a one-line usage error."""
+    """An argparse type: a positive integer (``1e6`` too), or a one-line usage error."""
     try:
-        value = int(text)
-    except ValueError:
+        value = as_whole(float(text)) if "e" in text.lower() else int(text)
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
+    if not isinstance(value, int) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
 
@@ -318,6 +321,19 @@ def _start_distributed(args: argparse.Namespace) -> None:
         ) from error
 
 
+def _planned_steps(total_steps: int, start_step: int, per_step: int) -> tuple[int, str]:
+    """The step a run from ``start_step`` ends at, and how the summary says it was rounded.
+
+    Whole PPO steps of ``per_step`` from ``start_step``: a resumed run's steps may be of
+    another size than those before it.
+    """
+    planned = start_step + -(-max(total_steps - start_step, 0) // per_step) * per_step
+    if planned in (total_steps, start_step):
+        return planned, ""
+    since = f" from step {start_step:,}" if start_step else ""
+    return planned, f" ({total_steps:,} rounded up to whole PPO steps of {per_step:,}{since})"
+
+
 def _train(args: argparse.Namespace, console: Console) -> int:
     from nnx_ppo.algorithms import sharding
     from nnx_ppo.cli.presets import parse_run_config
@@ -467,12 +483,7 @@ def _train_locked(
         write_atomically(run_dir / "config.json", json.dumps(run_config, indent=2) + "\n")
     checkpoint_fn = make_checkpoint_fn(run_dir / CHECKPOINT_SUBDIR, train_config)
     per_step = ppo_config.steps_per_iteration
-    planned = max(-(-ppo_config.total_steps // per_step) * per_step, start_step)
-    rounded = (
-        ""
-        if planned == ppo_config.total_steps
-        else f" ({ppo_config.total_steps:,} rounded up to whole PPO steps of {per_step:,})"
-    )
+    planned, rounded = _planned_steps(ppo_config.total_steps, start_step, per_step)
     if not args.quiet:
         print_summary(network, jax.eval_shape(env.reset, jax.random.key(0)).obs, console)
     console.print(
@@ -797,8 +808,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         _exit_at_once(1)
     except (ValueError, TypeError, OSError, ImportError, RunLockedError) as error:
-        _print_error(errors, str(error))
-        return 2
+        where = user_code_frame(error)
+        if where is None:  # the library's own refusal of bad input
+            _print_error(errors, str(error))
+            return 2
+        # A bug in the user's env or module: the whole traceback, as Python would show it.
+        traceback.print_exception(error)
+        _print_error(errors, f"{type(error).__name__} raised in your code at {where}: {error}")
+        return 1
     except _InterruptedAgain as error:  # a second Ctrl-C: stop at once, without a traceback
         _print_error(
             errors,

@@ -29,6 +29,7 @@ from typing import Any
 from nnx_ppo.algorithms.checkpointing import config_from_dict, config_to_dict
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.types import LoggingLevel
+from nnx_ppo.contract.arguments import as_whole
 from nnx_ppo.networks.factories import ACTIVATIONS
 
 __all__ = [
@@ -55,6 +56,7 @@ _CADENCES = ("train.eval.every_steps", "train.checkpoint_every_steps")
 
 FIXED_ON_RESUME = (
     "env",
+    "env_kwargs",
     "episode_length",
     "network.kind",
     "network.hidden_sizes",
@@ -70,6 +72,9 @@ only its evaluations and leave ``config.json`` naming a seed the run never train
 
 _ON_OR_OFF = frozenset({"train.ppo.gradient_clipping"})
 """Of :data:`FIXED_ON_RESUME`, those whose value may change but not whether it is set."""
+
+_UNSET_MEANS = {"env_kwargs": {}}
+"""Of :data:`FIXED_ON_RESUME`, those a run's ``config.json`` may lack, and their value then."""
 
 
 def fixed_on_resume() -> str:
@@ -173,6 +178,8 @@ def merge(base: dict[str, Any], update: dict[str, Any], where: str = "") -> dict
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """A run configuration (or part of one) from a JSON or TOML file."""
+    if path.is_dir():
+        raise IsADirectoryError(f"config file {path} is a directory; give a .toml or .json file")
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist")
     if path.suffix not in (".toml", ".json"):
@@ -211,8 +218,10 @@ def follow_run_length(config: dict[str, Any], given: set[str]) -> dict[str, Any]
     a cadence in ``given`` (dotted keys the user set) is kept.
     """
     config = copy.deepcopy(config)
+    # A count written 1e6 is the count 1000000 (parse_run_config takes it so too).
     total, n_envs, rollout_length = (
-        _lookup(config, f"train.ppo.{key}") for key in ("total_steps", "n_envs", "rollout_length")
+        as_whole(_lookup(config, f"train.ppo.{key}"))
+        for key in ("total_steps", "n_envs", "rollout_length")
     )
     if not all(_positive_int(value) for value in (total, n_envs, rollout_length)):
         return config  # parse_run_config names the bad or missing field
@@ -258,7 +267,13 @@ def parse_run_config(config: dict[str, Any]) -> tuple[dict[str, Any], TrainConfi
         raise ValueError(
             f"config field env must be an env name, got {json.dumps(config.get('env'))}"
         )
-    length = config.get("episode_length")
+    options = config.setdefault("env_kwargs", {})
+    if not isinstance(options, dict):
+        raise ValueError(
+            "config field env_kwargs must be an object of the env's options, e.g. "
+            f'{{"impl": "warp"}}; got {json.dumps(options)}'
+        )
+    length = config["episode_length"] = as_whole(config.get("episode_length"))
     if length is not None and not _positive_int(length):
         raise ValueError(
             "config field episode_length must be a positive integer or null; "
@@ -307,6 +322,8 @@ def changed_on_resume(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str
 
     def fixed(config: dict[str, Any], key: str) -> Any:
         value = _at(config, key)
+        if value is None:
+            value = _UNSET_MEANS.get(key)
         return value is not None if key in _ON_OR_OFF else value
 
     return [

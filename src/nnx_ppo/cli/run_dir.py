@@ -22,6 +22,7 @@ import fcntl
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,14 +130,49 @@ class RunLogger:
     def __call__(self, metrics: dict[str, float], step: int) -> None:
         record = {"step": int(step), "time": time.time()}
         record |= {k: _json_number(v) for k, v in metrics.items()}
-        with self.metrics_path.open("a") as stream:
-            stream.write(json.dumps(record) + "\n")
+        try:
+            with self.metrics_path.open("a") as stream:
+                stream.write(json.dumps(record) + "\n")
+        except OSError as error:
+            raise OSError(
+                f"could not log step {step} in {self.metrics_path}: "
+                f"{error.strerror or error}; the checkpoints already written are intact, "
+                f"and nnx-ppo train --resume {self.run_dir} continues from the newest "
+                "(dropping what it logged after it)"
+            ) from error
         for name, value in metrics.items():
             if math.isfinite(float(value)):
                 self._writer.add_scalar(name, float(value), int(step))
 
     def close(self) -> None:
-        self._writer.close()
+        """Flush and close the TensorBoard file.
+
+        Raises:
+          OSError: the flush failed (a full disk). The writer is then given up:
+            tensorboardX's exit handler and worker thread would each retry it and
+            print a traceback after the run's own error.
+        """
+        try:
+            self._writer.close()
+        except OSError:
+            _abandon(self._writer)
+            raise
+
+
+def _abandon(writer: Any) -> None:
+    """Stop a tensorboardX writer whose flush failed, without its later tracebacks."""
+    previous = threading.excepthook
+    threading.excepthook = lambda args: None  # the worker's last write fails the same way
+    try:
+        for file_writer in list((getattr(writer, "all_writers", None) or {}).values()):
+            events = getattr(file_writer, "event_writer", None)
+            worker = getattr(events, "_worker", None)
+            if worker is not None:
+                worker.stop()
+            if events is not None:
+                events._closed = True  # what its exit handler checks before flushing again
+    finally:
+        threading.excepthook = previous
 
 
 def _json_number(value: Any) -> float | None:

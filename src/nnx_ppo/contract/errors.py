@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sysconfig
+import traceback
+from pathlib import Path
+
 import jax
 import jaxtyping
 
@@ -106,3 +110,22 @@ def format_violation(
             "global, the whole batch, not one device's share"
         )
     return "\n".join(lines)
+
+
+_LIBRARY_DIRS = (
+    str(Path(__file__).resolve().parents[1]),  # nnx_ppo
+    sysconfig.get_paths()["stdlib"],
+    sysconfig.get_paths()["purelib"],  # JAX, Flax, Hypothesis, ...
+    sysconfig.get_paths()["platlib"],
+)
+
+
+def user_code_frame(error: BaseException) -> str | None:
+    """``file:line in function`` of the innermost frame of ``error``'s traceback outside
+    nnx-ppo, the standard library and installed packages: the user's line that raised;
+    ``None`` where every frame is the library's (or Python's, or a package's)."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = str(Path(frame.filename).resolve())
+        if not path.startswith(_LIBRARY_DIRS) and not frame.filename.startswith("<"):
+            return f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return None

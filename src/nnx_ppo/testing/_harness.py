@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import enum
 import functools
-import sysconfig
 import textwrap
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import jax
@@ -24,7 +21,7 @@ from jaxtyping import Array, PyTree, Shaped
 
 from nnx_ppo.contract import ContractError, format_violation
 from nnx_ppo.contract.checks import is_key, key_data_or_leaf
-from nnx_ppo.contract.errors import rule_text
+from nnx_ppo.contract.errors import rule_text, user_code_frame
 
 __all__ = [
     "Condition",
@@ -170,7 +167,7 @@ def property_failure(
     if cause is not None:
         quoted = f"{type(cause).__name__}: {cause}".strip()
         message += "\n" + "\n".join("    " + line for line in quoted.splitlines())
-        where = None if isinstance(cause, ContractError) else _your_frame(cause)
+        where = None if isinstance(cause, ContractError) else user_code_frame(cause)
         if where is not None:
             message += f"\n    raised in your code at {where}"
     if hint is not None:
@@ -178,25 +175,6 @@ def property_failure(
     return ContractPropertyError(
         message, property=prop, subject=subject, sizes=sizes, leaf=leaf, cause=cause
     )
-
-
-_LIBRARY_DIRS = (
-    str(Path(__file__).resolve().parents[1]),  # nnx_ppo
-    sysconfig.get_paths()["stdlib"],
-    sysconfig.get_paths()["purelib"],  # JAX, Flax, Hypothesis, ...
-    sysconfig.get_paths()["platlib"],
-)
-
-
-def _your_frame(error: BaseException) -> str | None:
-    """``file:line in function`` of the innermost frame of ``error``'s traceback outside
-    nnx-ppo, the standard library and installed packages: the user's line that raised.
-    The failure is raised without the traceback, which is all library frames."""
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
-        path = str(Path(frame.filename).resolve())
-        if not path.startswith(_LIBRARY_DIRS) and not frame.filename.startswith("<"):
-            return f"{frame.filename}:{frame.lineno} in {frame.name}"
-    return None
 
 
 def contract_leaf(error: BaseException) -> str | None:
