@@ -382,6 +382,46 @@ def test_a_cadence_of_0_acts_at_step_0_only_and_turns_checkpoints_off(
     assert all(metrics["throughput/video_sps"] > 0 for _, metrics in logged[:1])
 
 
+def test_a_video_without_render_is_refused_before_anything_compiles(
+    counting_env, scripted_network, monkeypatch
+):
+    from nnx_ppo.algorithms import _train
+
+    def compiles(*args, **kwargs):
+        raise AssertionError("the start program was built before the render check")
+
+    monkeypatch.setattr(_train, "_new_training_state", compiles)
+    config = train_config(STEP)
+    config.video = VideoConfig(enabled=True, episode_length=2)
+    with pytest.raises(TypeError, match="train_ppo: video needs an eval env with render"):
+        train_ppo(counting_env, scripted_network(), config, video_fn=print)
+
+
+@pytest.mark.parametrize(
+    ("frames", "error", "message"),
+    [
+        (lambda n: [np.zeros((1, 1, 3), np.uint8)], ValueError, "returned 1 frames for the 3"),
+        (lambda n: [np.zeros((1, 1, 3), np.float32)] * n, TypeError, "must return uint8 frames"),
+        (lambda n: [np.zeros((1, 1), np.uint8)] * n, ValueError, "one .height, width, chann"),
+        (lambda n: None, TypeError, "must return a sequence of frames, got NoneType"),
+    ],
+)
+def test_frames_render_gets_wrong_are_named(counting_env, scripted_network, frames, error, message):
+    class Rendered(type(counting_env)):
+        def render(self, trajectory, **size):
+            return frames(len(trajectory))
+
+    config = train_config(STEP)
+    config.video = VideoConfig(enabled=True, episode_length=2)
+    with pytest.raises(error, match=message):
+        train_ppo(Rendered(), scripted_network(), config, video_fn=print)
+
+
+def test_should_stop_must_answer_a_bool(counting_env, scripted_network):
+    with pytest.raises(TypeError, match="should_stop must return a bool, got str 'no'"):
+        train_ppo(counting_env, scripted_network(), train_config(STEP), should_stop=lambda: "no")
+
+
 def test_a_video_asked_for_by_only_the_config_or_only_a_video_fn_is_warned_of(
     counting_env, scripted_network
 ):

@@ -169,7 +169,7 @@ def test_a_different_architecture_is_refused_with_the_paths_that_differ(
     assert main(["train", "--resume", str(run_dir), "--set", "network.hidden_sizes=[16,16]"]) == 2
     shown = capsys.readouterr().err
     assert "network.hidden_sizes is [16] in the run, [16, 16] here" in shown
-    assert "may not change on resume: env, episode_length, network.kind" in shown
+    assert "may not change on resume: env, env_kwargs, episode_length, network.kind" in shown
 
     # The checkpoint holds the run's keys: a new seed would reseed only the evaluations.
     assert main(["train", "--resume", str(run_dir), "--seed", "5"]) == 2

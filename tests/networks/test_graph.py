@@ -251,7 +251,26 @@ def test_build_errors_name_the_offender():
         graph.connect("a", "o", transform=identity(), reciprocal=True)
     with pytest.raises(ValueError, match="size of population 'b'"):
         graph.add_population("b", 0)
+    with pytest.raises(ValueError, match="output_to of population 'p' is empty"):
+        graph.add_output("p", 2, output_to="")
     assert len(graph.connections) == 0
+
+
+def first_column(v: jax.Array) -> jax.Array:
+    return v[:, :1]
+
+
+@pytest.mark.parametrize("output", [True, False])
+def test_an_activation_that_changes_the_width_is_named(output: bool) -> None:
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("a", 3, input_from="x", activation=None if output else first_column)
+    graph.add_output("o", 3, activation=first_column if output else None)
+    graph.connect("a", "o", delay=0 if output else 1)
+    graph.finalize()
+    name = "o" if output else "a"
+    expected = rf"activation of population '{name}' \(first_column\) must keep the population's "
+    with pytest.raises(ValueError, match=expected + r"shape \(B=2, 3\); found shape \(2, 1\)"):
+        graph(graph.initialize_state(2), {"x": jnp.ones((2, 3))})
 
 
 def test_finalize_is_required_and_final():

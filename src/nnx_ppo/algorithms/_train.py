@@ -8,7 +8,7 @@ import contextlib
 import copy
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import jax
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jaxtyping import Array, Float, Integer, PRNGKeyArray
+from jaxtyping import Array, Float, Integer, PRNGKeyArray, UInt8
 
 from nnx_ppo._compile import training_jit
 from nnx_ppo.algorithms import rollout, sharding
@@ -407,6 +407,23 @@ def _render_of(env: RLEnv, where: str) -> Callable[..., Any]:
     return render
 
 
+def _stop_asked(answer: object) -> bool:
+    """``should_stop``'s answer, which must be a bool: ``"no"`` is truthy."""
+    if not isinstance(answer, bool | np.bool_):
+        raise TypeError(
+            f"train_ppo: should_stop must return a bool, got {type(answer).__name__} {answer!r}"
+        )
+    return bool(answer)
+
+
+def _check_video(owner: str, video: VideoConfig, video_fn: object, eval_env: RLEnv) -> None:
+    """Warn when only one of ``video.enabled`` and ``video_fn`` asks for videos; where
+    both do, refuse an eval env without ``render`` before anything compiles."""
+    _warn_unused_video(owner, video, video_fn, stacklevel=4)
+    if video.enabled and video_fn is not None:
+        _render_of(eval_env, owner)
+
+
 def _record(
     env: RLEnv,
     networks: StatefulModule,
@@ -423,8 +440,34 @@ def _record(
         states, episode_reward = jax.device_get(
             _compiled_recording(_EnvArgument(env), graphdef, state, length, _key_at(seed, steps))
         )
-    frames = np.stack(render(_unstacked(states, length + 1), **config.render_kwargs))
+    frames = _checked_frames(render(_unstacked(states, length + 1), **config.render_kwargs))
+    if len(frames) != length + 1:
+        raise ValueError(
+            f"{where}: {type(env).__name__}.render returned {len(frames)} frames for the "
+            f"{length + 1} states of a {length}-step recording; it must return one per state"
+        )
     return VideoData(frames, steps, float(episode_reward), length)
+
+
+def _checked_frames(frames: Any) -> UInt8[np.ndarray, "frames height width channels"]:
+    """``render``'s frames stacked: ``uint8`` ``(H, W, C)`` arrays, all of one shape."""
+    where = "the eval env's render"
+    if isinstance(frames, np.ndarray):
+        frames = list(frames)
+    if not isinstance(frames, Sequence) or isinstance(frames, str):
+        raise TypeError(f"{where} must return a sequence of frames, got {type(frames).__name__}")
+    shapes = {np.shape(frame) for frame in frames}
+    dtypes = {np.asarray(frame).dtype for frame in frames}
+    if len(shapes) > 1 or any(len(shape) != 3 for shape in shapes):
+        raise ValueError(
+            f"{where} must return frames of one (height, width, channels) shape; got "
+            f"shapes {sorted(shapes)}"
+        )
+    if dtypes - {np.dtype(np.uint8)}:
+        raise TypeError(
+            f"{where} must return uint8 frames (0-255); got {', '.join(map(str, dtypes))}"
+        )
+    return np.stack(frames)
 
 
 def _steps_until_host_needed(
@@ -634,7 +677,7 @@ def train_ppo(
         It trains its own ``initial_state.networks``, so ``networks`` must be
         that same object.
       should_stop: polled after every compiled call (every PPO step with
-        ``iterations_per_call=1``); when it returns ``True`` (e.g. a
+        ``iterations_per_call=1``); when it returns ``True`` (a bool; e.g. a
         signal handler saw Ctrl-C), training stops early and ``checkpoint_fn``, if
         given and checkpoints are on, writes a final checkpoint of the state reached.
 
@@ -646,16 +689,18 @@ def train_ppo(
     Raises:
       TypeError: ``config`` is not a :class:`~nnx_ppo.algorithms.config.TrainConfig`,
         ``initial_state`` not a :class:`~nnx_ppo.algorithms.types.TrainingState`, or
-        video is asked of an eval env without ``render``.
+        video is asked of an eval env without ``render`` (these before anything
+        compiles); ``render`` returned frames that are not ``uint8``, or
+        ``should_stop`` something other than a bool.
       ValueError: ``networks`` is not ``initial_state.networks``, or ``n_envs``
-        (training or evaluation) does not split evenly over the devices; raised
-        before anything compiles.
+        (training or evaluation) does not split evenly over the devices, raised
+        before anything compiles; or ``render`` returned frames of several shapes,
+        not ``(H, W, C)``, or not one per recorded state.
       FloatingPointError: the loss or a parameter became NaN or infinite.
     """
     config = _with_overrides(
         "train_ppo", TrainConfig, "ppo", config, total_steps, seed=seed, devices=devices
     )
-    _warn_unused_video("train_ppo", config.video, video_fn)
     mesh = sharding.resolve_mesh(config.devices)
     eval_envs = config.eval.n_envs if config.eval.enabled else None
     sharding.require_divisible(
@@ -670,6 +715,7 @@ def train_ppo(
                 "initial_state=initial_state)"
             )
     eval_env = env if eval_env is None else eval_env
+    _check_video("train_ppo", config.video, video_fn, eval_env)
     if initial_state is None:
         first_call = _steps_until_host_needed(
             0, config, checkpoint_fn is not None, video_fn is not None
@@ -734,7 +780,7 @@ def train_ppo(
             for logged in earlier:
                 log_fn(logged, int(logged["total_steps"]))
             log_fn(metrics, state.steps_taken)
-        stopping = should_stop is not None and should_stop()
+        stopping = should_stop is not None and _stop_asked(should_stop())
         finished = state.steps_taken >= config.ppo.total_steps
         host.checkpoint(state, ends=stopping or finished)
         if stopping:

@@ -373,19 +373,21 @@ class TrainConfig(_FieldsOnly):
             require_int("TrainConfig", "devices", self.devices)
 
 
-def _warn_unused_video(owner: str, video: VideoConfig, video_fn: object) -> None:
+def _warn_unused_video(
+    owner: str, video: VideoConfig, video_fn: object, stacklevel: int = 3
+) -> None:
     """Warn when only one of ``video.enabled`` and ``video_fn`` asks for videos."""
     if video.enabled and video_fn is None:
         warnings.warn(
             f"{owner}: config.video.enabled is True but no video_fn is given: nothing will be "
             "recorded. Pass video_fn=... to receive each recording.",
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
     elif video_fn is not None and not video.enabled:
         warnings.warn(
             f"{owner}: a video_fn is given but config.video.enabled is False: it will never "
             "be called. Set config.video.enabled = True to record.",
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
 
 

@@ -37,7 +37,7 @@ from jaxtyping import Array, Float, Integer, PRNGKeyArray
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms._loss import _replay
 from nnx_ppo.algorithms._step import _ConfigArgument, _EnvArgument
-from nnx_ppo.algorithms._train import _HostWork, _render_of, _require_seed, _with_overrides
+from nnx_ppo.algorithms._train import _check_video, _HostWork, _require_seed, _with_overrides
 from nnx_ppo.algorithms.checkpointing import _load_checkpoint, make_checkpoint_fn
 from nnx_ppo.algorithms.config import (
     EvalConfig,
@@ -48,7 +48,6 @@ from nnx_ppo.algorithms.config import (
     _require_logging,
     _require_optimizer_options,
     _require_rollouts_and_minibatches,
-    _warn_unused_video,
 )
 from nnx_ppo.algorithms.metrics import compute_metrics, log_weight_stats, to_host
 from nnx_ppo.algorithms.ppo import new_training_state
@@ -900,9 +899,7 @@ def train_distillation(
         )
     eval_env = env if eval_env is None else eval_env
     timed = LoggingLevel.THROUGHPUT in settings.logging_level
-    _warn_unused_video("train_distillation", config.video, video_fn)
-    if config.video.enabled and video_fn is not None:
-        _render_of(eval_env, "train_distillation")  # fail before anything compiles
+    _check_video("train_distillation", config.video, video_fn, eval_env)
     host = _HostWork(
         "train_distillation",
         config,

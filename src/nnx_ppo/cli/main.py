@@ -35,7 +35,7 @@ from rich.table import Table
 
 from nnx_ppo.cli import check
 from nnx_ppo.contract.arguments import as_whole
-from nnx_ppo.contract.errors import user_code_frame
+from nnx_ppo.contract.errors import _user_code_frame
 
 if TYPE_CHECKING:  # the command imports the library lazily, to start fast
     from nnx_ppo.algorithms.config import TrainConfig, VideoData
@@ -808,7 +808,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         _exit_at_once(1)
     except (ValueError, TypeError, OSError, ImportError, RunLockedError) as error:
-        where = user_code_frame(error)
+        where = _user_code_frame(error)
         if where is None:  # the library's own refusal of bad input
             _print_error(errors, str(error))
             return 2

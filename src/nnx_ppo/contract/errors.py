@@ -120,7 +120,7 @@ _LIBRARY_DIRS = (
 )
 
 
-def user_code_frame(error: BaseException) -> str | None:
+def _user_code_frame(error: BaseException) -> str | None:
     """``file:line in function`` of the innermost frame of ``error``'s traceback outside
     nnx-ppo, the standard library and installed packages: the user's line that raised;
     ``None`` where every frame is the library's (or Python's, or a package's)."""

@@ -21,7 +21,7 @@ from jaxtyping import Array, PyTree, Shaped
 
 from nnx_ppo.contract import ContractError, format_violation
 from nnx_ppo.contract.checks import is_key, key_data_or_leaf
-from nnx_ppo.contract.errors import rule_text, user_code_frame
+from nnx_ppo.contract.errors import _user_code_frame, rule_text
 
 __all__ = [
     "Condition",
@@ -167,7 +167,7 @@ def property_failure(
     if cause is not None:
         quoted = f"{type(cause).__name__}: {cause}".strip()
         message += "\n" + "\n".join("    " + line for line in quoted.splitlines())
-        where = None if isinstance(cause, ContractError) else user_code_frame(cause)
+        where = None if isinstance(cause, ContractError) else _user_code_frame(cause)
         if where is not None:
             message += f"\n    raised in your code at {where}"
     if hint is not None:

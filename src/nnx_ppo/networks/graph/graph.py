@@ -88,8 +88,9 @@ class PopulationGraph(StatefulModule):
     and it can no longer be changed.
 
     Input: a dict of observations; input population ``p`` reads ``x[p.input_from]``,
-    ``(B, p.size)``, and other entries are ignored. Output: a dict with one
-    ``(B, p.size)`` entry per output population, under its ``output_to`` key.
+    ``(B, p.size)``, and other entries (batched too, as every input) are ignored.
+    Output: a dict with one ``(B, p.size)`` entry per output population, under its
+    ``output_to`` key.
 
     Carry: :class:`GraphCarry`; ``reset_state`` zeroes the ring buffers and resets
     every transform. ``rollout_extras`` and ``update_statistics``: :class:`GraphExtras`
@@ -195,10 +196,21 @@ class PopulationGraph(StatefulModule):
 
         Raises:
           ValueError: ``name`` is taken, another output population already writes
-            ``output_to``, or ``size`` is not positive.
+            ``output_to``, ``output_to`` is empty, or ``size`` is not positive.
           RuntimeError: the graph is already finalized.
         """
-        self._add(name, size, activation, input_from=None, output_to=output_to or name)
+        if output_to == "":
+            raise ValueError(
+                f"PopulationGraph: output_to of population {name!r} is empty; give an output "
+                "key, or None for the population's name"
+            )
+        self._add(
+            name,
+            size,
+            activation,
+            input_from=None,
+            output_to=name if output_to is None else output_to,
+        )
 
     def _add(
         self,
@@ -413,6 +425,7 @@ class PopulationGraph(StatefulModule):
                 regularization = regularization + out.regularization_loss
             activation = population.activation
             outputs[name] = total if activation is None else activation(total)
+            _check_activation(population, outputs[name], (batch_size, population.size))
         next_state = GraphCarry(
             populations={
                 pop.name: _write(state["populations"][pop.name], outputs[pop.name])
@@ -549,6 +562,17 @@ def _check_contribution(edge: Connection, contribution: Any, expected: tuple[int
             f"PopulationGraph: the transform of connection {edge.label} "
             f"({type(edge.transform).__name__}) must return (B={expected[0]}, {expected[1]}), "
             f"the destination's size; found {found}"
+        )
+
+
+def _check_activation(population: Population, output: Any, expected: tuple[int, int]) -> None:
+    shape = getattr(output, "shape", None)
+    if shape is None or tuple(shape) != expected:
+        found = f"shape {tuple(shape)}" if shape is not None else f"a {type(output).__name__}"
+        raise ValueError(
+            f"PopulationGraph: the activation of population {population.name!r} "
+            f"({getattr(population.activation, '__name__', type(population.activation).__name__)}) "
+            f"must keep the population's shape (B={expected[0]}, {expected[1]}); found {found}"
         )
 
 
