@@ -57,6 +57,8 @@ def test_an_option_a_built_in_env_lacks_is_named_with_those_it_has():
         match="make\\('memory'\\): dealy is not an option of this env; its options: n_cues, delay",
     ):
         envs.make("memory", dealy=3)
+    with pytest.raises(ValueError, match="cues, delays are not options of this env"):
+        envs.make("memory", delays=3, cues=2)
 
 
 def test_playground_backend_is_none_for_a_built_in_name():

@@ -188,3 +188,55 @@ def test_the_table_orders_every_property_once_and_the_docstring_lists_it() -> No
     doc = check_env.__doc__ or ""
     listed = [doc.index(f"{number}. ``{prop}``:") for number, prop in enumerate(EnvProperty, 1)]
     assert listed == sorted(listed)
+
+
+class FixedStartWalker(Walker):
+    """Starts at the origin, but keeps its reset key to draw each step's drift from:
+    it does not ignore its key."""
+
+    def reset(self, rng: jax.Array) -> State:
+        state = super().reset(rng)
+        position = jnp.zeros(2)
+        return state.replace(obs={"position": position, "velocity": jnp.zeros(2)}, data=rng)
+
+    def step(self, state: State, action: jax.Array) -> State:
+        key, drift_key = jax.random.split(state.data)
+        drift = 0.01 * jax.random.normal(drift_key, (2,))
+        stepped = super().step(state, action + drift)
+        return stepped.replace(data=key)
+
+
+def test_an_env_that_keeps_its_reset_key_draws_from_it() -> None:
+    check_env(FixedStartWalker(), n_envs=2, steps=3, action_fn=walker_action)
+
+
+class CalledBackNoise(Walker):
+    """Draws NumPy noise through a host callback: one program text, other numbers at
+    every run."""
+
+    generator = np.random.default_rng(0)
+
+    def step(self, state: State, action: jax.Array) -> State:
+        noise = jax.pure_callback(
+            lambda: self.generator.normal(size=(2,)).astype(np.float32),
+            jax.ShapeDtypeStruct((2,), jnp.float32),
+        )
+        return super().step(state, action + noise)
+
+
+def test_numpy_noise_through_a_callback_is_not_deterministic() -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_env(CalledBackNoise(), n_envs=2, steps=3, action_fn=walker_action)
+    assert caught.value.property == EnvProperty.DETERMINISM, str(caught.value)
+
+
+class PythonFloatReward(Walker):
+    def reset(self, rng: jax.Array) -> State:
+        return super().reset(rng).replace(reward=0.0)
+
+
+def test_a_python_float_in_the_reset_state_is_a_single_env_reset_failure() -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_env(PythonFloatReward(), n_envs=2, steps=3, action_fn=walker_action)
+    assert caught.value.property == EnvProperty.RESET, str(caught.value)
+    assert caught.value.leaf == "state.reward", str(caught.value)

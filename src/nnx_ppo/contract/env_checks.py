@@ -409,8 +409,15 @@ def check_env_unbatched(env: Any, key: Any = None) -> Any:
     where = f"{type(env).__name__}.reset"
     key = jax.random.key(0) if key is None else key
     check_env_reset_key(key, where=where)
+
+    def checked_reset(key: Any) -> Any:
+        # Checked as reset returns it: a Python float reward is still one here.
+        state = env.reset(key)
+        check_env_state(state, where=where)
+        return state
+
     try:
-        reference = jax.eval_shape(env.reset, key)
+        reference = jax.eval_shape(checked_reset, key)
     except ContractError:
         raise
     except Exception as error:
@@ -426,7 +433,6 @@ def check_env_unbatched(env: Any, key: Any = None) -> Any:
             found=f"{type(error).__name__}: {str(error).strip().splitlines()[0]}",
             rule=_RULE_ONE_ENV,
         ) from error
-    check_env_state(reference, where=where)
     size = getattr(env, "observation_size", None)
     mismatch = None if size is None else _observation_mismatch(reference.obs, size, "state.obs")
     if mismatch is not None:

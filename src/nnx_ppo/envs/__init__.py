@@ -105,8 +105,9 @@ def make(name: str, **kwargs: Any) -> RLEnv:
         options = inspect.signature(_BUILT_IN[name]).parameters
         unknown = sorted(key for key in kwargs if key not in options)
         if unknown:
+            verb = "is not an option" if len(unknown) == 1 else "are not options"
             raise ValueError(
-                f"make({name!r}): {', '.join(unknown)} is not an option of this env; its "
+                f"make({name!r}): {', '.join(unknown)} {verb} of this env; its "
                 f"options: {', '.join(options) or 'none'}"
             )
         return _BUILT_IN[name](**kwargs)

@@ -36,7 +36,8 @@ class CartPole:
     - Observation: ``float32[4]``, ``(x, x_dot, theta, theta_dot)``; the
       initial state is drawn uniformly from ``[-0.05, 0.05]^4``.
     - Action: an integer scalar (``discrete_actions = True``, ``action_size =
-      2``): 0 pushes the cart left, 1 pushes it right, with a force of 10 N.
+      2``): 0 pushes the cart left, 1 pushes it right, with a force of 10 N (any
+      other value pushes left, as 0 does: a sampled action is always 0 or 1).
     - Reward: 1.0 for every step, the terminating one included; 0.0 at reset.
     - End: termination when ``|x| > 2.4`` or ``|theta| > 12`` degrees; truncation
       (``info["truncated"] = True``) after ``max_steps`` steps (500, as in

@@ -30,7 +30,7 @@ from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import checks
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.axes import Unbatched
-from nnx_ppo.contract.checks import is_key, named_leaves
+from nnx_ppo.contract.checks import named_leaves
 from nnx_ppo.contract.env_checks import (
     check_action_tree,
     check_env_state,
@@ -210,11 +210,13 @@ class _EnvKit:
             ) from None
 
     def check_determinism(self) -> None:
-        # A pure env traces to the same program twice; only if it does not are both run
-        # (compiling is what costs). Programs may also differ harmlessly (a host
-        # callback's id), so it is the states that decide.
+        # A pure env traces to the same program twice; only if it does not, or calls
+        # back to Python (NumPy's generator would draw anew at run time, in one program
+        # text), are both run (compiling is what costs). Programs may also differ
+        # harmlessly (a host callback's id), so it is the states that decide.
         second = self.rollout()
-        if second.lower(self.key).as_text() != self.program:
+        text = second.lower(self.key).as_text()
+        if text != self.program or "callback" in text:
             self._compare_runs(self.result, jax.device_get(second(self.key)))
 
     def _compare_runs(self, first: Any, second: Any) -> None:
@@ -240,20 +242,25 @@ class _EnvKit:
     def check_random_reset(self) -> None:
         # Many resets, not the rollout's n_envs: an env with a few starts (a cue of two
         # values) gives n_envs equal ones now and then, never this many.
+        # Keys count (as their data, typed or raw): an env that keeps its key to draw
+        # from later does not ignore it.
         states = self.result[2]
-        starts = named_leaves("state.obs", states.obs) + named_leaves("state.data", states.data)
-        if any(
-            (leaf != leaf[:1]).any() for _, leaf in starts if np.ndim(leaf) and not is_key(leaf)
-        ):
+        starts = [
+            as_numpy(leaf)
+            for part in ("obs", "data", "info")
+            for _, leaf in named_leaves(f"state.{part}", getattr(states, part))
+        ]
+        if any((leaf != leaf[:1]).any() for leaf in starts if leaf.ndim):
             return
         raise self.fail(
             EnvProperty.RANDOM_RESET,
             f"env.reset from {_RESETS_COMPARED} different keys gave {_RESETS_COMPARED} equal "
-            "starts: it ignores its key, so every env would start every episode alike.",
-            leaf="state.obs and state.data",
-            expected="starts (observation or data) that differ between keys "
-            "(check_env(..., random_reset=False) where the start is fixed on purpose)",
-            found=f"the same start from all {_RESETS_COMPARED} keys",
+            "states: it ignores its key, so every env would start every episode alike.",
+            leaf="state.obs, state.data and state.info",
+            expected="states that differ between keys, in the start or in a key kept to "
+            "draw from later (check_env(..., random_reset=False) where the start is fixed "
+            "on purpose)",
+            found=f"the same state from all {_RESETS_COMPARED} keys",
         )
 
     def check_done_leaves(self) -> None:
