@@ -13,8 +13,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
+from jaxtyping import Array, Float
 
 import nnx_ppo
 from nnx_ppo import ContractError
@@ -396,3 +398,57 @@ def test_a_module_calling_itself_is_observed_twice() -> None:
     with observe_calls(records.append):
         _Recursive(3)((), jnp.ones((4, 3)))
     assert [(r.method, r.depth) for r in records] == [("__call__", 1), ("__call__", 0)]
+
+
+# ------------------------------------------------------------------- from a user's audit
+
+
+class SowsItsHidden(StatefulModule):
+    """Keeps its hidden activation with Flax's sow, which no forward pass reads."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        h = jnp.tanh(x)
+        self.sow(nnx.Intermediate, "h", h)
+        return StatefulModuleOutput(state, h, jnp.zeros(()), {})
+
+
+@pytest.mark.filterwarnings("ignore:Using 'Module.sow\\(\\)' outside of 'nnx.capture\\(\\)'")
+def test_intermediates_kept_by_sow_or_capture_are_no_forward_write() -> None:
+    module, x = SowsItsHidden(), jnp.ones((2, 3))
+    module((), x)
+    module((), x)  # the second sow writes the variable the first created
+    nnx.capture(lambda m, x: m((), x).output, nnx.Intermediate)(SowsItsHidden(), x)
+
+
+def test_a_numpy_batch_size_is_an_int_to_shipped_annotations() -> None:
+    from nnx_ppo.networks.recurrent import GRU
+
+    for module in (GRU(3, 5, nnx.Rngs(0)), Sequential([Dense(3, 3, nnx.Rngs(0))])):
+        leaves = jax.tree.leaves(module.initialize_state(np.int64(4)))
+        assert all(leaf.shape[0] == 4 for leaf in leaves)
+
+
+def test_a_jitted_method_with_annotations_is_left_unchecked_with_a_warning() -> None:
+    with pytest.warns(UserWarning, match=r"annotations of .*Jitted.__call__ are not checked"):
+
+        class Jitted(StatefulModule):
+            @nnx.jit
+            def __call__(
+                self, state: Any, x: Float[Array, "B 3"], rollout_extras: Any = None
+            ) -> StatefulModuleOutput:
+                return StatefulModuleOutput(state, x, jnp.zeros(()), {})
+
+    assert Jitted()((), jnp.ones((2, 3))).output.shape == (2, 3)
+
+
+class Annotated(StatefulModule):
+    def __call__(
+        self, state: Any, x: Float[Array, "B 3"], rollout_extras: Any = None
+    ) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {})
+
+
+def test_an_annotation_violation_is_raised_without_beartypes_chained_reports() -> None:
+    with pytest.raises(ContractError, match=r"argument x does not match") as caught:
+        Annotated()((), jnp.ones((2, 4)))
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__

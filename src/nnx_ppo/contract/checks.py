@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import jax
+import numpy as np
 from beartype import beartype
 from beartype.roar import BeartypeCallHintViolation
 from flax import nnx
@@ -458,7 +459,17 @@ def _annotation_checked(fn: Callable[..., Any], where: str) -> Callable[..., Any
         return fn
     if not hints:
         return fn
-    return jaxtyped(typechecker=beartype)(fn)
+    try:
+        return jaxtyped(typechecker=beartype)(fn)
+    except Exception as error:  # a method wrapped by another decorator (nnx.jit)
+        warnings.warn(
+            f"nnx_ppo: the annotations of {where} are not checked: jaxtyping could not wrap "
+            f"it ({type(error).__name__}: {error}). Put the other decorator inside the "
+            "method, or on a function it calls, to have them checked; the contract's axis "
+            "checks run either way.",
+            stacklevel=_outside_the_library_level(),
+        )
+        return fn
 
 
 _RULE_ANNOTATIONS = rule_text(
@@ -541,7 +552,9 @@ def _call_annotated(site: _Site, typed: Callable[..., Any], *args: Any, **kwargs
     except ContractError:
         raise
     except (TypeCheckError, BeartypeCallHintViolation) as error:
-        raise _annotation_violation(site, error) from error
+        # The message holds the facts; beartype's and jaxtyping's chained reports would
+        # bury it under dozens of lines of their internals.
+        raise _annotation_violation(site, error) from None
 
 
 def typechecked(fn: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -639,6 +652,11 @@ def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> C
             # A subclass's method calling super()'s: one call of the module, which the
             # outermost method checks and observers see once.
             return fn(self, *args, **kwargs)
+        if method == "initialize_state":
+            # A NumPy integer batch size is an int to the contract (require_int), so to
+            # annotations saying int too.
+            args = tuple(int(a) if isinstance(a, np.integer) else a for a in args)
+            kwargs = {k: int(v) if isinstance(v, np.integer) else v for k, v in kwargs.items()}
         arguments = _bound_arguments(signature, (self, *args), kwargs)[1:]
         site = _Site(self, method)
         depth = len(_ACTIVE_MODULES.get())
@@ -719,8 +737,9 @@ def _check_call(
 
 
 def _is_forward_state(variable: nnx.Variable[Any]) -> bool:
-    """Variables a forward pass must leave alone: all but NNX's random-stream counters."""
-    return not isinstance(variable, nnx.RngState)
+    """Variables a forward pass must leave alone: all but NNX's random-stream counters and
+    the intermediates ``sow`` and ``nnx.capture`` keep, which no forward pass reads."""
+    return not isinstance(variable, nnx.RngState | nnx.Intermediate)
 
 
 def _variable_values(
