@@ -392,6 +392,15 @@ class EpisodeNoiseFromFixedKeys(EpisodeNoise):
         return {**self._drawn(keys.reshape(env.shape)), "env": env}
 
 
+class SummedPenalty(Leaky):
+    """Penalises large states with a scalar summed over the batch, not averaged: the loss
+    averages regularization over samples, so this one grows with the minibatch."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        out = super().__call__(state, x, rollout_extras)
+        return out.replace(regularization_loss=jnp.sum(out.output**2))
+
+
 class LockstepClock(Leaky):
     """Counts each episode's steps in its carry but reads the count off env 0: right while
     every env starts its episode together, wrong once one env's episode ends alone."""
@@ -640,6 +649,12 @@ MODULE_BUGS: dict[
         {},
         ModuleProperty.STATISTICS,
         "Residual.inner (Normalizer)",
+    ),
+    "scalar penalty summed over the batch": (
+        SummedPenalty,
+        {"batch_sizes": (2,)},
+        ModuleProperty.BATCH_OF_ONE,
+        "regularization_loss at step",
     ),
     "step count read off one env": (
         LockstepClock,

@@ -789,6 +789,7 @@ def _check_batch_of_one(case: _Case) -> None:
     ex = case.ex
     # Every env, not one drawn env: a leak from earlier rows (a cumulative sum over the
     # batch) leaves the first row intact.
+    scalar_losses_alone = []
     for env in range(ex.batch_size):
         rows = np.asarray([env])
         alone = case.kit.run(
@@ -815,6 +816,29 @@ def _check_batch_of_one(case: _Case) -> None:
             ),
             lambda row, env=env: f"env {env}",
             steps=case.all_steps,
+        )
+        scalar_losses_alone.append([o.regularization_loss for o in alone.outputs])
+    _check_scalar_loss_is_a_mean(case, np.asarray(scalar_losses_alone, np.float64))
+
+
+def _check_scalar_loss_is_a_mean(case: _Case, alone: Shaped[np.ndarray, "B T ..."]) -> None:
+    """A scalar ``regularization_loss`` is per sample: the batch's is the mean of each env's
+    alone. The loss averages it over samples, so a sum would grow with the minibatch."""
+    batch = np.asarray([o.regularization_loss for o in case.rollout.outputs], np.float64)
+    if batch.ndim != 1 or alone.ndim != 2:  # (B,) losses: compared row by row above
+        return
+    expected = alone.mean(axis=0)
+    bad = np.flatnonzero(~np.isclose(batch, expected, rtol=case.kit.rtol, atol=case.kit.atol))
+    if bad.size:
+        t = int(bad[0])
+        raise case.fail(
+            ModuleProperty.BATCH_OF_ONE,
+            f"the scalar regularization_loss of the batch of {case.ex.batch_size} is not the "
+            "mean of each env's run alone: a scalar is a per-sample value, averaged over "
+            "samples by the loss, so a sum over the batch grows with the minibatch.",
+            leaf=f"regularization_loss at step {t}",
+            expected=f"{expected[t]:.6g} (the mean of the envs' own)",
+            found=f"{batch[t]:.6g}",
         )
 
 
@@ -1312,7 +1336,8 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
     PropertyCheck(
         ModuleProperty.BATCH_OF_ONE,
         _PURITY,
-        "every env run alone gives its row of the batch",
+        "every env run alone gives its row of the batch, and a scalar "
+        "``regularization_loss`` of the batch is the mean of the envs' own",
         _check_batch_of_one,
     ),
     PropertyCheck(
