@@ -94,7 +94,10 @@ def make(name: str, **kwargs: Any) -> RLEnv:
     Raises:
       ValueError: ``name`` is none of the above (the message lists the names), a
         built-in env is given an option it does not have, or a Playground
-        override names a field its config lacks (the message lists the options).
+        override names a field its config lacks (the message lists the options);
+        or a built-in env's count option (``max_steps``, ``n_cues``, ``delay``) is
+        out of range.
+      TypeError: a built-in env's count option is not an integer.
       OSError: a Playground robot env's models (MuJoCo Menagerie, which
         Playground downloads the first time) could not be downloaded; the message
         says where to put them.
