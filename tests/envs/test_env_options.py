@@ -61,6 +61,14 @@ def test_an_option_a_built_in_env_lacks_is_named_with_those_it_has():
         envs.make("memory", delays=3, cues=2)
 
 
+def test_count_options_may_be_whole_floats_as_in_0_3_0():
+    env = envs.make("cartpole", max_steps=3.0)
+    assert env.max_steps == 3 and type(env.max_steps) is int
+    assert envs.make("memory", n_cues=3.0, delay=0.0).n_cues == 3
+    with pytest.raises(TypeError, match=r"CartPole: max_steps must be an int, got float 3\.5"):
+        envs.make("cartpole", max_steps=3.5)
+
+
 def test_playground_backend_is_none_for_a_built_in_name():
     assert envs.playground_backend("cartpole") is None
 

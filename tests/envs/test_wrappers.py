@@ -258,3 +258,14 @@ def test_a_wrapped_envs_malformed_truncation_is_named_as_its_own() -> None:
     state = env.reset(jax.random.key(0))
     with pytest.raises(ContractError, match=r"_TruncationOfTwo\.step in EpisodeWrapper: "):
         jax.eval_shape(env.step, state, jnp.asarray(0))
+
+
+def test_a_missing_attribute_names_the_wrapper_and_the_env_it_wraps() -> None:
+    env = RewardScalingWrapper(EpisodeWrapper(envs.make("cartpole"), 3), 0.5)
+    assert env.max_steps == 500  # forwarded through both
+    with pytest.raises(
+        AttributeError,
+        match=r"RewardScalingWrapper \(wrapping EpisodeWrapper\) has no attribute 'nope'",
+    ):
+        _ = env.nope
+    assert not hasattr(env, "render")

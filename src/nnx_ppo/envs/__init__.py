@@ -97,7 +97,8 @@ def make(name: str, **kwargs: Any) -> RLEnv:
         override names a field its config lacks (the message lists the options);
         or a built-in env's count option (``max_steps``, ``n_cues``, ``delay``) is
         out of range.
-      TypeError: a built-in env's count option is not an integer.
+      TypeError: a built-in env's count option is not a whole number (``3`` and
+        ``3.0`` are taken, as nnx-ppo 0.3.0 took counts).
       OSError: a Playground robot env's models (MuJoCo Menagerie, which
         Playground downloads the first time) could not be downloaded; the message
         says where to put them.

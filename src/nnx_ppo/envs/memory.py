@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.arguments import as_whole, require_int
 from nnx_ppo.contract.env_checks import check_action_tree
 from nnx_ppo.envs.state import State
 
@@ -41,8 +41,8 @@ class MemoryTask:
     """Only a policy with carry state can solve it; presets pick a recurrent network."""
 
     def __init__(self, n_cues: int = 2, delay: int = 4) -> None:
-        self.n_cues = require_int("MemoryTask", "n_cues", n_cues, 2)
-        self.delay = require_int("MemoryTask", "delay", delay, 0)
+        self.n_cues = require_int("MemoryTask", "n_cues", as_whole(n_cues), 2)
+        self.delay = require_int("MemoryTask", "delay", as_whole(delay), 0)
 
     @property
     def observation_size(self) -> int:

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.arguments import as_whole, require_int
 from nnx_ppo.contract.env_checks import check_action_tree
 from nnx_ppo.envs.state import State, time_limit
 
@@ -47,7 +47,7 @@ class Pendulum:
     dt: ClassVar[float] = _DT
 
     def __init__(self, max_steps: int = 200) -> None:
-        self.max_steps = require_int("Pendulum", "max_steps", max_steps, 1)
+        self.max_steps = require_int("Pendulum", "max_steps", as_whole(max_steps), 1)
 
     def reset(self, rng: PRNGKeyArray) -> State:
         """A pendulum at a uniformly random angle and speed."""

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.arguments import as_whole, require_int
 from nnx_ppo.contract.env_checks import check_action_tree
 from nnx_ppo.envs.state import State, time_limit
 
@@ -43,7 +43,7 @@ class TwoAgentReach:
     discrete_actions: ClassVar[bool] = False
 
     def __init__(self, max_steps: int = 50) -> None:
-        self.max_steps = require_int("TwoAgentReach", "max_steps", max_steps, 1)
+        self.max_steps = require_int("TwoAgentReach", "max_steps", as_whole(max_steps), 1)
 
     @property
     def observation_size(self) -> dict[str, tuple[int, ...]]:

@@ -43,4 +43,10 @@ class Wrapper:
         # missing while copy/pickle rebuild the object; forwarding it would recurse.
         if name == "env":
             raise AttributeError(name)
-        return getattr(self.env, name)
+        try:
+            return getattr(self.env, name)
+        except AttributeError:
+            raise AttributeError(
+                f"{type(self).__name__} (wrapping {type(self.env).__name__}) has no "
+                f"attribute {name!r}"
+            ) from None
