@@ -417,7 +417,12 @@ class PopulationGraph(StatefulModule):
                     source = _read(state["populations"][edge.src], edge.delay)
                 extras = None if rollout_extras is None else rollout_extras["connections"][i]
                 out = edge.transform(state["connections"][i], source, extras)
-                _check_contribution(edge, out.output, (batch_size, population.size))
+                _require_shape(
+                    out.output,
+                    (batch_size, population.size),
+                    f"the transform of connection {edge.label} ({type(edge.transform).__name__})",
+                    "return the destination's size,",
+                )
                 total = total + out.output
                 next_transforms[i] = out.next_state
                 emitted[i] = out.rollout_extras
@@ -425,7 +430,13 @@ class PopulationGraph(StatefulModule):
                 regularization = regularization + out.regularization_loss
             activation = population.activation
             outputs[name] = total if activation is None else activation(total)
-            _check_activation(population, outputs[name], (batch_size, population.size))
+            activation_name = getattr(activation, "__name__", type(activation).__name__)
+            _require_shape(
+                outputs[name],
+                (batch_size, population.size),
+                f"the activation of population {name!r} ({activation_name})",
+                "keep the population's shape",
+            )
         next_state = GraphCarry(
             populations={
                 pop.name: _write(state["populations"][pop.name], outputs[pop.name])
@@ -554,25 +565,14 @@ def _observation(
     return entry
 
 
-def _check_contribution(edge: Connection, contribution: Any, expected: tuple[int, int]) -> None:
-    shape = getattr(contribution, "shape", None)
+def _require_shape(value: Any, expected: tuple[int, int], what: str, must: str) -> None:
+    """Refuse ``value`` (a transform's or an activation's result, named by ``what``)
+    unless it is ``(B, size)``: ``must`` says what it must be, in words."""
+    shape = getattr(value, "shape", None)
     if shape is None or tuple(shape) != expected:
-        found = f"shape {tuple(shape)}" if shape is not None else f"a {type(contribution).__name__}"
+        found = f"shape {tuple(shape)}" if shape is not None else f"a {type(value).__name__}"
         raise ValueError(
-            f"PopulationGraph: the transform of connection {edge.label} "
-            f"({type(edge.transform).__name__}) must return (B={expected[0]}, {expected[1]}), "
-            f"the destination's size; found {found}"
-        )
-
-
-def _check_activation(population: Population, output: Any, expected: tuple[int, int]) -> None:
-    shape = getattr(output, "shape", None)
-    if shape is None or tuple(shape) != expected:
-        found = f"shape {tuple(shape)}" if shape is not None else f"a {type(output).__name__}"
-        raise ValueError(
-            f"PopulationGraph: the activation of population {population.name!r} "
-            f"({getattr(population.activation, '__name__', type(population.activation).__name__)}) "
-            f"must keep the population's shape (B={expected[0]}, {expected[1]}); found {found}"
+            f"PopulationGraph: {what} must {must} (B={expected[0]}, {expected[1]}); found {found}"
         )
 
 
