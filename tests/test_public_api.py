@@ -91,3 +91,13 @@ def test_the_paths_and_parameter_names_of_0_3_0_still_work() -> None:
     assert parameters(rollout.tree_where)[:3] == ["cond", "on_true", "on_false"]
     assert parameters(recording.with_recording) == ["net"]
     assert parameters(recording.Recorder.__init__) == ["wrapped"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_no_package_attribute_hides_a_submodule(name: str) -> None:
+    """``import nnx_ppo.a.b as m`` binds the package's attribute ``b``: it must be the module."""
+    module = importlib.import_module(name)
+    parent, _, leaf = name.rpartition(".")
+    assert getattr(importlib.import_module(parent), leaf) is module, (
+        f"{parent}.{leaf} is not the module {name}; a name {parent} exports hides it"
+    )

@@ -34,7 +34,7 @@ from jax import lax
 from jax.extend.random import define_prng_impl, threefry_prng_impl
 from jaxtyping import Array, Shaped, UInt32
 
-from nnx_ppo.contract.checks import is_key
+from nnx_ppo.contract.checking import is_key
 
 _Tree = TypeVar("_Tree")
 """Any pytree; its keys are rewrapped, its structure kept. (``rollout.Tree``'s twin: this

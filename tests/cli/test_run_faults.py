@@ -8,6 +8,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -681,10 +682,16 @@ def test_kill_9_then_resume_continues_from_the_newest_complete_checkpoint(
             logged = _lines(metrics)
             _wait_for(lambda logged=logged: _lines(metrics) > logged, process, "metrics")
             if session == 0:
-                # A second trainer of the same directory is refused while the first runs.
-                capsys.readouterr()
-                assert train(run_dir, 4 * STEP) == 2
-                assert f"is being trained by process {process.pid}" in capsys.readouterr().err
+                # A second trainer of the same directory is refused while the first runs
+                # (stopped meanwhile, so that it is still at its first checkpoints after).
+                process.send_signal(signal.SIGSTOP)
+                try:
+                    capsys.readouterr()
+                    assert train(run_dir, 4 * STEP) == 2
+                    refusal = f"is being trained by process {process.pid}"
+                    assert refusal in capsys.readouterr().err
+                finally:
+                    process.send_signal(signal.SIGCONT)
                 _wait_for(lambda: _writing_a_checkpoint(run_dir), process, "checkpoint write")
             else:
                 time.sleep(rng.uniform(0.0, 2.0))

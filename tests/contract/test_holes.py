@@ -9,18 +9,20 @@ message a user needs: the module and its path, the leaf, expected and found.
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from beartype import beartype
 from flax import nnx
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, PyTree, TypeCheckError, jaxtyped
 
 import nnx_ppo
 from nnx_ppo import ContractError
-from nnx_ppo.contract.checks import CallRecord, observe_calls
+from nnx_ppo.contract.checking import CallRecord, observe_calls, typechecked
 from nnx_ppo.networks.containers import FrozenStatistics, Parallel, Sequential
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.normalizer import Normalizer
@@ -452,3 +454,107 @@ def test_an_annotation_violation_is_raised_without_beartypes_chained_reports() -
     with pytest.raises(ContractError, match=r"argument x does not match") as caught:
         Annotated()((), jnp.ones((2, 4)))
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+class AnnotatedContainers(StatefulModule):
+    def __call__(
+        self,
+        state: dict[str, Float[Array, "B 3"]],
+        x: tuple[Float[Array, "B 3"], ...],
+        rollout_extras: list[Float[Array, "B 3"]] | None = None,
+    ) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {}, rollout_extras)
+
+
+@pytest.mark.parametrize("wrong", ["state['c']", "x[1]", "rollout_extras[2]"])
+def test_every_item_of_an_annotated_container_is_checked(wrong: str) -> None:
+    # beartype alone checks one item per call: a dict's first (right here, so the wrong
+    # item always passed), a list's or a tuple's at random.
+    state = {name: jnp.ones((2, 3)) for name in "abc"}
+    x = [jnp.ones((2, 3)), jnp.ones((2, 3))]
+    extras = [jnp.ones((2, 3)) for _ in range(3)]
+    AnnotatedContainers()(state, tuple(x), extras)  # all right
+    arguments = {"state": state, "x": x, "rollout_extras": extras}
+    name, key = wrong.split("[")
+    arguments[name][eval(key[:-1])] = jnp.ones((2, 4))
+    arguments["x"] = tuple(x)
+
+    with pytest.raises(ContractError) as caught:
+        AnnotatedContainers()(*arguments.values())
+
+    assert caught.value.leaf == wrong
+    assert caught.value.found == "f32[2,4]"
+
+
+@typechecked
+def _mean_of_each(histories: tuple[Float[Array, "T B"], ...]) -> list[Float[Array, "B"]]:
+    return [history.mean(axis=0) for history in histories] + [histories[0]]
+
+
+def test_every_item_of_an_engine_functions_tuple_and_returned_list_is_checked() -> None:
+    with pytest.raises(ContractError, match=r"argument histories\[1\] does not match"):
+        _mean_of_each((jnp.ones((4, 2)), jnp.ones((4, 3))))
+    with pytest.raises(ContractError, match=r"the return value at \[1\] does not match"):
+        _mean_of_each((jnp.ones((4, 2)),))
+
+
+@jaxtyped(typechecker=beartype)
+def _users_helper(x: Float[Array, "B 3"]) -> Float[Array, "B 3"]:
+    return x
+
+
+class CallsAnAnnotatedHelper(StatefulModule):
+    def __call__(
+        self, state: Any, x: Float[Array, "B 4"], rollout_extras: Any = None
+    ) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, _users_helper(x), jnp.zeros(()), {})
+
+
+def test_a_helpers_own_annotation_error_is_not_blamed_on_the_methods_annotations() -> None:
+    with pytest.raises(TypeCheckError) as caught:
+        CallsAnAnnotatedHelper()((), jnp.ones((2, 4)))
+
+    assert not isinstance(caught.value, ContractError)
+    assert "_users_helper" in str(caught.value)
+
+
+def test_jaxtyping_disable_turns_the_annotation_checks_off_and_crashes_nothing() -> None:
+    import jaxtyping
+
+    dense = Dense(5, 4, nnx.Rngs(0))
+    jaxtyping.config.update("jaxtyping_disable", True)
+    try:
+        # Its annotation reads {self.in_features}, which needs jaxtyping's memo: no
+        # AnnotationError, and JAX's own error, as if unannotated.
+        with pytest.raises(TypeError, match="dot_general") as caught:
+            dense((), jnp.zeros((2, 4)))
+    finally:
+        jaxtyping.config.update("jaxtyping_disable", False)
+    assert not isinstance(caught.value, ContractError)
+    with pytest.raises(ContractError, match=r"argument x does not match"):
+        dense((), jnp.zeros((2, 4)))
+
+
+@typechecked
+def _either(
+    x: PyTree[Float[Array, "B 3"]] | PyTree[Float[Array, "..."]], y: Float[Array, " B"]
+) -> None:
+    del x, y
+
+
+def test_a_union_member_that_refuses_the_value_binds_no_dimension() -> None:
+    # The first member binds B=8 on x['a'] and then refuses x['b']; the second accepts
+    # x, so y's B is free.
+    _either({"a": jnp.zeros((8, 3)), "b": jnp.zeros((8, 2))}, jnp.zeros((4,)))
+
+
+@typechecked
+def _ordered(x: OrderedDict[str, Float[Array, "B 3"]]) -> None:
+    del x
+
+
+def test_every_item_of_any_mapping_type_is_checked() -> None:
+    right = jnp.zeros((8, 3))
+    with pytest.raises(ContractError) as caught:
+        _ordered(OrderedDict(a=right, b=jnp.zeros((8, 2)), c=right))
+    assert caught.value.leaf == "x['b']"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nnx_ppo.contract import checks, env_checks
+from nnx_ppo.contract import checking, env_checks
 from nnx_ppo.contract.errors import DOCS_URL, rule_text
 from nnx_ppo.networks import types
 
@@ -35,7 +35,7 @@ def test_rule_text_links_into_the_docs() -> None:
 def test_every_cited_section_exists(page: str) -> None:
     cited = {
         match.groups()
-        for module in (checks, env_checks, types)
+        for module in (checking, env_checks, types)
         for value in vars(module).values()
         if isinstance(value, str)
         for match in LINK.finditer(value)

@@ -25,7 +25,7 @@ from nnx_ppo.contract.env_checks import (
 from nnx_ppo.envs import CartPole, State
 from nnx_ppo.networks.factories import make_default_network
 from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalTanhSampler
-from nnx_ppo.testing.check_env import random_action
+from nnx_ppo.testing.env_properties import random_action
 
 
 def scalar() -> jax.ShapeDtypeStruct:

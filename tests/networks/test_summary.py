@@ -13,7 +13,7 @@ from rich.console import Console
 import nnx_ppo
 from nnx_ppo import envs
 from nnx_ppo.cli.main import main
-from nnx_ppo.contract.checks import CallRecord, checks, format_graph_path, observe_calls
+from nnx_ppo.contract.checking import CallRecord, checks, format_graph_path, observe_calls
 from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.factories import make_default_network
 from nnx_ppo.networks.feedforward import Dense

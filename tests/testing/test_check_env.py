@@ -13,7 +13,7 @@ import nnx_ppo
 from nnx_ppo import envs
 from nnx_ppo.envs import State
 from nnx_ppo.testing import ContractPropertyError, EnvProperty, check_env, random_action
-from nnx_ppo.testing.check_env import ENV_PROPERTIES
+from nnx_ppo.testing.env_properties import ENV_PROPERTIES
 
 
 class Walker:

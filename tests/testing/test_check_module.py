@@ -25,7 +25,7 @@ from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.sampling_layers import CategoricalSampler
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.testing import ContractPropertyError, ModuleProperty, check_module
-from nnx_ppo.testing.check_module import MAX_EXAMPLES_ENV_VAR, MODULE_PROPERTIES
+from nnx_ppo.testing.module_properties import MAX_EXAMPLES_ENV_VAR, MODULE_PROPERTIES
 from nnx_ppo.testing.modules import Linear, RunningSum, StatsRecorder
 
 

@@ -19,7 +19,7 @@ from nnx_ppo.algorithms.types import (
     Transition,
 )
 from nnx_ppo.contract.axes import BoolHistory, FloatHistory
-from nnx_ppo.contract.checks import typechecked
+from nnx_ppo.contract.checking import typechecked
 
 
 @typechecked

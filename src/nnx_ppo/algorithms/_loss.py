@@ -27,7 +27,7 @@ from nnx_ppo.contract.axes import (
     Mask,
     Scalar,
 )
-from nnx_ppo.contract.checks import typechecked
+from nnx_ppo.contract.checking import typechecked
 from nnx_ppo.networks.types import (
     ModuleState,
     PPONetworkOutput,

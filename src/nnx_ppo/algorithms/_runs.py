@@ -54,7 +54,7 @@ from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, TrainResult, _line
 from nnx_ppo.algorithms.rollout import Tree
 from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState
 from nnx_ppo.contract.arguments import require_int, require_number
-from nnx_ppo.contract.checks import is_key, key_data_or_leaf
+from nnx_ppo.contract.checking import is_key, key_data_or_leaf
 from nnx_ppo.networks.types import StatefulModule
 
 __all__ = ["train_ppo_runs"]

@@ -46,7 +46,7 @@ from nnx_ppo.algorithms.config import (
 )
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
 from nnx_ppo.contract.arguments import as_whole
-from nnx_ppo.contract.checks import is_key, key_data_or_leaf
+from nnx_ppo.contract.checking import is_key, key_data_or_leaf
 
 __all__ = [
     "CHECKPOINT_SUBDIR",

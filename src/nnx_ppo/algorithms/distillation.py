@@ -54,7 +54,7 @@ from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, TrainingState, Transition
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.axes import BatchedTree, Carry, CarrySlice, Extras, HistoryTree, Scalar
-from nnx_ppo.contract.checks import (
+from nnx_ppo.contract.checking import (
     CallRecord,
     checks,
     format_graph_path,

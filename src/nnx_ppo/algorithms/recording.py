@@ -22,7 +22,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree, Shaped
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.types import EnvState, RLEnv
 from nnx_ppo.contract.axes import BatchedTree, BoolHistory, Carry, HistoryTree, Mask
-from nnx_ppo.contract.checks import typechecked
+from nnx_ppo.contract.checking import typechecked
 from nnx_ppo.networks.recording import Recorder, extract_activations
 from nnx_ppo.networks.types import StatefulModule, checked_ppo_output
 

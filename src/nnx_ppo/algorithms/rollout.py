@@ -45,7 +45,7 @@ from nnx_ppo.contract.axes import (
     Unbatched,
     align_leading,
 )
-from nnx_ppo.contract.checks import is_key, typechecked
+from nnx_ppo.contract.checking import is_key, typechecked
 from nnx_ppo.contract.env_checks import check_action_tree, check_env_state, check_env_unbatched
 from nnx_ppo.contract.errors import rule_text
 from nnx_ppo.envs.state import (

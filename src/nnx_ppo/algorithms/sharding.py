@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.types import TrainingState
 from nnx_ppo.contract.arguments import require_int
-from nnx_ppo.contract.checks import is_key, key_data_or_leaf
+from nnx_ppo.contract.checking import is_key, key_data_or_leaf
 
 if TYPE_CHECKING:  # rollout imports this module: its names are not all bound yet
     from nnx_ppo.algorithms.rollout import Tree

@@ -1,6 +1,6 @@
 """The checking machinery of the contract. Imports nothing else of nnx_ppo."""
 
-from nnx_ppo.contract.checks import (
+from nnx_ppo.contract.checking import (
     CHECKS_ENV_VAR,
     checks,
     checks_enabled,

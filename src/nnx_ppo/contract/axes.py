@@ -5,7 +5,7 @@ time axis of a rollout. Every array-facing signature in the package is written w
 these aliases, and where an annotation is written it is checked (with beartype,
 dimension names bound across the call): on the contract methods of every
 :class:`~nnx_ppo.networks.types.StatefulModule` by the installed checks, and on the
-engine's public functions by :func:`nnx_ppo.contract.checks.typechecked`.
+engine's public functions by :func:`nnx_ppo.contract.checking.typechecked`.
 
 Leaves are ``Shaped`` (any dtype) where a pytree may hold integer or boolean
 observations, and ``Float`` where the value is one float array. NumPy arrays are

@@ -38,7 +38,7 @@ import numpy as np
 from jaxtyping import PyTree
 
 from nnx_ppo.contract.arguments import is_int
-from nnx_ppo.contract.checks import (
+from nnx_ppo.contract.checking import (
     checks_enabled,
     describe_leaf,
     format_shape,

@@ -25,7 +25,7 @@ from nnx_ppo.contract.axes import (
     HistoryTree,
     RegularizationLoss,
 )
-from nnx_ppo.contract.checks import FROZEN_STATISTICS_MARK
+from nnx_ppo.contract.checking import FROZEN_STATISTICS_MARK
 from nnx_ppo.networks.types import (
     EntryTypeError,
     MissingEntryError,

@@ -5,7 +5,7 @@ no floating-point work is done and no activation is allocated, so it costs the s
 for any network size. It builds a batch from one unbatched example input,
 initialises the carry, calls the network, and folds the emitted ``rollout_extras``,
 stacked over time, into ``update_statistics``. Every checked contract-method call
-is watched with :func:`nnx_ppo.contract.checks.observe_calls`, so the table shows
+is watched with :func:`nnx_ppo.contract.checking.observe_calls`, so the table shows
 what each module really received and returned in that call, with the batch axis
 written ``B`` and the time axis of a history written ``T``.
 """
@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from nnx_ppo.contract.axes import BatchedTree
-from nnx_ppo.contract.checks import (
+from nnx_ppo.contract.checking import (
     CallRecord,
     checks,
     format_graph_path,
@@ -129,7 +129,7 @@ class ModuleRow:
         place of the count, and :attr:`NetworkSummary.parameters` counts them once.
       keeps_statistics: whether the module keeps running statistics (it defines
         ``update_statistics`` and holds no contract module), see
-        :func:`nnx_ppo.contract.checks.is_stats_bearing`.
+        :func:`nnx_ppo.contract.checking.is_stats_bearing`.
       history: the leaves of the ``(T, B, *feat)`` history its ``update_statistics``
         received; ``None`` when it was not called with one.
       error: the :class:`~nnx_ppo.ContractError` this module's own checks raised, in

@@ -14,7 +14,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Shaped
 
 from nnx_ppo.contract.axes import BatchedTree, Extras, HistoryTree
-from nnx_ppo.contract.checks import format_shape
+from nnx_ppo.contract.checking import format_shape
 from nnx_ppo.contract.env_checks import is_size, size_shape
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 

@@ -3,7 +3,7 @@
 Recording is for evaluation and analysis. The trained network is never changed:
 :func:`with_recording` returns a :class:`Recorder`, a thin contract module that
 holds the network (sharing its parameters) and, in its ``__call__``, watches the
-network's checked calls with :func:`nnx_ppo.contract.checks.observe_calls`. Each
+network's checked calls with :func:`nnx_ppo.contract.checking.observe_calls`. Each
 contract module's ``output`` of that call is collected under the module's path in
 the network, as Python would write it (``""`` for the network itself,
 ``".layers[0]"``, ``".components['action']"``), and the collection is returned in
@@ -32,7 +32,7 @@ from typing import Any
 from flax import nnx
 
 from nnx_ppo.contract.axes import BatchedTree, Carry, CarrySlice, Extras, HistoryTree
-from nnx_ppo.contract.checks import CallRecord, checks, format_graph_path, observe_calls
+from nnx_ppo.contract.checking import CallRecord, checks, format_graph_path, observe_calls
 from nnx_ppo.networks.types import ACTIVATION_KEY, StatefulModule, StatefulModuleOutput
 
 __all__ = ["ACTIVATION_KEY", "Recorder", "extract_activations", "with_recording"]

@@ -24,7 +24,7 @@ from nnx_ppo.contract.axes import (
     HistoryTree,
     RegularizationLoss,
 )
-from nnx_ppo.contract.checks import (
+from nnx_ppo.contract.checking import (
     CONTRACT_METHODS,
     describe_leaf,
     named_leaves,

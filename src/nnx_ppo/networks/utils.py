@@ -31,7 +31,7 @@ from jaxtyping import Array, Float, Key
 
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.axes import BatchedTree, Carry, Extras, PerEnvKeys
-from nnx_ppo.contract.checks import describe_leaf
+from nnx_ppo.contract.checking import describe_leaf
 from nnx_ppo.networks.containers import Parallel, _KeyedContainer
 from nnx_ppo.networks.types import (
     EntryTypeError,

@@ -26,11 +26,11 @@ from typing import Any
 
 from nnx_ppo.testing import modules
 from nnx_ppo.testing._harness import ContractPropertyError
-from nnx_ppo.testing.check_env import ENV_PROPERTIES, EnvProperty, check_env, random_action
+from nnx_ppo.testing.env_properties import ENV_PROPERTIES, EnvProperty, check_env, random_action
 
 try:
     from nnx_ppo.testing import strategies
-    from nnx_ppo.testing.check_module import MODULE_PROPERTIES, ModuleProperty, check_module
+    from nnx_ppo.testing.module_properties import MODULE_PROPERTIES, ModuleProperty, check_module
 except ModuleNotFoundError as missing:
     if missing.name != "hypothesis":
         raise

@@ -20,7 +20,7 @@ import numpy as np
 from jaxtyping import Array, PyTree, Shaped
 
 from nnx_ppo.contract import ContractError, format_violation
-from nnx_ppo.contract.checks import is_key, key_data_or_leaf
+from nnx_ppo.contract.checking import is_key, key_data_or_leaf
 from nnx_ppo.contract.errors import _user_code_frame, rule_text
 
 __all__ = [

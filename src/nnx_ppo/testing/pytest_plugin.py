@@ -59,7 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"{_MAX_EXAMPLES_OPTION} must be a positive int, got {max_examples}"
         )
-    from nnx_ppo.testing.check_module import MAX_EXAMPLES_ENV_VAR
+    from nnx_ppo.testing.module_properties import MAX_EXAMPLES_ENV_VAR
 
     config.stash[_PREVIOUS] = os.environ.get(MAX_EXAMPLES_ENV_VAR)
     os.environ[MAX_EXAMPLES_ENV_VAR] = str(max_examples)
@@ -69,7 +69,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """Give ``NNX_PPO_MAX_EXAMPLES`` back the value it had before the session."""
     if _PREVIOUS not in config.stash:
         return
-    from nnx_ppo.testing.check_module import MAX_EXAMPLES_ENV_VAR
+    from nnx_ppo.testing.module_properties import MAX_EXAMPLES_ENV_VAR
 
     previous = config.stash[_PREVIOUS]
     if previous is None:

@@ -43,7 +43,7 @@ class RingBuffer(TypedDict):
         from ``d`` steps earlier is in slot ``(buffer_idx - d) % k``.
     """
 
-    buffer: Float[Array, "B k size"]
+    buffer: Float[Array, "B _k _size"]
     buffer_idx: Int[Array, " B"]
 
 

@@ -19,12 +19,15 @@ A call is checked in three layers:
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import functools
 import inspect
+import io
 import os
 import re
 import sys
+import types
 import typing
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -33,12 +36,13 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import jax
+import jaxtyping
 import numpy as np
 from beartype import beartype
-from beartype.roar import BeartypeCallHintViolation
+from beartype.door import is_bearable
 from flax import nnx
 from flax.errors import TraceContextError
-from jaxtyping import TypeCheckError, jaxtyped
+from jaxtyping import AbstractArray, PyTree, jaxtyped, print_bindings
 
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.errors import ContractError, rule_text
@@ -460,7 +464,7 @@ def _annotation_checked(fn: Callable[..., Any], where: str) -> Callable[..., Any
     if not hints:
         return fn
     try:
-        return jaxtyped(typechecker=beartype)(fn)
+        return _checked_leaf_by_leaf(fn, hints)
     except Exception as error:  # a method wrapped by another decorator (nnx.jit)
         warnings.warn(
             f"nnx_ppo: the annotations of {where} are not checked: jaxtyping could not wrap "
@@ -472,20 +476,192 @@ def _annotation_checked(fn: Callable[..., Any], where: str) -> Callable[..., Any
         return fn
 
 
+class _AnnotationMismatch(Exception):
+    """A value that does not match its annotation, raised inside the call's dimension memo.
+
+    The caller, who knows the module the call ran on, turns it into a ContractError.
+    """
+
+    def __init__(self, what: str, leaf: str, hint: Any, value: Any, bindings: str) -> None:
+        super().__init__(what)
+        self.what, self.leaf, self.hint, self.value, self.bindings = (
+            what,
+            leaf,
+            hint,
+            value,
+            bindings,
+        )
+
+
+def _checked_leaf_by_leaf(fn: Callable[..., Any], hints: dict[str, Any]) -> Callable[..., Any]:
+    """``fn`` with its arguments and result checked against ``hints``, leaf by leaf.
+
+    beartype alone checks one item of a ``dict``, ``list`` or ``tuple[X, ...]`` per call
+    (its constant-time strategy), so the other items of a container went unchecked; and a
+    pytree that failed was reported whole. Here every item and every leaf is checked
+    with beartype, inside one jaxtyping dimension memo for the whole call (holding the
+    arguments, so ``{self.width}`` dimensions resolve), and a violation names its leaf.
+    """
+    jaxtyped(typechecker=beartype)(fn)  # refuses, when the class is made, what it cannot check
+    signature = inspect.signature(fn)
+    parameters = signature.parameters
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if jaxtyping.config.jaxtyping_disable:  # JAXTYPING_DISABLE: no memo, and no checks
+            return fn(*args, **kwargs)
+        for name, value in signature.bind(*args, **kwargs).arguments.items():
+            if name not in hints:
+                continue
+            kind = parameters[name].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                items = [(f"[{index}]", item) for index, item in enumerate(value)]
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                items = [(f"[{key!r}]", item) for key, item in value.items()]
+            else:
+                items = [("", value)]
+            for suffix, item in items:
+                _require_match(f"argument {name}{suffix}", name + suffix, item, hints[name])
+        result = fn(*args, **kwargs)
+        if "return" in hints:
+            _require_match("the return value", "return value", result, hints["return"])
+        return result
+
+    # Unannotated, so that jaxtyping only holds the memo and the checks are all ours.
+    run.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[p.replace(annotation=inspect.Parameter.empty) for p in parameters.values()],
+        return_annotation=inspect.Signature.empty,
+    )
+    for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(run, attribute, getattr(fn, attribute, None))
+    return jaxtyped(typechecker=beartype)(run)
+
+
+def _require_match(what: str, name: str, value: Any, hint: Any) -> None:
+    mismatch = _first_mismatch(value, hint, "")
+    if mismatch is not None:
+        path, leaf, leaf_hint = mismatch
+        if path and what.startswith("the "):
+            what = f"{what} at {path}"
+        else:
+            what += path
+        raise _AnnotationMismatch(what, name + path, leaf_hint, leaf, _dimension_bindings())
+
+
+_UNIONS = (typing.Union, types.UnionType)
+
+
+def _first_mismatch(value: Any, hint: Any, path: str) -> tuple[str, Any, Any] | None:
+    """The first leaf of ``value`` (its path, the leaf, the leaf's hint) that ``hint`` refuses.
+
+    Mappings (``dict``, ``Mapping``, ``OrderedDict``, ...), sequences (``list``,
+    ``Sequence``, ...), tuples and jaxtyping ``PyTree`` s of arrays are walked item by
+    item; any other hint is checked whole by beartype. A ``TypedDict`` is checked as
+    beartype checks it, as a mapping: the carries the library annotates with one (their
+    leaves ``(B, ...)``) also reach ``reset_state`` as one env's slice, under ``vmap``.
+    """
+    origin, members = typing.get_origin(hint), typing.get_args(hint)
+    if origin in _UNIONS:
+        # beartype's own check first: for a PyTree it is jaxtyping's, which binds no
+        # dimension unless the whole tree matches, so a refused member binds nothing.
+        if any(
+            _bearable(value, member) and _first_mismatch(value, member, path) is None
+            for member in members
+        ):
+            return None
+        # Name the leaf when exactly one member is a container of the value's kind.
+        alike = [member for member in members if _is_container_of(value, member)]
+        return _first_mismatch(value, alike[0], path) if len(alike) == 1 else (path, value, hint)
+    leaf_hint = _pytree_leaf_hint(hint)
+    if leaf_hint is not None:
+        try:
+            leaves = jax.tree_util.tree_flatten_with_path(value)[0]
+        except (TypeError, ValueError):  # keys JAX cannot sort: jaxtyping refuses it too
+            return (path, value, hint)
+        for key_path, leaf in leaves:
+            found = _first_mismatch(leaf, leaf_hint, path + jax.tree_util.keystr(key_path))
+            if found is not None:
+                return found
+        return None
+    items: list[tuple[str, Any, Any]] = []
+    if _is_container_of(value, hint, collections.abc.Mapping) and len(members) == 2:
+        key_hint, item_hint = members
+        for key in value:
+            if not _bearable(key, key_hint):
+                return (f"{path} (key {key!r})", key, key_hint)
+        items = [(f"[{key!r}]", item, item_hint) for key, item in value.items()]
+    elif (
+        _is_container_of(value, hint, collections.abc.Sequence)
+        and origin is not tuple
+        and len(members) == 1
+        and not isinstance(value, str | bytes)
+    ):
+        items = [(f"[{index}]", item, members[0]) for index, item in enumerate(value)]
+    elif origin is tuple and isinstance(value, tuple):
+        if len(members) == 2 and members[1] is Ellipsis:
+            item_hints: Sequence[Any] = [members[0]] * len(value)
+        elif len(members) == len(value):
+            item_hints = members
+        else:
+            return (path, value, hint)
+        pairs = zip(value, item_hints, strict=True)
+        items = [(f"[{index}]", item, item_hint) for index, (item, item_hint) in enumerate(pairs)]
+    for suffix, item, item_hint in items:
+        found = _first_mismatch(item, item_hint, path + suffix)
+        if found is not None:
+            return found
+    return None if _bearable(value, hint) else (path, value, hint)
+
+
+def _bearable(value: Any, hint: Any) -> bool:
+    try:
+        return is_bearable(value, hint)
+    except (TypeError, ValueError):  # a value jaxtyping cannot flatten (unsortable keys)
+        return False
+
+
+def _is_container_of(value: Any, hint: Any, kind: type = object) -> bool:
+    """Whether ``hint`` is a container of ``kind`` that ``value`` is (``dict[...]``, a
+    ``PyTree`` of arrays, ...)."""
+    if _pytree_leaf_hint(hint) is not None:
+        return kind is object and value is not None
+    origin = typing.get_origin(hint)
+    return isinstance(origin, type) and issubclass(origin, kind) and isinstance(value, origin)
+
+
+def _pytree_leaf_hint(hint: Any) -> Any:
+    """The leaf hint of a jaxtyping ``PyTree[leaf]`` of arrays, else ``None``.
+
+    A ``PyTree`` with a named structure, or whose leaf type is itself a container, is
+    left to jaxtyping whole: its leaves are not those JAX's flattening finds.
+    """
+    if not (isinstance(hint, type) and issubclass(hint, PyTree)):
+        return None
+    leaf_hint = getattr(hint, "leaftype", None)
+    if getattr(hint, "structure", None) is not None or not _is_array_hint(leaf_hint):
+        return None
+    return leaf_hint
+
+
+def _is_array_hint(hint: Any) -> bool:
+    if typing.get_origin(hint) in _UNIONS:
+        return all(_is_array_hint(member) for member in typing.get_args(hint))
+    return isinstance(hint, type) and issubclass(hint, AbstractArray | jax.Array | np.ndarray)
+
+
+def _dimension_bindings() -> str:
+    """The dimension sizes bound so far in this call, ``"B=8, T=4"``, or ``""``."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_bindings()
+    lines = printed.getvalue().strip().splitlines()
+    return ", ".join(line for line in lines if not line.endswith("are as follows."))
+
+
 _RULE_ANNOTATIONS = rule_text(
     "annotations a module writes on its own methods are checked, with dimension names "
     "bound across the call",
     "what-is-checked-and-when",
 )
-# jaxtyping's report is several paragraphs; these pick out its facts, one per line.
-_ANNOTATED_PARAMETER = re.compile(r"typechecking parameter '([^']+)'")
-_ANNOTATED_ACTUAL = re.compile(r"^Actual value: (.*?)\nExpected type: ", re.MULTILINE | re.DOTALL)
-_ANNOTATED_EXPECTED = re.compile(r"^Expected type: (.*?)\.?$", re.MULTILINE)
-_ANNOTATED_BOUND = re.compile(r"axis annotation are as follows\.\n(.*)\Z", re.DOTALL)
-
-
-_NUMPY_OR_JAX = re.compile(r"typing\.Union\[(\w+)\[Array, ('[^']*')\], \1\[ndarray, \2\]\]")
-"""The contract's aliases accept NumPy arrays too; a message shows them as the JAX type."""
 
 _SELF_DIMENSION = re.compile(r"\{self\.(\w+)\}")
 """A dimension jaxtyping reads off the module (``"B {self.in_features}"``)."""
@@ -502,36 +678,53 @@ def _with_module_values(annotation: str, module: Any) -> str:
     return _SELF_DIMENSION.sub(value, annotation)
 
 
+_NUMPY_OR_JAX = re.compile(r"Union\[(\w+)\[Array, ('[^']*')\], \1\[ndarray, \2\]\]")
+"""A JAX-or-NumPy union inside a written hint (``PyTree[Union[...]]``), shown as the JAX type."""
+
+_HINT_NAMES = (
+    ("jaxtyping.", ""),
+    ("jaxlib._jax.Array", "Array"),
+    ("jax.Array", "Array"),
+    ("numpy.ndarray", "ndarray"),
+    ("typing.", ""),
+)
+
+
+def _hint_text(hint: Any) -> str:
+    """``Float[Array, 'B 3']``, ``dict[str, Float[Array, 'B 3']]``: a hint as users write it.
+
+    The contract's aliases accept NumPy arrays too; a union shows only the JAX member of
+    each JAX and NumPy pair.
+    """
+    if typing.get_origin(hint) in _UNIONS:
+        texts = [_hint_text(member) for member in typing.get_args(hint)]
+        as_jax = {text: text.replace("[ndarray, ", "[Array, ") for text in texts}
+        return " | ".join(t for t in texts if as_jax[t] == t or as_jax[t] not in texts)
+    if hint is type(None):
+        return "None"
+    if isinstance(hint, type):
+        text = hint.__qualname__ if hint.__module__ == "builtins" else hint.__name__
+    else:
+        text = repr(hint)
+    for long, short in _HINT_NAMES:
+        text = text.replace(long, short)
+    return _NUMPY_OR_JAX.sub(r"\1[Array, \2]", text)
+
+
 def _annotation_violation(
-    site: _Site | str, error: Exception, rule: str = _RULE_ANNOTATIONS
+    site: _Site | str, mismatch: _AnnotationMismatch, rule: str = _RULE_ANNOTATIONS
 ) -> ContractError:
-    text = str(error).strip()
-    actual = _ANNOTATED_ACTUAL.search(text)
-    expected = _ANNOTATED_EXPECTED.search(text)
-    if actual is None or expected is None:
-        return _violation(
-            site,
-            "an argument or the return value does not match the jaxtyping annotations on "
-            "its signature.",
-            found=text,
-            rule=rule,
-        )
-    parameter = _ANNOTATED_PARAMETER.search(text)
-    what = f"argument {parameter.group(1)}" if parameter else "the return value"
-    annotation = expected.group(1).removeprefix("<class '").removesuffix("'>")
-    annotation = annotation.replace("jaxlib._jax.Array", "Array").replace("jax.Array", "Array")
-    annotation = _NUMPY_OR_JAX.sub(r"\1[Array, \2]", annotation)
+    annotation = _hint_text(mismatch.hint)
     if isinstance(site, _Site):
         annotation = _with_module_values(annotation, site.module)
-    bound = _ANNOTATED_BOUND.search(text)
-    if bound is not None:
-        annotation += " with " + ", ".join(bound.group(1).split())
+    if mismatch.bindings:
+        annotation += " with " + mismatch.bindings
     return _violation(
         site,
-        f"{what} does not match its jaxtyping annotation.",
-        leaf=parameter.group(1) if parameter else "return value",
+        f"{mismatch.what} does not match its jaxtyping annotation.",
+        leaf=mismatch.leaf,
         expected=annotation,
-        found=_one_line(actual.group(1)),
+        found=_value_text(mismatch.value),
         rule=rule,
     )
 
@@ -540,21 +733,56 @@ _FOUND_LIMIT = 400
 """Characters of a violating value shown; a pytree's repr can be pages long."""
 
 
-def _one_line(value_repr: str) -> str:
-    """A value's (possibly multi-line) repr on one line, cut at :data:`_FOUND_LIMIT`."""
-    text = " ".join(value_repr.split())
+_SHORT_DTYPES = (("bfloat", "bf"), ("float", "f"), ("uint", "u"), ("int", "i"), ("complex", "c"))
+
+
+class _Summary:
+    """Stands in for an array in a value's repr: ``f32[8,3]``, ``f64[8,3](numpy)``."""
+
+    def __init__(self, leaf: jax.Array | np.ndarray) -> None:
+        dtype = str(leaf.dtype)
+        for long, short in _SHORT_DTYPES:
+            if dtype.startswith(long):
+                dtype = short + dtype.removeprefix(long)
+                break
+        numpy = "(numpy)" if isinstance(leaf, np.ndarray) else ""
+        self.text = f"{dtype}[{','.join(str(size) for size in leaf.shape)}]{numpy}"
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _holds_itself(value: Any, enclosing: frozenset[int] = frozenset()) -> bool:
+    """Whether a dict, list or tuple in ``value`` contains itself."""
+    if not isinstance(value, dict | list | tuple):
+        return False
+    if id(value) in enclosing:
+        return True
+    items = value.values() if isinstance(value, dict) else value
+    return any(_holds_itself(item, enclosing | {id(value)}) for item in items)
+
+
+def _value_text(value: Any) -> str:
+    """``value`` on one line, each array as its dtype and shape, cut at :data:`_FOUND_LIMIT`."""
+    try:
+        if _holds_itself(value):  # JAX's flattening would recurse until the interpreter fails
+            raise ValueError
+        shown = jax.tree_util.tree_map(
+            lambda leaf: _Summary(leaf) if isinstance(leaf, jax.Array | np.ndarray) else leaf,
+            value,
+        )
+        text = repr(shown)
+    except Exception:  # a pytree that cannot be rebuilt (unsortable keys, checked fields)
+        text = repr(value)
+    text = " ".join(text.split())
     return text if len(text) <= _FOUND_LIMIT else text[:_FOUND_LIMIT] + " ..."
 
 
 def _call_annotated(site: _Site, typed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         return typed(*args, **kwargs)
-    except ContractError:
-        raise
-    except (TypeCheckError, BeartypeCallHintViolation) as error:
-        # The message holds the facts; beartype's and jaxtyping's chained reports would
-        # bury it under dozens of lines of their internals.
-        raise _annotation_violation(site, error) from None
+    except _AnnotationMismatch as mismatch:
+        raise _annotation_violation(site, mismatch) from None
 
 
 def typechecked(fn: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -563,10 +791,10 @@ def typechecked(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     For the engine's public functions (``gae``, ``ppo_loss``, ``unroll_env``, ...):
     dimension names (``T``, ``B``) are bound across the call's arguments and result,
     and a mismatch raises :class:`~nnx_ppo.ContractError` naming the function, the
-    argument, the annotation with its bound sizes, and what was passed. Under
+    argument and leaf, the annotation with its bound sizes, and what was passed. Under
     ``jax.jit`` the check runs once, while JAX traces.
     """
-    typed = jaxtyped(typechecker=beartype)(fn)
+    typed = _checked_leaf_by_leaf(fn, typing.get_type_hints(fn))
     where = fn.__qualname__
 
     @functools.wraps(fn)
@@ -575,10 +803,8 @@ def typechecked(fn: Callable[_P, _R]) -> Callable[_P, _R]:
             return fn(*args, **kwargs)
         try:
             return typed(*args, **kwargs)
-        except ContractError:
-            raise
-        except (TypeCheckError, BeartypeCallHintViolation) as error:
-            raise _annotation_violation(where, error, _RULE_FUNCTION_ANNOTATIONS) from None
+        except _AnnotationMismatch as mismatch:
+            raise _annotation_violation(where, mismatch, _RULE_FUNCTION_ANNOTATIONS) from None
 
     return checked
 

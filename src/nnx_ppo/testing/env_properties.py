@@ -30,7 +30,7 @@ from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import checks
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.axes import Unbatched
-from nnx_ppo.contract.checks import named_leaves
+from nnx_ppo.contract.checking import named_leaves
 from nnx_ppo.contract.env_checks import (
     check_action_tree,
     check_env_state,

@@ -1,6 +1,6 @@
 """``check_module``: every contract property of a stateful module, checked with Hypothesis.
 
-The runtime checks (:mod:`nnx_ppo.contract.checks`) catch what one call's shapes and
+The runtime checks (:mod:`nnx_ppo.contract.checking`) catch what one call's shapes and
 trees show. The properties that need several calls, per-sample purity, replay,
 statistics, are what this kit adds: it runs your module on random batch sizes,
 rollout lengths, episode ends and inputs, compares the calls with each other, and
@@ -49,7 +49,7 @@ from nnx_ppo.contract.axes import (
     Mask,
     align_leading,
 )
-from nnx_ppo.contract.checks import (
+from nnx_ppo.contract.checking import (
     RULE_NO_WRITES,
     RULE_STATISTICS_KIND,
     CallRecord,
