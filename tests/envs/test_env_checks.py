@@ -306,6 +306,25 @@ def test_discrete_actions_that_are_not_bools_of_the_action_tree_are_refused(flag
         discrete_action_flags(env)
 
 
+def test_a_tuple_of_ints_is_one_shape_and_the_message_says_so() -> None:
+    env = ArmAndGripper()
+    env.action_size, env.discrete_actions = (2, 1), (True, False)  # type: ignore[assignment]
+    with pytest.raises(TypeError, match=r"a tuple of ints is one shape.*\(2, \(1,\)\)"):
+        discrete_action_flags(env)
+    env.action_size = (2, (1,))  # type: ignore[assignment]
+    assert discrete_action_flags(env) == [True, False]
+    action = random_action(env, jax.random.key(0))
+    assert action[0].shape == () and action[1].shape == (1,)
+
+
+def test_a_discrete_leaf_given_a_shape_is_refused_by_name() -> None:
+    env = ArmAndGripper()
+    env.action_size = {"arm": 3, "gripper": (2,)}  # type: ignore[assignment]
+    message = r"ArmAndGripper.action_size\['gripper'\] is \(2,\), but that leaf is discrete"
+    with pytest.raises(TypeError, match=message):
+        random_action(env, jax.random.key(0))  # int() of a tuple before
+
+
 def test_built_in_envs_check_their_actions() -> None:
     env = envs.CartPole()
     with pytest.raises(ContractError, match=r"CartPole.step: action has shape \(2,\)"):

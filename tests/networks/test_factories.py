@@ -208,3 +208,14 @@ def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type, match: str
 def test_discrete_needs_two_actions():
     with pytest.raises(ValueError, match="n_actions must be >= 2"):
         factories.make_discrete_mlp_actor_critic(OBS, 1, [8], [8], nnx.Rngs(0))
+
+
+def test_the_lstm_preset_names_why_it_was_chosen_for_a_dict_observation():
+    class DictMemory:
+        observation_size: ClassVar[dict[str, int]] = {"cue": 2, "flags": 2}
+        action_size = 2
+        discrete_actions = True
+        requires_memory = True
+
+    with pytest.raises(TypeError, match=r"chosen because env.requires_memory\) reads one flat"):
+        factories.make_default_network(DictMemory(), nnx.Rngs(0))

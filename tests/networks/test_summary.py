@@ -335,3 +335,12 @@ def test_a_module_at_two_places_has_each_path_and_its_parameters_counted_once() 
     lines = str(result).splitlines()
     assert lines[0].strip() == "Sequential: 20 parameters"
     assert [line.split()[-1] for line in lines[3:]] == ["20", "20", "20", "shared", "shared"]
+
+
+def test_a_batch_given_as_the_example_input_gets_a_hint() -> None:
+    network = make_default_network(envs.CartPole(), nnx.Rngs(0), hidden_sizes=(4,))
+
+    with pytest.raises(ValueError, match=r"x has shape \(37, 37, 4\)") as caught:
+        nnx_ppo.summary(network, jnp.zeros((37, 4)))
+
+    assert any("example_input is ONE sample" in note for note in caught.value.__notes__)

@@ -54,6 +54,7 @@ __all__ = [
     "RULE_NO_WRITES",
     "RULE_STATISTICS_KIND",
     "CallRecord",
+    "batched_example_hint",
     "checks",
     "checks_enabled",
     "describe_leaf",
@@ -271,6 +272,29 @@ def named_leaves(name: str, tree: Any) -> list[tuple[str, Any]]:
     """The leaves of ``tree`` with their paths written after ``name``: ``("state['h']", leaf)``."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
     return [(name + jax.tree_util.keystr(path), leaf) for path, leaf in flat]
+
+
+def batched_example_hint(example_input: Any, adder: str) -> str | None:
+    """A hint for a shape failure when ``example_input``, meant as ONE sample, may be a
+    batch: every leaf has two axes or more and leads with the same size above one.
+
+    ``adder`` names who adds the batch axis in the message (``"the kit"``).
+    """
+    named = named_leaves("example_input", example_input)
+    shapes = [tuple(getattr(leaf, "shape", ())) for _, leaf in named]
+    # One sample of one flat feature axis, (4,), is the common case and no batch.
+    leading = {shape[0] if len(shape) > 1 else None for shape in shapes}
+    if len(leading) != 1 or None in leading or leading == {1}:
+        return None
+    (size,) = leading
+    listed = ", ".join(
+        f"{name} {shape}" for (name, _), shape in zip(named[:3], shapes, strict=False)
+    )
+    return (
+        f"example_input is ONE sample, without the batch axis: {adder} adds B itself. "
+        f"Every leaf of yours leads with {size} ({listed}); if {size} is a batch, pass "
+        f"one sample, e.g. example_input[0], or jax.ShapeDtypeStruct of its shape."
+    )
 
 
 @dataclass

@@ -498,19 +498,36 @@ def discrete_action_flags(env: Any) -> list[bool]:
     bools with ``env.action_size``'s structure.
 
     Raises:
-      TypeError: ``discrete_actions`` is neither (the message says what it is).
+      TypeError: ``discrete_actions`` is neither (the message says what it is), or
+        a discrete leaf's size is a shape, not the number of choices.
     """
     value = getattr(env, "discrete_actions", False)
-    sizes, size_tree = jax.tree.flatten(env.action_size, is_leaf=is_size)
+    name = type(env).__name__
+    sized, size_tree = jax.tree.flatten_with_path(env.action_size, is_leaf=is_size)
     if isinstance(value, bool | np.bool_):
-        return [bool(value)] * len(sizes)
-    flags, flag_tree = jax.tree.flatten(value)
-    if flag_tree != size_tree or not all(isinstance(f, bool | np.bool_) for f in flags):
-        raise TypeError(
-            f"{type(env).__name__}.discrete_actions must be one bool, or a tree of bools "
-            f"with the structure of its action_size {env.action_size!r}; got {value!r}"
-        )
-    return [bool(f) for f in flags]
+        flags = [bool(value)] * len(sized)
+    else:
+        given, flag_tree = jax.tree.flatten(value)
+        if flag_tree != size_tree or not all(isinstance(f, bool | np.bool_) for f in given):
+            one_shape = isinstance(env.action_size, tuple | list) and is_size(env.action_size)
+            hint = (
+                " (a tuple of ints is one shape; write a tuple of actions with a shape "
+                "among them, e.g. (2, (1,)), or use a dict)"
+                if one_shape and len(given) == len(env.action_size)
+                else ""
+            )
+            raise TypeError(
+                f"{name}.discrete_actions must be one bool, or a tree of bools with the "
+                f"structure of its action_size {env.action_size!r}{hint}; got {value!r}"
+            )
+        flags = [bool(f) for f in given]
+    for (path, size), discrete in zip(sized, flags, strict=True):
+        if discrete and not is_int(size):
+            raise TypeError(
+                f"{name}.action_size{jax.tree_util.keystr(path)} is {size!r}, but that leaf "
+                "is discrete: a discrete leaf's size is one int, its number of choices"
+            )
+    return flags
 
 
 def check_action_tree(

@@ -395,7 +395,7 @@ def make_default_network(
 
     - ``kind="lstm"``, or ``"auto"`` for an env with ``requires_memory`` (the
       built-in ``memory`` task): :func:`make_lstm_actor_critic` with
-      ``hidden_sizes[0]`` units;
+      ``hidden_sizes[0]`` units, on a flat observation;
     - dict actions (one entry per agent, e.g. ``two_agent``): one MLP actor and one
       MLP critic per entry, on that entry's observation, so values are per agent;
       each actor samples its entry's kind of action (``discrete_actions`` may be
@@ -425,6 +425,13 @@ def make_default_network(
     discrete = all(flags)
     entropy = 1e-2 if entropy_weight is None else entropy_weight
     if kind == "lstm" or (kind == "auto" and getattr(env, "requires_memory", False)):
+        if isinstance(obs_size, Mapping):
+            why = "kind='lstm'" if kind == "lstm" else "chosen because env.requires_memory"
+            raise TypeError(
+                f"{owner}: the LSTM preset ({why}) reads one flat observation, but "
+                f"observation_size is the dict {obs_size!r}. Flatten the observation in a "
+                "wrapper, or build a recurrent network of your own (see the layers page)."
+            )
         return make_lstm_actor_critic(
             _width(owner, obs_size),
             action_size,

@@ -29,6 +29,7 @@ from rich.text import Text
 from nnx_ppo.contract.axes import BatchedTree
 from nnx_ppo.contract.checking import (
     CallRecord,
+    batched_example_hint,
     checks,
     format_graph_path,
     format_shape,
@@ -191,8 +192,9 @@ class NetworkSummary:
             box=box.SIMPLE_HEAD,
             show_edge=False,
         )
-        # On a narrow console every cell folds: nothing is cut off.
-        table.add_column("module", overflow="fold")
+        # On a narrow console every cell folds: nothing is cut off. The module column
+        # shrinks last, so that a name and its class stay on one line.
+        table.add_column("module", overflow="fold", no_wrap=True)
         for column in ("input", "output", "carry", "extras"):
             table.add_column(column, overflow="fold")
         table.add_column("params", justify="right", overflow="fold")
@@ -279,7 +281,8 @@ def summary(
     Raises:
       Exception: any other exception the step raises, unchanged (e.g. a matrix-size
         mismatch in a module without annotations; ``Dense`` reports an input of the
-        wrong width as a ``ContractError``).
+        wrong width as a ``ContractError``), with a note where ``example_input``
+        looks like a batch.
 
     Example::
 
@@ -290,7 +293,13 @@ def summary(
         example_input,
     )
     traced: list[_Traced] = []
-    nnx.eval_shape(lambda net, x: traced.append(_trace_step(net, x)), network, batch)
+    try:
+        nnx.eval_shape(lambda net, x: traced.append(_trace_step(net, x)), network, batch)
+    except Exception as error:
+        hint = batched_example_hint(example_input, "summary")
+        if hint is not None:
+            error.add_note(hint)
+        raise
     (step,) = traced
     return NetworkSummary(type(network).__name__, step.rows, _parameter_count(network), step.error)
 

@@ -53,6 +53,7 @@ from nnx_ppo.contract.checking import (
     RULE_NO_WRITES,
     RULE_STATISTICS_KIND,
     CallRecord,
+    batched_example_hint,
     format_graph_path,
     is_stats_bearing,
     named_leaves,
@@ -1476,23 +1477,6 @@ def _input_spec(example_input: Any) -> PyTree[jax.ShapeDtypeStruct]:
     return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), example_input)
 
 
-def _batched_example_hint(spec: PyTree[jax.ShapeDtypeStruct]) -> str | None:
-    """A hint for a failure of the shape checks when ``example_input`` may be a batch:
-    every leaf has two axes or more and leads with the same size above one."""
-    named = named_leaves("example_input", spec)
-    # One sample of one flat feature axis, (4,), is the common case and no batch.
-    leading = {leaf.shape[0] if len(leaf.shape) > 1 else None for _, leaf in named}
-    if len(leading) != 1 or None in leading or leading == {1}:
-        return None
-    (size,) = leading
-    shapes = ", ".join(f"{name} {tuple(leaf.shape)}" for name, leaf in named[:3])
-    return (
-        f"example_input is ONE sample, without the batch axis: the kit adds B itself. "
-        f"Every leaf of yours leads with {size} ({shapes}); if {size} is a batch, pass "
-        f"one sample, e.g. example_input[0], or jax.ShapeDtypeStruct of its shape."
-    )
-
-
 _FOLD_HINT = (
     "update_statistics raised in the module's own code, not a routing check: it receives "
     "(T, B, *feat) leaves; fold T and B into one batch (x.reshape(-1, *feat)) and give each "
@@ -1615,7 +1599,7 @@ def check_module(
             f"check_module: stochastic must be True, False or 'per_episode', got {stochastic!r}"
         )
     kit = _ModuleKit(module, rtol, atol, stochastic, bool(episodic))
-    hint = _batched_example_hint(spec)
+    hint = batched_example_hint(spec, "the kit")
 
     @settings(
         max_examples=examples,
