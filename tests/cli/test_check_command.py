@@ -74,6 +74,12 @@ class Pair:
 
 
 not_a_module = 42
+
+
+def make_env():
+    from nnx_ppo import envs
+
+    return envs.CartPole()
 """
 
 
@@ -150,6 +156,12 @@ def test_the_example_input_may_be_an_npy_array(cells: str, tmp_path: Path) -> No
             "kit_cli_cells:not_a_module",
             [],
             "kit_cli_cells:not_a_module gives a value of type int: expected a StatefulModule",
+        ),
+        (
+            "kit_cli_cells:make_env",
+            [],
+            "it looks like an environment, which nnx-ppo check does not take: check it with "
+            "nnx_ppo.testing.check_env",
         ),
         (
             "kit_cli_cells:make_broken",

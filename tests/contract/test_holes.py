@@ -558,3 +558,60 @@ def test_every_item_of_any_mapping_type_is_checked() -> None:
     with pytest.raises(ContractError) as caught:
         _ordered(OrderedDict(a=right, b=jnp.zeros((8, 2)), c=right))
     assert caught.value.leaf == "x['b']"
+
+
+class CentredDense(StatefulModule):
+    """Keeps a running sum of its inputs of its own, beside a Dense child."""
+
+    def __init__(self) -> None:
+        self.dense = Dense(3, 3, nnx.Rngs(0))
+        self.total = nnx.BatchStat(jnp.zeros(3))
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        out = self.dense((), x - self.total[...])
+        return StatefulModuleOutput((), out.output, jnp.zeros(()), {}, x)
+
+    def update_statistics(self, history: Any) -> None:
+        self.total[...] = self.total[...] + history.sum((0, 1))
+
+
+class ForgetsStatistics(StatefulModule):
+    """Routes every contract method to its child but update_statistics (the no-op)."""
+
+    def __init__(self, inner: StatefulModule) -> None:
+        self.inner = inner
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return self.inner(state, x, rollout_extras)
+
+    def initialize_state(self, batch_size: int) -> Any:
+        return self.inner.initialize_state(batch_size)
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return self.inner.reset_state(prev_state)
+
+
+def test_a_module_keeping_statistics_beside_its_children_must_be_reached() -> None:
+    # Its children made it count as a container, whose statistics are its children's: an
+    # update_statistics that never reached it passed, and its sum stayed zero.
+    network = Sequential([ForgetsStatistics(CentredDense())])
+    extras = network(network.initialize_state(2), jnp.ones((2, 3))).rollout_extras
+
+    with pytest.raises(ContractError, match=r"never reached .*\(CentredDense\), which keeps"):
+        network.update_statistics(jax.tree.map(lambda leaf: leaf[None], extras))
+
+
+class ReadsFrozenMean(StatefulModule):
+    """Reads a frozen normaliser's mean; calls no child, so routes no reset_state."""
+
+    def __init__(self) -> None:
+        self.frozen = FrozenStatistics(Normalizer(3))
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput((), x + self.frozen.module.mean[...], jnp.zeros(()), {})
+
+
+def test_reset_state_need_not_reach_a_child_without_a_carry() -> None:
+    # It was refused: "its carry would go on from the ended episode", of a carry of ().
+    network = Sequential([Dense(3, 3, nnx.Rngs(0)), ReadsFrozenMean()])
+    network.reset_state(network.initialize_state(2))

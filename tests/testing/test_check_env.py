@@ -240,3 +240,36 @@ def test_a_python_float_in_the_reset_state_is_a_single_env_reset_failure() -> No
         check_env(PythonFloatReward(), n_envs=2, steps=3, action_fn=walker_action)
     assert caught.value.property == EnvProperty.RESET, str(caught.value)
     assert caught.value.leaf == "state.reward", str(caught.value)
+
+
+class KeyOnTheObject:
+    """Draws its noise from a key kept on the Python object, outside its State."""
+
+    observation_size = 1
+    action_size = 1
+
+    def __init__(self) -> None:
+        self._key = jax.random.key(0)
+
+    def reset(self, rng: Any) -> State:
+        return State(
+            obs=jax.random.uniform(rng, (1,)),
+            reward=jnp.zeros(()),
+            done=jnp.zeros(()),
+            metrics={},
+            info={},
+            data={},
+        )
+
+    def step(self, state: State, action: Any) -> State:
+        self._key, draw = jax.random.split(self._key)
+        return state.replace(obs=state.obs + action + jax.random.normal(draw, (1,)))
+
+
+def test_an_env_keeping_its_key_on_the_object_is_named() -> None:
+    # JAX later failed with "Computation compiled for 2 inputs but called with 1".
+    with pytest.raises(ContractPropertyError) as caught:
+        check_env(KeyOnTheObject())
+    message = str(caught.value)
+    assert "property 'single-env step'" in message
+    assert "env.step stored a traced value on the env object, at env._key" in message

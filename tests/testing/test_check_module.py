@@ -238,12 +238,23 @@ def test_the_environment_variable_sets_the_default_number_of_examples(
 ) -> None:
     TraceCounter.eager_calls = 0
     monkeypatch.setenv(MAX_EXAMPLES_ENV_VAR, "4")
-    check_module(TraceCounter(2), jnp.zeros(2), batch_sizes=(1,), time_lengths=(1,))
+    check_module(TraceCounter(2), jnp.zeros(2), batch_sizes=(2,), time_lengths=(1,))
     # Each example calls the module eagerly twice (the eager-vs-compiled property).
     assert TraceCounter.eager_calls == 2 * 4
     monkeypatch.setenv(MAX_EXAMPLES_ENV_VAR, "many")
     with pytest.raises(ValueError, match="NNX_PPO_MAX_EXAMPLES must be a positive int"):
         check_module(TraceCounter(2), jnp.zeros(2))
+    TraceCounter.eager_calls = 0
+    monkeypatch.setenv(MAX_EXAMPLES_ENV_VAR, "")  # a CI variable left blank: unset
+    check_module(TraceCounter(2), jnp.zeros(2), batch_sizes=(2,), time_lengths=(1,))
+    assert TraceCounter.eager_calls == 2 * 10
+
+
+def test_batch_sizes_without_two_envs_are_refused() -> None:
+    # With B=1 only, no property compares one env's rows with another's: a carry averaged
+    # over the batch passed.
+    with pytest.raises(ValueError, match=r"batch_sizes \(1,\) has no size of 2 or more"):
+        check_module(TraceCounter(2), jnp.zeros(2), batch_sizes=(1,))
 
 
 @pytest.mark.parametrize(
@@ -319,7 +330,7 @@ def test_env(check_env):
 
 
 def test_the_option_reaches_a_direct_call():
-    kit_check_module(EagerCounter(2), jnp.zeros(2), batch_sizes=(1,), time_lengths=(1,))
+    kit_check_module(EagerCounter(2), jnp.zeros(2), batch_sizes=(2,), time_lengths=(1,))
     # Each example calls the module eagerly twice (the eager-vs-compiled property).
     assert EagerCounter.eager_calls == 2 * 3
 """

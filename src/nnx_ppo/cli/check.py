@@ -162,9 +162,15 @@ def run(args: argparse.Namespace, console: Console) -> int:
         except Exception as error:
             raise ValueError(f"{args.target}() raised {type(error).__name__}: {error}") from error
     if not isinstance(module, StatefulModule):
+        env_hint = (
+            "; it looks like an environment, which nnx-ppo check does not take: check it "
+            "with nnx_ppo.testing.check_env in your tests"
+            if callable(getattr(module, "reset", None)) and callable(getattr(module, "step", None))
+            else ""
+        )
         raise ValueError(
             f"{args.target} gives a value of type {type(module).__name__}: expected a "
-            "StatefulModule or a function of no arguments that builds one"
+            f"StatefulModule or a function of no arguments that builds one{env_hint}"
         )
     stochastic = "per_episode" if args.stochastic_per_episode else args.stochastic
     options: dict[str, Any] = {"stochastic": stochastic, "episodic": not args.not_episodic}

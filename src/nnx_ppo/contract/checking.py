@@ -1379,12 +1379,26 @@ def _is_contract_module(node: Any) -> bool:
 
 
 def is_stats_bearing(node: Any) -> bool:
-    """A contract module that defines ``update_statistics`` and holds no sub-modules."""
+    """A contract module that defines ``update_statistics`` and holds no sub-modules, or
+    holds statistics of its own beside them (not only its children's)."""
     if not _is_contract_module(node):
         return False
     if not _overrides(node, "update_statistics"):
         return False
-    return not _has_contract_children(node)
+    return not _has_contract_children(node) or _holds_own_statistics(node)
+
+
+def _holds_own_statistics(node: Any) -> bool:
+    """Whether a statistic variable of ``node`` lies outside its contract sub-modules."""
+    entries = [(tuple(path), value) for path, value in nnx.iter_graph(node) if path]
+    children = [path for path, value in entries if _is_contract_module(value)]
+    return any(
+        isinstance(value, nnx.Variable)
+        and _is_statistic(value)
+        and not isinstance(value, nnx.Intermediate)
+        and not any(path[: len(child)] == child for child in children)
+        for path, value in entries
+    )
 
 
 def _has_contract_children(node: Any) -> bool:
@@ -1464,9 +1478,23 @@ _STATISTICS_ROUTING = _Routing(
     _RULE_ROUTING,
     frozen_exempt=True,
 )
+
+
+def _keeps_a_carry(node: Any) -> bool:
+    """Whether ``node``'s carry has leaves (evaluated abstractly; unknown counts as yes)."""
+    try:
+        with checks(False):
+            carry = nnx.eval_shape(lambda module: module.initialize_state(1), node)
+    except Exception:
+        return True
+    return bool(jax.tree.leaves(carry))
+
+
 _RESET_ROUTING = _Routing(
     "reset_state",
-    lambda node: _is_contract_module(node) and _overrides(node, "reset_state"),
+    lambda node: (
+        _is_contract_module(node) and _overrides(node, "reset_state") and _keeps_a_carry(node)
+    ),
     "defines its own reset_state: its carry would go on from the ended episode",
     "the default, which keeps every child's carry",
     rule_text(

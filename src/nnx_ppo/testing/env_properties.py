@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 from jaxtyping import Bool, PRNGKeyArray
 
 from nnx_ppo._compile import fast_compile_options
@@ -110,6 +111,30 @@ def random_action(env: Any, key: PRNGKeyArray) -> Unbatched:
     return jax.tree.unflatten(treedef, leaves)
 
 
+def _traced_attribute(
+    value: Any, path: str, seen: frozenset[int] = frozenset(), depth: int = 4
+) -> str | None:
+    """The path of the first JAX tracer among ``value``'s attributes and containers."""
+    if isinstance(value, Tracer):
+        return path
+    if depth == 0 or id(value) in seen or isinstance(value, jax.Array | np.ndarray | str):
+        return None
+    seen = seen | {id(value)}
+    if isinstance(value, dict):
+        items = [(f"{path}[{key!r}]", item) for key, item in value.items()]
+    elif isinstance(value, list | tuple):
+        items = [(f"{path}[{index}]", item) for index, item in enumerate(value)]
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        items = [(f"{path}.{name}", item) for name, item in vars(value).items()]
+    else:
+        return None
+    for item_path, item in items:
+        found = _traced_attribute(item, item_path, seen, depth - 1)
+        if found is not None:
+            return found
+    return None
+
+
 class _EnvKit:
     """One environment, the rollout it is checked on, and the failures it reports."""
 
@@ -146,6 +171,7 @@ class _EnvKit:
             self.reference = check_env_unbatched(self.env, jax.random.split(self.key)[0])
         except Exception as error:
             raise self.failed_call(EnvProperty.RESET, "env.reset on one key", error) from None
+        self.check_nothing_kept_on_the_env(EnvProperty.RESET, "env.reset")
 
     def check_step(self) -> None:
         try:
@@ -158,6 +184,20 @@ class _EnvKit:
             raise self.failed_call(
                 EnvProperty.STEP, "env.step on one environment's state", error
             ) from None
+        self.check_nothing_kept_on_the_env(EnvProperty.STEP, "env.step")
+
+    def check_nothing_kept_on_the_env(self, prop: EnvProperty, method: str) -> None:
+        """A traced value left on the env object: state kept outside the State (a key in
+        ``self._key``), which fails later in JAX with a message that names nothing."""
+        kept = _traced_attribute(self.env, "env")
+        if kept is not None:
+            raise self.fail(
+                prop,
+                f"{method} stored a traced value on the env object, at {kept}: an env is a "
+                "pure function of its state. Keep what it remembers between steps (a key, a "
+                "counter) in the State's data.",
+                leaf=kept,
+            )
 
     def rollout(self) -> jax.stages.Wrapped:
         """A freshly traced ``jit(key -> (reset states, stepped states, starts))``.
@@ -394,8 +434,8 @@ ENV_PROPERTIES: tuple[PropertyCheck[_EnvKit], ...] = (
         EnvProperty.RANDOM_RESET,
         "env.reset draws its start from its key: envs reset from different keys do not all "
         "start alike",
-        f"the starts (``obs`` and ``data``, keys left out) ``reset`` returns from "
-        f"{_RESETS_COMPARED} keys are not all the same",
+        f"the starts ``reset`` returns from {_RESETS_COMPARED} keys (``obs``, ``data`` and "
+        "``info``, keys kept there included) are not all the same",
         _EnvKit.check_random_reset,
         Condition("``random_reset=True``", lambda kit: kit.random_reset),
     ),

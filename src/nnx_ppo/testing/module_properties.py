@@ -1511,8 +1511,8 @@ def _sizes(name: str, sizes: Sequence[int]) -> tuple[int, ...]:
 def _max_examples(max_examples: int | None) -> int:
     if max_examples is not None:
         return require_int("check_module", "max_examples", max_examples)
-    configured = os.environ.get(MAX_EXAMPLES_ENV_VAR)
-    if configured is None:
+    configured = os.environ.get(MAX_EXAMPLES_ENV_VAR, "").strip()
+    if not configured:  # unset, or set empty (as a CI variable left blank is)
         return DEFAULT_MAX_EXAMPLES
     try:
         number = int(configured)
@@ -1564,7 +1564,8 @@ def check_module(
         arrays or ``jax.ShapeDtypeStruct``. Inputs are drawn with its tree, shapes
         and dtypes (floats standard normal, integers in ``[-3, 3]``, ``[0, 3]`` if
         unsigned, booleans).
-      batch_sizes: the batch sizes to draw ``B`` from; one compile per size.
+      batch_sizes: the batch sizes to draw ``B`` from; one compile per size. At
+        least one must be 2 or more, for the properties that compare envs.
       time_lengths: the rollout lengths to draw ``T`` from.
       max_examples: how many examples Hypothesis runs (before shrinking a
         failure); by default ``NNX_PPO_MAX_EXAMPLES`` from the environment (which
@@ -1590,6 +1591,12 @@ def check_module(
     module = _build(module_factory_or_module)
     spec = _input_spec(example_input)
     batches = _sizes("batch_sizes", batch_sizes)
+    if max(batches) < 2:
+        raise ValueError(
+            f"check_module: batch_sizes {batches} has no size of 2 or more: with one env per "
+            "batch no property can see one env's rows depend on another's (batch-of-one "
+            "agreement, minibatch slicing); include 2"
+        )
     lengths = _sizes("time_lengths", time_lengths)
     examples = _max_examples(max_examples)
     rtol = require_number("check_module", "rtol", rtol, minimum=0.0)

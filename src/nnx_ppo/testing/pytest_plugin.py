@@ -16,8 +16,10 @@ variable ``NNX_PPO_MAX_EXAMPLES`` for the session.
 pytest imports this plugin in every session of an environment where nnx-ppo is
 installed, whatever the tests. Importing it imports ``nnx_ppo`` (and so JAX) and
 the ``nnx_ppo.testing`` package with its kit, and Hypothesis where it is installed
-(about a quarter of a second). Without the ``testing`` extra pytest still runs,
-and ``check_module`` there says how to install Hypothesis.
+(one to two seconds at the start of every session, mostly JAX's import); a test
+suite that never uses the kit leaves it out with ``pytest -p no:nnx_ppo``. Without
+the ``testing`` extra pytest still runs, and ``check_module`` there says how to
+install Hypothesis.
 """
 
 from __future__ import annotations
