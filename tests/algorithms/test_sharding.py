@@ -230,6 +230,15 @@ def test_one_device_splits_any_batch_and_missing_devices_are_named():
         sharding.data_mesh(2)
 
 
+def test_a_device_list_names_what_is_wrong_with_it_and_a_numpy_count_counts():
+    (device,) = jax.devices()
+    assert sharding.data_mesh(np.int64(1)).devices.tolist() == [device]  # not iterable before
+    with pytest.raises(ValueError, match=r"devices names .* more than once"):
+        sharding.data_mesh([device, device])  # an AssertionError inside JAX, later
+    with pytest.raises(TypeError, match=r"holds 0 \(int\); for the first N devices"):
+        sharding.data_mesh([0])  # AttributeError: 'int' object has no attribute 'process_index'
+
+
 def test_devices_is_a_config_field():
     with pytest.raises(ValueError, match="devices"):
         TrainConfig(devices=0)

@@ -287,7 +287,7 @@ def train_ppo_runs(
         parameters became NaN or infinite, named by run; every run's network and
         optimizer are left at the last step before that call.
     """
-    config = _with_overrides("train_ppo", TrainConfig, "ppo", config, None)
+    config = _with_overrides("train_ppo_runs", TrainConfig, "ppo", config, None)
     if config.video.enabled:
         warnings.warn(
             "train_ppo_runs records no videos: config.video.enabled is ignored. Record a "

@@ -68,24 +68,39 @@ def data_mesh(devices: int | Sequence[Any] | None = None) -> Mesh:
         an int ``N`` for the first ``N`` of them, or a sequence of ``jax.Device``.
 
     Raises:
-      ValueError: more devices are asked for than there are, or none.
+      ValueError: more devices are asked for than there are, none, or one device
+        more than once.
+      TypeError: the sequence holds something other than ``jax.Device``.
     """
     available = jax.devices()
     if devices is None:
         chosen = list(available)
-    elif isinstance(devices, int):
-        require_int("data_mesh", "devices", devices)
-        if devices > len(available):
+    elif isinstance(devices, int | np.integer):  # a bool too, which require_int refuses
+        count = require_int("data_mesh", "devices", devices)
+        if count > len(available):
             raise ValueError(
-                f"data_mesh: {devices} devices asked for, but JAX sees {len(available)} "
+                f"data_mesh: {count} devices asked for, but JAX sees {len(available)} "
                 f"({jax.default_backend()}); on CPU, XLA_FLAGS="
-                f"--xla_force_host_platform_device_count={devices} makes that many"
+                f"--xla_force_host_platform_device_count={count} makes that many"
             )
-        chosen = list(available[:devices])
+        chosen = list(available[:count])
     else:
         chosen = list(devices)
         if not chosen:
             raise ValueError("data_mesh: devices is an empty sequence")
+        strangers = [device for device in chosen if not isinstance(device, jax.Device)]
+        if strangers:
+            raise TypeError(
+                f"data_mesh: devices must be an int or a sequence of jax.Device, but it holds "
+                f"{strangers[0]!r} ({type(strangers[0]).__name__}); for the first N devices, "
+                "pass the int N"
+            )
+        repeated = sorted({str(device) for device in chosen if chosen.count(device) > 1})
+        if repeated:
+            raise ValueError(
+                f"data_mesh: devices names {', '.join(repeated)} more than once: each device "
+                "of the mesh holds its own slice of the envs"
+            )
     owners = {device.process_index for device in chosen}
     if len(owners) < jax.process_count():
         raise ValueError(
