@@ -279,3 +279,14 @@ def test_an_unbatched_env_state_is_named_before_placing(counting_env, scripted_n
     one_env = jax.tree.map(lambda leaf: leaf[0], state.env_states)
     with pytest.raises(ContractError, match=r"shard_training_state: env_state must be batched"):
         sharding.shard_training_state(state.replace(env_states=one_env), sharding.data_mesh(1))
+
+
+def test_envs_that_do_not_split_over_the_mesh_are_named(counting_env, scripted_network):
+    from nnx_ppo.algorithms.ppo import new_training_state
+
+    state = new_training_state(counting_env, scripted_network(), 3, 0)
+    # A two-device mesh on this one-device machine: refused before anything is placed.
+    (device,) = jax.devices()
+    two = jax.sharding.Mesh(np.array([device, device]), (sharding.DATA_AXIS,))
+    with pytest.raises(ValueError, match=r"3 envs do not split evenly over the mesh's 2 devices"):
+        sharding.shard_training_state(state, two)  # JAX's IndivisibleError before

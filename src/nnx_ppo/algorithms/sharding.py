@@ -267,9 +267,15 @@ def shard_training_state(training_state: TrainingState, mesh: Mesh) -> TrainingS
 
     Raises:
       ContractError: the env state is not batched (its ``done`` has no env axis).
-      ValueError: an env-state leaf is not an array (so cannot be placed).
+      ValueError: an env-state leaf is not an array (so cannot be placed), or the
+        envs do not split evenly over the mesh's devices.
     """
     n_envs = rollout.n_envs_of(training_state.env_states, "shard_training_state")
+    if n_envs % mesh.size:
+        raise ValueError(
+            f"shard_training_state: {n_envs} envs do not split evenly over the mesh's "
+            f"{mesh.size} devices; use a multiple of {mesh.size} envs, or fewer devices"
+        )
     _require_alike_on_every_process(training_state)
     replicated = NamedSharding(mesh, PartitionSpec())
     for module in (training_state.networks, training_state.optimizer):
