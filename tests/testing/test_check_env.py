@@ -242,34 +242,22 @@ def test_a_python_float_in_the_reset_state_is_a_single_env_reset_failure() -> No
     assert caught.value.leaf == "state.reward", str(caught.value)
 
 
-class KeyOnTheObject:
+class KeyOnTheObject(Walker):
     """Draws its noise from a key kept on the Python object, outside its State."""
 
-    observation_size = 1
-    action_size = 1
-
     def __init__(self) -> None:
+        super().__init__()
         self._key = jax.random.key(0)
 
-    def reset(self, rng: Any) -> State:
-        return State(
-            obs=jax.random.uniform(rng, (1,)),
-            reward=jnp.zeros(()),
-            done=jnp.zeros(()),
-            metrics={},
-            info={},
-            data={},
-        )
-
-    def step(self, state: State, action: Any) -> State:
+    def step(self, state: State, action: jax.Array) -> State:
         self._key, draw = jax.random.split(self._key)
-        return state.replace(obs=state.obs + action + jax.random.normal(draw, (1,)))
+        return super().step(state, action + jax.random.normal(draw, (2,)))
 
 
 def test_an_env_keeping_its_key_on_the_object_is_named() -> None:
     # JAX later failed with "Computation compiled for 2 inputs but called with 1".
     with pytest.raises(ContractPropertyError) as caught:
-        check_env(KeyOnTheObject())
+        check_env(KeyOnTheObject(), action_fn=walker_action)
     message = str(caught.value)
     assert "property 'single-env step'" in message
     assert "env.step stored a traced value on the env object, at env._key" in message

@@ -287,9 +287,8 @@ def batched_example_hint(example_input: Any, adder: str) -> str | None:
     if len(leading) != 1 or None in leading or leading == {1}:
         return None
     (size,) = leading
-    listed = ", ".join(
-        f"{name} {shape}" for (name, _), shape in zip(named[:3], shapes, strict=False)
-    )
+    shown = zip(named[:3], shapes[:3], strict=True)
+    listed = ", ".join(f"{name} {shape}" for (name, _), shape in shown)
     return (
         f"example_input is ONE sample, without the batch axis: {adder} adds B itself. "
         f"Every leaf of yours leads with {size} ({listed}); if {size} is a batch, pass "
@@ -585,12 +584,7 @@ def _first_mismatch(value: Any, hint: Any, path: str) -> tuple[str, Any, Any] | 
     """
     origin, members = typing.get_origin(hint), typing.get_args(hint)
     if origin in _UNIONS:
-        # beartype's own check first: for a PyTree it is jaxtyping's, which binds no
-        # dimension unless the whole tree matches, so a refused member binds nothing.
-        if any(
-            _bearable(value, member) and _first_mismatch(value, member, path) is None
-            for member in members
-        ):
+        if any(_union_member_accepts(value, member, path) for member in members):
             return None
         # Name the leaf when exactly one member is a container of the value's kind.
         alike = [member for member in members if _is_container_of(value, member)]
@@ -634,6 +628,15 @@ def _first_mismatch(value: Any, hint: Any, path: str) -> tuple[str, Any, Any] | 
         if found is not None:
             return found
     return None if _bearable(value, hint) else (path, value, hint)
+
+
+def _union_member_accepts(value: Any, member: Any, path: str) -> bool:
+    """beartype's own check first: for a PyTree it is jaxtyping's, whole and binding no
+    dimension unless the tree matches, so a refused member binds nothing and an accepted
+    PyTree needs no walk; another container is then walked item by item."""
+    if not _bearable(value, member):
+        return False
+    return _pytree_leaf_hint(member) is not None or _first_mismatch(value, member, path) is None
 
 
 def _bearable(value: Any, hint: Any) -> bool:
