@@ -266,6 +266,16 @@ class SwapsHistories(NormalizesTwoViews):
         self.second.update_statistics(rollout_extras["first"])
 
 
+class PacksAndSwapsHistories(NormalizesTwoViews):
+    """Packs both histories into one array and unpacks them the wrong way round: the
+    children are given arrays the container computed, not the ones it was given."""
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        packed = jnp.stack([rollout_extras["first"], rollout_extras["second"]])
+        self.first.update_statistics(packed[1])
+        self.second.update_statistics(packed[0])
+
+
 class FeedsFirstBothHistories(NormalizesTwoViews):
     """A copy-paste slip: the first child is also given its sibling's history."""
 
@@ -637,6 +647,12 @@ MODULE_BUGS: dict[
         {},
         ModuleProperty.STATISTICS,
         "SwapsHistories.first history",
+    ),
+    "container that swaps two children's histories it packed into one array": (
+        lambda: PacksAndSwapsHistories(Normalizer(FEATURES), Normalizer(FEATURES)),
+        {},
+        ModuleProperty.STATISTICS,
+        "PacksAndSwapsHistories.first history",
     ),
     "container that also feeds a child its sibling's history": (
         lambda: FeedsFirstBothHistories(Normalizer(FEATURES), Normalizer(FEATURES)),

@@ -36,6 +36,7 @@ import numpy as np
 from flax import nnx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from jax.extend.core import get_opaque_trace_state
 from jaxtyping import Array, Bool, PyTree, Shaped
 
 from nnx_ppo._compile import fast_compile_options
@@ -449,7 +450,9 @@ class _PerModule:
             for path, node in nnx.iter_graph(root)
             if is_stats_bearing(node)
         }
-        self.seen: dict[str, list[Any]] = {}
+        # Made where the observer is made: at the top of the compiled call's trace.
+        self.trace = get_opaque_trace_state()
+        self.seen: dict[str, list[tuple[Any, bool]]] = {}
 
     def __call__(self, record: CallRecord) -> None:
         path = self.paths.get(id(record.module))
@@ -459,21 +462,23 @@ class _PerModule:
             value = record.result.rollout_extras
         else:
             value = record.arguments[0][1]
-        self.seen.setdefault(path, []).append(value)
+        at_top = get_opaque_trace_state() == self.trace
+        self.seen.setdefault(path, []).append((value, at_top))
 
     def calls(self) -> dict[str, int]:
         """How many calls each module had."""
         return {path: len(values) for path, values in self.seen.items()}
 
-    def once(self, reachable: Any) -> dict[str, Any]:
-        """The value of each module called once, where every leaf of it is a leaf of
-        ``reachable`` (the same object): one made inside a transform of the call
-        (``jax.checkpoint``, ``vmap``) is that transform's tracer, and is left out."""
-        known = {id(leaf) for leaf in jax.tree.leaves(reachable)}
+    def once(self) -> dict[str, Any]:
+        """The value of each module called once, at the top of the compiled call: one
+        called inside a transform of it (``jax.checkpoint``, ``vmap``, a scan) holds
+        that transform's tracers, which cannot leave it, and is left out. Values the
+        module's callers computed (a container's arithmetic, packing and unpacking)
+        are kept: they are what the module was given or returned."""
         return {
-            path: values[0]
+            path: values[0][0]
             for path, values in self.seen.items()
-            if len(values) == 1 and all(id(leaf) in known for leaf in jax.tree.leaves(values[0]))
+            if len(values) == 1 and values[0][1]
         }
 
 
@@ -524,7 +529,7 @@ class _ModuleKit:
         with observe_calls(emitted):
             out = module(state, x, rollout_extras)
         writes = _writes(before, _variable_values(nnx.state(module)))
-        return out, writes, emitted.once(out.rollout_extras)
+        return out, writes, emitted.once()
 
     def _reset(
         self, variables: nnx.State, state: Any
@@ -548,7 +553,7 @@ class _ModuleKit:
         given = _PerModule(module, "update_statistics")
         with observe_calls(given):
             module.update_statistics(history)
-        return _variable_values(nnx.state(module)), given.once(history), given.calls()
+        return _variable_values(nnx.state(module)), given.once(), given.calls()
 
     # -------------------------------------------------------------------- eager calls
 
