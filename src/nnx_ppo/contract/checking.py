@@ -11,23 +11,18 @@ A call is checked in three layers:
 1. the contract's axes: one ``B`` across every leaf of the inputs and outputs of
    ``__call__``; carry trees preserved; one ``T`` and one ``B`` in
    ``update_statistics``;
-2. the jaxtyping annotations on the method's own signature (checked with
-   beartype, dimension names bound across the call);
+2. the jaxtyping annotations on the method's own signature, item by item, with
+   dimension names bound across the call (:mod:`nnx_ppo.contract.annotations`);
 3. after a top-level ``update_statistics``: every stats-bearing descendant was
    reached (a container that forgets rule 4 of the contract fails loudly).
 """
 
 from __future__ import annotations
 
-import collections.abc
 import contextlib
 import functools
 import inspect
-import io
 import os
-import re
-import sys
-import types
 import typing
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -36,14 +31,15 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import jax
-import jaxtyping
 import numpy as np
-from beartype import beartype
-from beartype.door import is_bearable
 from flax import nnx
 from flax.errors import TraceContextError
-from jaxtyping import AbstractArray, PyTree, jaxtyped, print_bindings
 
+from nnx_ppo.contract.annotations import (
+    AnnotationMismatch,
+    annotation_checked,
+    checked_leaf_by_leaf,
+)
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.errors import ContractError, rule_text
 
@@ -449,366 +445,30 @@ def _check_same_tree(
 # ------------------------------------------------------------------ annotation layer
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _outside_the_library_level() -> int:
-    """The ``stacklevel`` that points a warning at the caller's first frame outside nnx_ppo.
-
-    A class's checks are installed from ``__init_subclass__``, called through the
-    metaclasses (``abc``, frozen) and this package; the frame that matters to the
-    user is their class statement, past all of those.
-    """
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(
-        (_PACKAGE_DIR, "<frozen")
-    ):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def _annotation_checked(fn: Callable[..., Any], where: str) -> Callable[..., Any]:
-    """Wrap ``fn`` (the method ``where``) so the jaxtyping annotations on its signature are checked.
-
-    Annotations that cannot be resolved where the method was defined (forward
-    references to names local to a function) are left unchecked, with a warning
-    naming the method; the contract's own axis checks still run.
-    """
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception as error:
-        warnings.warn(
-            f"nnx_ppo: the annotations of {where} are not checked: resolving them raised "
-            f"{type(error).__name__}: {error}. Define the names they use at module level "
-            "to have them checked; the contract's axis checks run either way.",
-            stacklevel=_outside_the_library_level(),
-        )
-        return fn
-    if not hints:
-        return fn
-    try:
-        return _checked_leaf_by_leaf(fn, hints)
-    except Exception as error:  # a method wrapped by another decorator (nnx.jit)
-        warnings.warn(
-            f"nnx_ppo: the annotations of {where} are not checked: jaxtyping could not wrap "
-            f"it ({type(error).__name__}: {error}). Put the other decorator inside the "
-            "method, or on a function it calls, to have them checked; the contract's axis "
-            "checks run either way.",
-            stacklevel=_outside_the_library_level(),
-        )
-        return fn
-
-
-class _AnnotationMismatch(Exception):
-    """A value that does not match its annotation, raised inside the call's dimension memo.
-
-    The caller, who knows the module the call ran on, turns it into a ContractError.
-    """
-
-    def __init__(self, what: str, leaf: str, hint: Any, value: Any, bindings: str) -> None:
-        super().__init__(what)
-        self.what, self.leaf, self.hint, self.value, self.bindings = (
-            what,
-            leaf,
-            hint,
-            value,
-            bindings,
-        )
-
-
-def _checked_leaf_by_leaf(fn: Callable[..., Any], hints: dict[str, Any]) -> Callable[..., Any]:
-    """``fn`` with its arguments and result checked against ``hints``, leaf by leaf.
-
-    beartype alone checks one item of a ``dict``, ``list`` or ``tuple[X, ...]`` per call
-    (its constant-time strategy), so the other items of a container went unchecked; and a
-    pytree that failed was reported whole. Here every item and every leaf is checked
-    with beartype, inside one jaxtyping dimension memo for the whole call (holding the
-    arguments, so ``{self.width}`` dimensions resolve), and a violation names its leaf.
-    """
-    jaxtyped(typechecker=beartype)(fn)  # refuses, when the class is made, what it cannot check
-    signature = inspect.signature(fn)
-    parameters = signature.parameters
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        if jaxtyping.config.jaxtyping_disable:  # JAXTYPING_DISABLE: no memo, and no checks
-            return fn(*args, **kwargs)
-        for name, value in signature.bind(*args, **kwargs).arguments.items():
-            if name not in hints:
-                continue
-            kind = parameters[name].kind
-            if kind is inspect.Parameter.VAR_POSITIONAL:
-                items = [(f"[{index}]", item) for index, item in enumerate(value)]
-            elif kind is inspect.Parameter.VAR_KEYWORD:
-                items = [(f"[{key!r}]", item) for key, item in value.items()]
-            else:
-                items = [("", value)]
-            for suffix, item in items:
-                _require_match(f"argument {name}{suffix}", name + suffix, item, hints[name])
-        result = fn(*args, **kwargs)
-        if "return" in hints:
-            _require_match("the return value", "return value", result, hints["return"])
-        return result
-
-    # Unannotated, so that jaxtyping only holds the memo and the checks are all ours.
-    run.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[p.replace(annotation=inspect.Parameter.empty) for p in parameters.values()],
-        return_annotation=inspect.Signature.empty,
-    )
-    for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
-        setattr(run, attribute, getattr(fn, attribute, None))
-    return jaxtyped(typechecker=beartype)(run)
-
-
-def _require_match(what: str, name: str, value: Any, hint: Any) -> None:
-    mismatch = _first_mismatch(value, hint, "")
-    if mismatch is not None:
-        path, leaf, leaf_hint = mismatch
-        if path and what.startswith("the "):
-            what = f"{what} at {path}"
-        else:
-            what += path
-        raise _AnnotationMismatch(what, name + path, leaf_hint, leaf, _dimension_bindings())
-
-
-_UNIONS = (typing.Union, types.UnionType)
-
-
-def _first_mismatch(value: Any, hint: Any, path: str) -> tuple[str, Any, Any] | None:
-    """The first leaf of ``value`` (its path, the leaf, the leaf's hint) that ``hint`` refuses.
-
-    Mappings (``dict``, ``Mapping``, ``OrderedDict``, ...), sequences (``list``,
-    ``Sequence``, ...), tuples and jaxtyping ``PyTree`` s of arrays are walked item by
-    item; any other hint is checked whole by beartype. A ``TypedDict`` is checked as
-    beartype checks it, as a mapping: the carries the library annotates with one (their
-    leaves ``(B, ...)``) also reach ``reset_state`` as one env's slice, under ``vmap``.
-    """
-    origin, members = typing.get_origin(hint), typing.get_args(hint)
-    if origin in _UNIONS:
-        if any(_union_member_accepts(value, member, path) for member in members):
-            return None
-        # Name the leaf when exactly one member is a container of the value's kind.
-        alike = [member for member in members if _is_container_of(value, member)]
-        return _first_mismatch(value, alike[0], path) if len(alike) == 1 else (path, value, hint)
-    leaf_hint = _pytree_leaf_hint(hint)
-    if leaf_hint is not None:
-        try:
-            leaves = jax.tree_util.tree_flatten_with_path(value)[0]
-        except (TypeError, ValueError):  # keys JAX cannot sort: jaxtyping refuses it too
-            return (path, value, hint)
-        for key_path, leaf in leaves:
-            found = _first_mismatch(leaf, leaf_hint, path + jax.tree_util.keystr(key_path))
-            if found is not None:
-                return found
-        return None
-    items: list[tuple[str, Any, Any]] = []
-    if _is_container_of(value, hint, collections.abc.Mapping) and len(members) == 2:
-        key_hint, item_hint = members
-        for key in value:
-            if not _bearable(key, key_hint):
-                return (f"{path} (key {key!r})", key, key_hint)
-        items = [(f"[{key!r}]", item, item_hint) for key, item in value.items()]
-    elif (
-        _is_container_of(value, hint, collections.abc.Sequence)
-        and origin is not tuple
-        and len(members) == 1
-        and not isinstance(value, str | bytes)
-    ):
-        items = [(f"[{index}]", item, members[0]) for index, item in enumerate(value)]
-    elif origin is tuple and isinstance(value, tuple):
-        if len(members) == 2 and members[1] is Ellipsis:
-            item_hints: Sequence[Any] = [members[0]] * len(value)
-        elif len(members) == len(value):
-            item_hints = members
-        else:
-            return (path, value, hint)
-        pairs = zip(value, item_hints, strict=True)
-        items = [(f"[{index}]", item, item_hint) for index, (item, item_hint) in enumerate(pairs)]
-    for suffix, item, item_hint in items:
-        found = _first_mismatch(item, item_hint, path + suffix)
-        if found is not None:
-            return found
-    return None if _bearable(value, hint) else (path, value, hint)
-
-
-def _union_member_accepts(value: Any, member: Any, path: str) -> bool:
-    """beartype's own check first: for a PyTree it is jaxtyping's, whole and binding no
-    dimension unless the tree matches, so a refused member binds nothing and an accepted
-    PyTree needs no walk; another container is then walked item by item."""
-    if not _bearable(value, member):
-        return False
-    return _pytree_leaf_hint(member) is not None or _first_mismatch(value, member, path) is None
-
-
-def _bearable(value: Any, hint: Any) -> bool:
-    try:
-        return is_bearable(value, hint)
-    except (TypeError, ValueError):  # a value jaxtyping cannot flatten (unsortable keys)
-        return False
-
-
-def _is_container_of(value: Any, hint: Any, kind: type = object) -> bool:
-    """Whether ``hint`` is a container of ``kind`` that ``value`` is (``dict[...]``, a
-    ``PyTree`` of arrays, ...)."""
-    if _pytree_leaf_hint(hint) is not None:
-        return kind is object and value is not None
-    origin = typing.get_origin(hint)
-    return isinstance(origin, type) and issubclass(origin, kind) and isinstance(value, origin)
-
-
-def _pytree_leaf_hint(hint: Any) -> Any:
-    """The leaf hint of a jaxtyping ``PyTree[leaf]`` of arrays, else ``None``.
-
-    A ``PyTree`` with a named structure, or whose leaf type is itself a container, is
-    left to jaxtyping whole: its leaves are not those JAX's flattening finds.
-    """
-    if not (isinstance(hint, type) and issubclass(hint, PyTree)):
-        return None
-    leaf_hint = getattr(hint, "leaftype", None)
-    if getattr(hint, "structure", None) is not None or not _is_array_hint(leaf_hint):
-        return None
-    return leaf_hint
-
-
-def _is_array_hint(hint: Any) -> bool:
-    if typing.get_origin(hint) in _UNIONS:
-        return all(_is_array_hint(member) for member in typing.get_args(hint))
-    return isinstance(hint, type) and issubclass(hint, AbstractArray | jax.Array | np.ndarray)
-
-
-def _dimension_bindings() -> str:
-    """The dimension sizes bound so far in this call, ``"B=8, T=4"``, or ``""``."""
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        print_bindings()
-    lines = printed.getvalue().strip().splitlines()
-    return ", ".join(line for line in lines if not line.endswith("are as follows."))
-
-
 _RULE_ANNOTATIONS = rule_text(
     "annotations a module writes on its own methods are checked, with dimension names "
     "bound across the call",
     "what-is-checked-and-when",
 )
 
-_SELF_DIMENSION = re.compile(r"\{self\.(\w+)\}")
-"""A dimension jaxtyping reads off the module (``"B {self.in_features}"``)."""
-
-
-def _with_module_values(annotation: str, module: Any) -> str:
-    """``annotation`` with each ``{self.name}`` dimension shown as ``name=value``."""
-
-    def value(match: re.Match[str]) -> str:
-        name = match.group(1)
-        held = getattr(module, name, None)
-        return f"{name}={held}" if isinstance(held, int) else match.group(0)
-
-    return _SELF_DIMENSION.sub(value, annotation)
-
-
-_NUMPY_OR_JAX = re.compile(r"Union\[(\w+)\[Array, ('[^']*')\], \1\[ndarray, \2\]\]")
-"""A JAX-or-NumPy union inside a written hint (``PyTree[Union[...]]``), shown as the JAX type."""
-
-_HINT_NAMES = (
-    ("jaxtyping.", ""),
-    ("jaxlib._jax.Array", "Array"),
-    ("jax.Array", "Array"),
-    ("numpy.ndarray", "ndarray"),
-    ("typing.", ""),
-)
-
-
-def _hint_text(hint: Any) -> str:
-    """``Float[Array, 'B 3']``, ``dict[str, Float[Array, 'B 3']]``: a hint as users write it.
-
-    The contract's aliases accept NumPy arrays too; a union shows only the JAX member of
-    each JAX and NumPy pair.
-    """
-    if typing.get_origin(hint) in _UNIONS:
-        texts = [_hint_text(member) for member in typing.get_args(hint)]
-        as_jax = {text: text.replace("[ndarray, ", "[Array, ") for text in texts}
-        return " | ".join(t for t in texts if as_jax[t] == t or as_jax[t] not in texts)
-    if hint is type(None):
-        return "None"
-    if isinstance(hint, type):
-        text = hint.__qualname__ if hint.__module__ == "builtins" else hint.__name__
-    else:
-        text = repr(hint)
-    for long, short in _HINT_NAMES:
-        text = text.replace(long, short)
-    return _NUMPY_OR_JAX.sub(r"\1[Array, \2]", text)
-
 
 def _annotation_violation(
-    site: _Site | str, mismatch: _AnnotationMismatch, rule: str = _RULE_ANNOTATIONS
+    site: _Site | str, mismatch: AnnotationMismatch, rule: str = _RULE_ANNOTATIONS
 ) -> ContractError:
-    annotation = _hint_text(mismatch.hint)
-    if isinstance(site, _Site):
-        annotation = _with_module_values(annotation, site.module)
-    if mismatch.bindings:
-        annotation += " with " + mismatch.bindings
     return _violation(
         site,
         f"{mismatch.what} does not match its jaxtyping annotation.",
         leaf=mismatch.leaf,
-        expected=annotation,
-        found=_value_text(mismatch.value),
+        expected=mismatch.expected(site.module if isinstance(site, _Site) else None),
+        found=mismatch.found(),
         rule=rule,
     )
-
-
-_FOUND_LIMIT = 400
-"""Characters of a violating value shown; a pytree's repr can be pages long."""
-
-
-_SHORT_DTYPES = (("bfloat", "bf"), ("float", "f"), ("uint", "u"), ("int", "i"), ("complex", "c"))
-
-
-class _Summary:
-    """Stands in for an array in a value's repr: ``f32[8,3]``, ``f64[8,3](numpy)``."""
-
-    def __init__(self, leaf: jax.Array | np.ndarray) -> None:
-        dtype = str(leaf.dtype)
-        for long, short in _SHORT_DTYPES:
-            if dtype.startswith(long):
-                dtype = short + dtype.removeprefix(long)
-                break
-        numpy = "(numpy)" if isinstance(leaf, np.ndarray) else ""
-        self.text = f"{dtype}[{','.join(str(size) for size in leaf.shape)}]{numpy}"
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-def _holds_itself(value: Any, enclosing: frozenset[int] = frozenset()) -> bool:
-    """Whether a dict, list or tuple in ``value`` contains itself."""
-    if not isinstance(value, dict | list | tuple):
-        return False
-    if id(value) in enclosing:
-        return True
-    items = value.values() if isinstance(value, dict) else value
-    return any(_holds_itself(item, enclosing | {id(value)}) for item in items)
-
-
-def _value_text(value: Any) -> str:
-    """``value`` on one line, each array as its dtype and shape, cut at :data:`_FOUND_LIMIT`."""
-    try:
-        if _holds_itself(value):  # JAX's flattening would recurse until the interpreter fails
-            raise ValueError
-        shown = jax.tree_util.tree_map(
-            lambda leaf: _Summary(leaf) if isinstance(leaf, jax.Array | np.ndarray) else leaf,
-            value,
-        )
-        text = repr(shown)
-    except Exception:  # a pytree that cannot be rebuilt (unsortable keys, checked fields)
-        text = repr(value)
-    text = " ".join(text.split())
-    return text if len(text) <= _FOUND_LIMIT else text[:_FOUND_LIMIT] + " ..."
 
 
 def _call_annotated(site: _Site, typed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         return typed(*args, **kwargs)
-    except _AnnotationMismatch as mismatch:
+    except AnnotationMismatch as mismatch:
         raise _annotation_violation(site, mismatch) from None
 
 
@@ -821,7 +481,7 @@ def typechecked(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     argument and leaf, the annotation with its bound sizes, and what was passed. Under
     ``jax.jit`` the check runs once, while JAX traces.
     """
-    typed = _checked_leaf_by_leaf(fn, typing.get_type_hints(fn))
+    typed = checked_leaf_by_leaf(fn, typing.get_type_hints(fn))
     where = fn.__qualname__
 
     @functools.wraps(fn)
@@ -830,7 +490,7 @@ def typechecked(fn: Callable[_P, _R]) -> Callable[_P, _R]:
             return fn(*args, **kwargs)
         try:
             return typed(*args, **kwargs)
-        except _AnnotationMismatch as mismatch:
+        except AnnotationMismatch as mismatch:
             raise _annotation_violation(where, mismatch, _RULE_FUNCTION_ANNOTATIONS) from None
 
     return checked
@@ -893,7 +553,7 @@ def observe_calls(observer: Callable[[CallRecord], None]) -> Iterator[None]:
 
 def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> Callable[..., Any]:
     """``cls``'s method ``fn`` (named ``method``), run by ``check`` when checks are on."""
-    typed = _annotation_checked(fn, f"{cls.__qualname__}.{method}")
+    typed = annotation_checked(fn, f"{cls.__qualname__}.{method}")
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
