@@ -22,6 +22,10 @@ EXPECTED_OUTPUT = {
         "eval() output equals the input: True",
         "train() output differs: True",
     ],
+    "nnx_idioms.py": [
+        f"{name} passes every property."
+        for name in ("Ensemble", "PerEnvDropout", "FoldedBatchNorm", "Rematerialised")
+    ],
     "custom_container.py": [
         "update_statistics never reached",
         "(Normalizer)",

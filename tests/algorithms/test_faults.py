@@ -312,8 +312,11 @@ def test_unused_checkpoint_and_video_cadences_do_not_stop_fusion(
     assert calls == [4, 4]
 
 
-def _stacked_reports(loss_finite, parameters_finite, rewards_finite=(True,) * 3):
-    """Three steps' host reports: two metrics, each step's reward, loss and parameter health."""
+def _stacked_reports(
+    loss_finite, parameters_finite, rewards_finite=(True,) * 3, observations_finite=(True,) * 3
+):
+    """Three steps' host reports: two metrics, each step's observation, reward, loss and
+    parameter health."""
     return _step.StepReport(
         metrics={
             "losses/total": np.array([0.5, 0.25, 0.125], np.float32),
@@ -324,6 +327,7 @@ def _stacked_reports(loss_finite, parameters_finite, rewards_finite=(True,) * 3)
             "loss_finite": np.array(loss_finite).reshape(3, 2, 2),
             "parameters_finite": {"['w']": np.array(parameters_finite)},
             "rewards_finite": {"['agent_1']": np.array(rewards_finite)},
+            "observations_finite": {"next_obs['pos']": np.array(observations_finite)},
         },
     )
 
@@ -353,5 +357,12 @@ def test_host_metrics_name_the_first_step_that_diverged_in_any_way():
     with pytest.raises(
         FloatingPointError,
         match=rf"env step {3 * STEP}: the env returned NaN .* rewards \(reward\['agent_1'\]\)",
+    ):
+        _step._host_metrics(reports, 0, ppo_config(), 3)
+    # So are non-finite observations, where the step diverged.
+    reports = _stacked_reports(loss_finite, [True] * 3, observations_finite=[True, True, False])
+    with pytest.raises(
+        FloatingPointError,
+        match=rf"env step {3 * STEP}: the env returned NaN .* observations \(next_obs\['pos'\];",
     ):
         _step._host_metrics(reports, 0, ppo_config(), 3)

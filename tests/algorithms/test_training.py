@@ -117,6 +117,21 @@ def test_nan_rewards_stop_training_naming_the_step_and_the_reward(poisoned_env, 
         train_ppo(poisoned_env, scripted_network(), train_config(50 * STEP))
 
 
+def test_nan_observations_that_diverge_a_step_are_named(counting_env, scripted_network):
+    # Reported as a NaN loss before, naming no input.
+    class NaNObservationEnv(type(counting_env)):
+        """Its observations turn NaN at step 2 of every episode; rewards stay finite."""
+
+        def step(self, state, action):
+            stepped = super().step(state, action)
+            return stepped.replace(obs=jnp.where(stepped.data["t"] == 2, jnp.nan, stepped.obs))
+
+    env = NaNObservationEnv()
+    state = new_training_state(env, scripted_network(), N_ENVS, seed=0)
+    with pytest.raises(FloatingPointError, match=r"NaN or infinite observations \(next_obs;"):
+        ppo_step(env, state, ppo_config(n_epochs=1, n_minibatches=1))
+
+
 def test_nan_parameters_stop_training_naming_them(counting_env, scripted_network):
     network = scripted_network()
     state = new_training_state(

@@ -83,6 +83,9 @@ def _minibatch_update(
         )(networks)
         diagnostics["grad_norm"] = optax.tree.norm(grads)
         optimizer.update(networks, grads)
+        # What the replay sowed (nnx.Intermediate) is not kept: the scan's carry keeps
+        # the structure it started with.
+        nnx.pop(networks, nnx.Intermediate)
         return nnx.state((networks, optimizer)), diagnostics
 
     return update

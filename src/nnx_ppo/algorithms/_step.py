@@ -176,6 +176,11 @@ def _learn_from(
         "loss_finite": jnp.isfinite(diagnostics["losses/total"]) | ~ran[:, None],
         "parameters_finite": _finite_leaves(nnx.state(networks, nnx.Param)),
         "rewards_finite": _finite_leaves(transitions.rewards),
+        "observations_finite": {
+            field + path: finite
+            for field in ("obs", "next_obs")
+            for path, finite in _finite_leaves(getattr(transitions, field)).items()
+        },
     }
     advanced = StepCarry(collected.network_states, collected.env_states, running, next_key)
     return advanced, StepReport(metrics, episodes, health)
@@ -454,7 +459,7 @@ def _no_running_episodes(env_states: EnvState) -> RunningEpisodes:
     n_envs = rollout.n_envs_of(env_states)
     return RunningEpisodes(
         returns=jax.tree.map(
-            lambda r: jax.device_put(np.zeros(n_envs, np.float32)), env_states.reward
+            lambda r: jax.device_put(np.zeros(n_envs, r.dtype)), env_states.reward
         ),
         lengths=jax.device_put(np.zeros(n_envs, np.int32)),
     )
@@ -468,6 +473,14 @@ def _raise_if_diverged(health: dict[str, Any], steps: int) -> None:
             f"PPO step ending at env step {steps}: the env returned NaN or infinite rewards "
             f"(reward{rewards[0] if rewards[0] else ''}), so the loss is too; the network "
             "and optimizer are left as they were before the call."
+        )
+    observations = [name for name, finite in health["observations_finite"].items() if not finite]
+    if observations:  # named only where the step diverged: an unread inf may be harmless
+        raise FloatingPointError(
+            f"PPO step ending at env step {steps}: the env returned NaN or infinite "
+            f"observations ({observations[0]}; next_obs holds those a step reached, before "
+            "any reset), and the step diverged; the network and optimizer are left as they "
+            "were before the call."
         )
     bad_updates = np.argwhere(~np.asarray(health["loss_finite"]))
     if bad_updates.size:
@@ -501,6 +514,9 @@ def ppo_step(
 
     Compiled once per (env, network structure, config) and reused. Updates the
     network and optimizer in place (NNX semantics) and returns the advanced state.
+    Learning uses the optimizer the state holds: ``config``'s optimizer fields
+    (``learning_rate``, ``learning_rate_schedule``, ``gradient_clipping``,
+    ``weight_decay``) are not read here; :func:`new_training_state` takes them.
 
     Returns:
       The new training state, and the step's metrics as a flat ``str -> float``

@@ -52,6 +52,7 @@ from nnx_ppo.algorithms.types import (
     TrainingState,
 )
 from nnx_ppo.contract.arguments import is_int, require_int
+from nnx_ppo.contract.checking import format_graph_path
 from nnx_ppo.networks.types import (
     ModuleState,
     StatefulModule,
@@ -212,6 +213,23 @@ def new_training_state(
     )
 
 
+def _require_float_parameters(networks: StatefulModule) -> None:
+    """Refuse an ``nnx.Param`` the optimizer cannot train: its gradient needs a float."""
+    for path, node in nnx.iter_graph(networks):
+        if not isinstance(node, nnx.Param):
+            continue
+        for leaf in jax.tree.leaves(node.get_value()):
+            dtype = getattr(leaf, "dtype", None)
+            if dtype is not None and not jnp.issubdtype(dtype, jnp.inexact):
+                raise TypeError(
+                    f"new_training_state: {type(networks).__name__}"
+                    f"{format_graph_path(networks, tuple(path))} is an nnx.Param of dtype "
+                    f"{dtype}: the optimizer trains every nnx.Param by its gradient, which "
+                    "needs a floating-point dtype. Hold an integer constant in an "
+                    "nnx.Variable (or a plain attribute) instead."
+                )
+
+
 def _new_training_state(
     env: RLEnv,
     networks: StatefulModule,
@@ -242,6 +260,7 @@ def _new_training_state(
             f"got a {type(networks).__name__}"
         )
     _require_seed(seed)
+    _require_float_parameters(networks)
     if optimizer is None:
         optimizer = _default_optimizer(learning_rate, gradient_clipping, weight_decay)
     graphdef, network_state = nnx.split(networks)

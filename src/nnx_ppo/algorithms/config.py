@@ -153,13 +153,20 @@ class PPOConfig(_FieldsOnly):
       gae_lambda: GAE's lambda.
       discounting_factor: the discount gamma.
       clip_range: epsilon of the clipped surrogate objective.
-      learning_rate: Adam's learning rate, or an ``optax`` schedule.
+      learning_rate: Adam's learning rate, or an ``optax`` schedule. This field,
+        ``learning_rate_schedule``, ``gradient_clipping``, ``weight_decay`` and
+        ``total_steps`` shape the optimizer, which ``train_ppo`` builds and a
+        ``TrainingState`` holds: ``ppo_step`` and ``ppo_steps`` use the state's and
+        read none of them (pass them to ``new_training_state``).
       normalize_advantages: standardise advantages per minibatch.
       combine_advantages: sum the advantages of every reward leaf into one team
         advantage that every action leaf is trained on (cooperative multi-agent).
       n_epochs: passes over the rollout per PPO step.
       n_minibatches: minibatches per epoch; each is a set of whole environments.
-      critic_loss_weight: weight of the value loss.
+      critic_loss_weight: weight of the value loss, itself half the mean squared
+        error (``0.5 * mean((V - target) ** 2)``): the default 1.0 weighs the squared
+        error by 0.5, where CleanRL's and Brax's value coefficient of 0.5 weighs it
+        by 0.25.
       gradient_clipping: clip gradients to this global norm; ``None`` for no clipping.
       weight_decay: AdamW's decay (``True`` for optax's default); ``None`` for Adam.
       logging_level: which training metrics to compute.

@@ -240,12 +240,15 @@ def track_episodes(
         reward, end = inputs
         returns = jax.tree.map(jnp.add, running.returns, reward)
         lengths = running.lengths + 1
+        # Sums keep the carry's dtypes: under x64 they would widen int32 to int64.
         totals = EpisodeTotals(
-            count=totals["count"] + jnp.sum(end),
+            count=totals["count"] + jnp.sum(end, dtype=jnp.int32),
             returns=jax.tree.map(
-                lambda t, g: t + jnp.sum(jnp.where(end, g, 0.0)), totals["returns"], returns
+                lambda t, g: t + jnp.sum(jnp.where(end, g, 0.0), dtype=t.dtype),
+                totals["returns"],
+                returns,
             ),
-            lengths=totals["lengths"] + jnp.sum(jnp.where(end, lengths, 0)),
+            lengths=totals["lengths"] + jnp.sum(jnp.where(end, lengths, 0), dtype=jnp.int32),
         )
         running = RunningEpisodes(
             returns=jax.tree.map(lambda g: jnp.where(end, 0.0, g), returns),

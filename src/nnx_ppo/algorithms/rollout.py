@@ -143,15 +143,23 @@ def scan_module(
 
     ``xs`` leaves are ``(T, ...)`` (``body`` sees one step's ``(...)`` slice), as are the
     stacked outputs of ``body`` it returns. Forward passes never write NNX variables (a
-    checked rule), so the module's state is closed over rather than carried; gradients
-    still flow through it.
+    checked rule), so the module's state goes through the scan unchanged; gradients
+    flow through it. It is carried rather than closed over so that the module ``body``
+    gets holds variables of the scan's own trace: an NNX transform inside a module's
+    ``__call__`` (``nnx.vmap``, ``nnx.scan``, ``nnx.cond``) refuses variables of an
+    outer trace.
     """
     graphdef, state = nnx.split(module)
 
-    def step(carry: ScanCarry, x: _ScanSlice) -> tuple[ScanCarry, _ScanSlice]:
-        return body(nnx.merge(graphdef, state), carry, x)
+    def step(
+        carried: tuple[nnx.State, ScanCarry], x: _ScanSlice
+    ) -> tuple[tuple[nnx.State, ScanCarry], _ScanSlice]:
+        state, carry = carried
+        carry, y = body(nnx.merge(graphdef, state), carry, x)
+        return (state, carry), y
 
-    return jax.lax.scan(step, init, xs, length=length)
+    (_, final), ys = jax.lax.scan(step, (state, init), xs, length=length)
+    return final, ys
 
 
 def episode_ended(done: PyTree[Bool[Array, "..."]]) -> Bool[Array, "..."]:
@@ -407,11 +415,11 @@ def _carry_follows_parameters(networks: StatefulModule, carry: Carry, obs: Batch
     """
     graphdef, parameters, rest = nnx.split(networks, nnx.Param, ...)
 
-    def next_carry(parameters: nnx.State) -> Carry:
+    def next_carry(parameters: nnx.State, rest: nnx.State) -> Carry:
         return nnx.merge(graphdef, parameters, rest)(carry, obs).next_state
 
-    jaxpr = jax.make_jaxpr(next_carry)(parameters).jaxpr
-    tainted = set(jaxpr.invars)
+    jaxpr = jax.make_jaxpr(next_carry)(parameters, rest).jaxpr
+    tainted = set(jaxpr.invars[: len(jax.tree.leaves(parameters))])
     for equation in jaxpr.eqns:
         if any(isinstance(v, jex_core.Var) and v in tainted for v in equation.invars):
             tainted.update(equation.outvars)
@@ -586,10 +594,14 @@ def _unroll_from(
         # The value of a truncated episode's final observation, under its pre-reset
         # carry: computed only at the steps where some episode was truncated (values
         # computed for other envs are never read).
+        # The module goes in as an operand: a transform inside its __call__ (nnx.vmap)
+        # refuses variables closed over from the scan's trace.
+        graphdef, variables = nnx.split(networks)
         at_truncation = jax.lax.cond(
             _in_any_run(jax.tree.reduce(jnp.logical_or, jax.tree.map(jnp.any, truncated))),
-            lambda: _values(networks, out.next_state, stepped.obs),
-            lambda: jax.tree.map(jnp.zeros_like, output.value_estimates),
+            lambda v: _values(nnx.merge(graphdef, v), out.next_state, stepped.obs),
+            lambda v: jax.tree.map(jnp.zeros_like, output.value_estimates),
+            variables,
         )
         transition = Transition(
             obs=env_state.obs,
@@ -751,10 +763,12 @@ def eval_rollout(
             ),
         ), None
 
-    def first_metrics() -> dict[str, BatchedTree]:
+    def first_metrics(networks: StatefulModule) -> dict[str, BatchedTree]:
         return step_metrics(env_states.metrics, networks(network_state, env_states.obs).metrics)
 
-    zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(first_metrics))
+    zero_sums = jax.tree.map(
+        lambda s: jnp.zeros(s.shape, s.dtype), nnx.eval_shape(first_metrics, networks)
+    )
     start = _EvalCarry(
         network_state=network_state,
         env_state=env_states,

@@ -34,6 +34,7 @@ import jax
 import numpy as np
 from flax import nnx
 from flax.errors import TraceContextError
+from jax.core import Tracer
 
 from nnx_ppo.contract.annotations import (
     AnnotationMismatch,
@@ -41,13 +42,14 @@ from nnx_ppo.contract.annotations import (
     checked_leaf_by_leaf,
 )
 from nnx_ppo.contract.arguments import require_int
-from nnx_ppo.contract.errors import ContractError, rule_text
+from nnx_ppo.contract.errors import DOCS_URL, ContractError, rule_text
 
 __all__ = [
     "CHECKS_ENV_VAR",
     "CONTRACT_METHODS",
     "FROZEN_STATISTICS_MARK",
     "RULE_NO_WRITES",
+    "RULE_RANDOMNESS",
     "RULE_STATISTICS_KIND",
     "CallRecord",
     "batched_example_hint",
@@ -138,6 +140,11 @@ _RULE_ROUTING = rule_text(
 _RULE_FUNCTION_ANNOTATIONS = rule_text(
     "the engine's functions check the jaxtyping annotations on their signatures, with "
     "T and B bound across the arguments and the result",
+    "rules",
+)
+RULE_RANDOMNESS = rule_text(
+    "randomness in the forward path comes from per-env keys in the carry, so that "
+    "rollout, replay and minibatches draw the same numbers for each env",
     "rules",
 )
 RULE_NO_WRITES = rule_text(
@@ -507,6 +514,38 @@ def _bound_arguments(
     return list(bound.arguments.items())
 
 
+_CALLED_WITH = {
+    "__call__": ((2, "state, x"), (3, "state, x, rollout_extras")),
+    "initialize_state": ((1, "batch_size"),),
+    "reset_state": ((1, "prev_state"),),
+    "update_statistics": ((1, "rollout_extras"),),
+}
+"""How the library calls each contract method: positional arguments after ``self``."""
+
+_CONTRACT_SIGNATURES = {
+    "__call__": "__call__(self, state, x, rollout_extras=None)",
+    "initialize_state": "initialize_state(self, batch_size)",
+    "reset_state": "reset_state(self, prev_state)",
+    "update_statistics": "update_statistics(self, rollout_extras)",
+}
+
+
+def _require_callable_as_the_library_calls(
+    cls: type, method: str, signature: inspect.Signature
+) -> None:
+    """Refuse, when the class is made, a contract method the library's calls cannot bind."""
+    for count, names in _CALLED_WITH[method]:
+        try:
+            signature.bind(None, *[None] * count)
+        except TypeError as error:
+            written = ", ".join(signature.parameters)
+            raise TypeError(
+                f"{cls.__name__}.{method}({written}) cannot be called as the library "
+                f"calls it, with ({names}): {error}. Define "
+                f"{_CONTRACT_SIGNATURES[method]} (see {DOCS_URL}contract.html#rules)."
+            ) from None
+
+
 _Arguments = list[tuple[str, Any]]
 """A call's arguments after ``self``, as (parameter name, value) pairs."""
 
@@ -555,6 +594,7 @@ def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> C
     """``cls``'s method ``fn`` (named ``method``), run by ``check`` when checks are on."""
     typed = annotation_checked(fn, f"{cls.__qualname__}.{method}")
     signature = inspect.signature(fn)
+    _require_callable_as_the_library_calls(cls, method, signature)
 
     @functools.wraps(fn)
     def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -650,9 +690,10 @@ def _check_call(
 
 
 def _is_forward_state(variable: nnx.Variable[Any]) -> bool:
-    """Variables a forward pass must leave alone: all but NNX's random-stream counters and
-    the intermediates ``sow`` and ``nnx.capture`` keep, which no forward pass reads."""
-    return not isinstance(variable, nnx.RngState | nnx.Intermediate)
+    """Variables a forward pass must leave alone: all but the intermediates ``sow`` and
+    ``nnx.capture`` keep, which no forward pass reads. An ``nnx.Rngs`` stream's counter
+    is one: a draw from it in ``__call__`` would differ between rollout and replay."""
+    return not isinstance(variable, nnx.Intermediate)
 
 
 def _variable_values(
@@ -671,12 +712,26 @@ def _variable_values(
 
 
 def _same_value(now: Any, before: Any) -> bool:
-    """``now`` holds the very leaves ``before`` did, in the same tree."""
+    """``now`` holds the leaves ``before`` did, in the same tree: the very objects, or
+    concrete arrays of equal values (an eager ``nnx.jit`` hands every variable back as a
+    new array)."""
     leaves_now, tree_now = jax.tree.flatten(now)
     leaves_before, tree_before = jax.tree.flatten(before)
     return tree_now == tree_before and all(
-        a is b for a, b in zip(leaves_now, leaves_before, strict=True)
+        a is b or _equal_concrete(a, b) for a, b in zip(leaves_now, leaves_before, strict=True)
     )
+
+
+def _equal_concrete(a: Any, b: Any) -> bool:
+    if isinstance(a, Tracer) or isinstance(b, Tracer):
+        return False
+    if not (isinstance(a, jax.Array) and isinstance(b, jax.Array)):
+        return False
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if is_key(a):
+        a, b = jax.random.key_data(a), jax.random.key_data(b)
+    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
 
 
 def _describe_variable(root: Any, path: tuple[Any, ...] | None, variable: Any) -> str:
@@ -693,17 +748,59 @@ def _check_unwritten(
     rule: str,
 ) -> None:
     for path, (variable, value) in before.items():
-        if _same_value(variable.get_raw_value(), value):
+        now = variable.get_raw_value()
+        if _same_value(now, value):
             continue
         name = _describe_variable(site.module, path, variable)
+        site = _Site(_owner(site.module, path), site.method)
+        if isinstance(variable, nnx.RngState):
+            raise _rng_draw_violation(site, name)
+        problem = f"{method} wrote the variable {name}."
+        if _rewritten_in_kind(now, value):
+            problem += (
+                " Each of its arrays was replaced by a traced one of the same shape and "
+                "dtype, as an NNX transform (nnx.remat, nnx.jit) inside the call does to "
+                "every variable it runs with, changed or not: apply jax.checkpoint or "
+                "jax.jit to the child's nnx.split state and nnx.merge it inside instead."
+            )
         raise _violation(
             site,
-            f"{method} wrote the variable {name}.",
+            problem,
             leaf=name,
             expected="the value it held before the call",
             found="a new value written during the call",
             rule=rule,
         )
+
+
+def _owner(root: Any, path: tuple[Any, ...]) -> Any:
+    """The innermost contract module under ``root`` holding the variable at ``path``."""
+    modules = {
+        tuple(node_path): node
+        for node_path, node in nnx.iter_graph(root)
+        if _is_contract_module(node)
+    }
+    for end in range(len(path) - 1, 0, -1):
+        if path[:end] in modules:
+            return modules[path[:end]]
+    return root
+
+
+def _rewritten_in_kind(now: Any, before: Any) -> bool:
+    """Whether every leaf of ``now`` is a tracer standing where a leaf of the same shape
+    and dtype stood: a write-back whose values cannot be compared while JAX traces."""
+    leaves_now, tree_now = jax.tree.flatten(now)
+    leaves_before, tree_before = jax.tree.flatten(before)
+    return (
+        tree_now == tree_before
+        and bool(leaves_now)
+        and all(
+            isinstance(a, Tracer)
+            and getattr(b, "shape", None) == a.shape
+            and getattr(b, "dtype", None) == a.dtype
+            for a, b in zip(leaves_now, leaves_before, strict=True)
+        )
+    )
 
 
 def _variable_written_in(error: BaseException) -> Any:
@@ -723,6 +820,8 @@ def _write_in_call_violation(site: _Site, variable: Any) -> ContractError:
     root = stack[0] if stack else site.module
     path = None if variable is None else _graph_path(root, variable)
     name = _describe_variable(root, path, variable)
+    if isinstance(variable, nnx.RngState):
+        return _rng_draw_violation(site, name)
     return _violation(
         site,
         f"__call__ wrote the variable {name} inside a JAX transform (Flax refuses the "
@@ -731,6 +830,21 @@ def _write_in_call_violation(site: _Site, variable: Any) -> ContractError:
         expected="no variable written in __call__",
         found="a write to it during __call__",
         rule=RULE_NO_WRITES,
+    )
+
+
+def _rng_draw_violation(site: _Site, name: str) -> ContractError:
+    return _violation(
+        site,
+        f"__call__ drew from an nnx.Rngs stream ({name} advanced). Its draws would "
+        "differ between the rollout and the loss's replay, and follow each env's row in "
+        "the batch: keep per-env keys in the carry instead (new_env_keys in "
+        "initialize_state, split_env_keys in __call__; for nnx.Dropout, pass "
+        "rngs=nnx.Rngs(dropout=key) per env under jax.vmap).",
+        leaf=name,
+        expected="no nnx.Rngs stream advanced in __call__",
+        found="a draw from it during __call__",
+        rule=RULE_RANDOMNESS,
     )
 
 

@@ -52,6 +52,7 @@ from nnx_ppo.contract.axes import (
 )
 from nnx_ppo.contract.checking import (
     RULE_NO_WRITES,
+    RULE_RANDOMNESS,
     RULE_STATISTICS_KIND,
     CallRecord,
     batched_example_hint,
@@ -235,8 +236,18 @@ def _first_mismatch(
     expected_names = [name for name, _ in expected]
     found_names = [name for name, _ in found]
     if expected_names != found_names:
+        missing = [name for name in expected_names if name not in found_names]
+        extra = [name for name in found_names if name not in expected_names]
+        difference = "; ".join(
+            f"{label} {names[:4]}"
+            for label, names in (("missing", missing), ("extra", extra))
+            if names
+        )
         return _Mismatch(
-            "the tree", None, f"leaves {expected_names[:6]}", f"leaves {found_names[:6]}"
+            "set of leaves",
+            None,
+            f"leaves {expected_names[:6]}",
+            f"leaves {found_names[:6]} ({difference or 'in another order'})",
         )
     for (name, want), (_, got) in zip(expected, found, strict=True):
         want_np, got_np = as_numpy(want), as_numpy(got)
@@ -247,9 +258,18 @@ def _first_mismatch(
                 f"shape {want_np.shape} {want_np.dtype}",
                 f"shape {got_np.shape} {got_np.dtype}",
             )
-        inexact = np.issubdtype(want_np.dtype, np.inexact)
+        inexact = jnp.issubdtype(want_np.dtype, jnp.inexact)
         if inexact:
-            bad = ~np.isclose(got_np, want_np, rtol=rtol, atol=atol, equal_nan=True)
+            # A few units in the last place of the leaf's own dtype: bfloat16's are
+            # about 1e-2, and XLA rounds a fused program differently from eager ops.
+            floor = 4 * float(jnp.finfo(want_np.dtype).eps)
+            bad = ~np.isclose(
+                got_np.astype(np.float64),
+                want_np.astype(np.float64),
+                rtol=max(rtol, floor),
+                atol=max(atol, floor),
+                equal_nan=True,
+            )
         else:
             bad = got_np != want_np
         if not bad.any():
@@ -320,6 +340,10 @@ def _actions(out: StatefulModuleOutput) -> list[tuple[str, Any]]:
 # ------------------------------------------------------------------------- the module
 
 
+_FORWARD_STATE = nnx.Not(nnx.Intermediate)
+"""The variables a forward pass must leave alone."""
+
+
 def _variable_values(variables: nnx.State) -> dict[str, Any]:
     """Every array in the module's NNX variables, by a name like ``layers.0.mean['a']``.
 
@@ -374,6 +398,7 @@ def _written(flags: dict[str, Any]) -> list[str]:
 
 _PROPERTY_OF_RULE = {
     RULE_NO_WRITES: ModuleProperty.NO_WRITES,
+    RULE_RANDOMNESS: ModuleProperty.NO_WRITES,
     RULE_STATISTICS_KIND: ModuleProperty.STATISTICS_NOT_TRAINED,
 }
 """Contract rules whose violation, raised by the runtime checks, is one of the kit's properties."""
@@ -523,12 +548,14 @@ class _ModuleKit:
     def _step(
         self, variables: nnx.State, state: Any, x: Any, rollout_extras: Any
     ) -> tuple[StatefulModuleOutput, dict[str, Bool[Array, ""]], dict[str, Any]]:
-        before = _variable_values(variables)
+        # The intermediates sow and nnx.capture keep are the one kind a forward pass
+        # may write: no forward pass reads them.
+        before = _variable_values(nnx.filter_state(variables, _FORWARD_STATE))
         module = nnx.merge(self.graphdef, variables)
         emitted = _PerModule(module, "__call__")
         with observe_calls(emitted):
             out = module(state, x, rollout_extras)
-        writes = _writes(before, _variable_values(nnx.state(module)))
+        writes = _writes(before, _variable_values(nnx.state(module, _FORWARD_STATE)))
         return out, writes, emitted.once()
 
     def _reset(
@@ -553,7 +580,7 @@ class _ModuleKit:
         given = _PerModule(module, "update_statistics")
         with observe_calls(given):
             module.update_statistics(history)
-        return _variable_values(nnx.state(module)), given.once(), given.calls()
+        return _variable_values(nnx.state(module, _FORWARD_STATE)), given.once(), given.calls()
 
     # -------------------------------------------------------------------- eager calls
 
@@ -618,6 +645,18 @@ class _Case:
     def __init__(self, kit: _ModuleKit, example: _Example) -> None:
         self.kit = kit
         self.ex = example
+
+    @functools.cached_property
+    def low_precision(self) -> str | None:
+        """The narrowest float dtype below float32 among the variables and the carry."""
+        dtypes = {
+            leaf.dtype
+            for leaf in jax.tree.leaves((_variable_values(self.kit.variables), self.initial))
+            if jnp.issubdtype(leaf.dtype, jnp.floating) and leaf.dtype.itemsize < 4
+        }
+        if not dtypes:
+            return None
+        return str(max(dtypes, key=lambda dtype: float(jnp.finfo(dtype).eps)))
 
     # -------------------------------------------------------------------- the results
 
@@ -725,6 +764,12 @@ class _Case:
             if mismatch is None:
                 continue
             sentence, expected_label, found_label = describe(mismatch)
+            if mismatch.gap and (low := self.low_precision):
+                sentence += (
+                    f" The module computes in {low}, which rounds at about "
+                    f"{float(jnp.finfo(low).eps):.0e}: if this is rounding, pass rtol and "
+                    "atol of that scale."
+                )
             where = mismatch.leaf if t is None else f"{mismatch.leaf} at step {t}"
             if mismatch.row is not None:
                 where += f", {row_name(mismatch.row)}"
@@ -1147,7 +1192,7 @@ def _check_eager_compiled(case: _Case) -> None:
         replay = host(module(states[1], x, stored))
         reset = host(module.reset_state(final))
         module.update_statistics(history)
-        statistics = host(_variable_values(nnx.state(module)))
+        statistics = host(_variable_values(nnx.state(module, _FORWARD_STATE)))
 
     def env_0(out: StatefulModuleOutput, extras: bool) -> list[tuple[str, Any]]:
         return _step_leaves(_rows(out, first), batched_only=True, extras=extras)

@@ -185,9 +185,9 @@ def _share(budget: int, parts: int) -> list[int]:
 
 
 def _output_width(module: StatefulModule, in_width: int, factory: LeafFactory) -> int:
-    state = jax.eval_shape(lambda: module.initialize_state(1))
+    state = nnx.eval_shape(lambda m: m.initialize_state(1), module)
     x = jax.ShapeDtypeStruct((1, in_width), jnp.float32)
-    output = jax.eval_shape(lambda s, x: module(s, x).output, state, x)
+    output = nnx.eval_shape(lambda m, s, x: m(s, x).output, module, state, x)
     if not isinstance(output, jax.ShapeDtypeStruct) or output.ndim != 2:
         raise TypeError(
             f"container_nestings: leaf factory {getattr(factory, '__name__', factory)!r} built "

@@ -1,0 +1,81 @@
+"""Flax NNX layers and transforms inside contract modules, each passing the test kit."""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.utils import new_env_keys, split_env_keys
+from nnx_ppo.testing import check_module
+
+WIDTH = 4
+
+
+class Ensemble(StatefulModule):
+    """Three linear heads made with nnx.vmap and applied with it; their mean is the output."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        @nnx.split_rngs(splits=3)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def heads(rngs: nnx.Rngs) -> nnx.Linear:
+            return nnx.Linear(WIDTH, WIDTH, rngs=rngs)
+
+        self.heads = heads(rngs)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        each = nnx.vmap(lambda head, x: head(x), in_axes=(0, None))(self.heads, x)
+        return StatefulModuleOutput(state, each.mean(axis=0), jnp.zeros(()), {})
+
+
+class PerEnvDropout(StatefulModule):
+    """nnx.Dropout drawing from per-env keys in the carry, not from an nnx.Rngs."""
+
+    def __init__(self, rate: float, rngs: nnx.Rngs) -> None:
+        self.dropout = nnx.Dropout(rate)
+        self.rngs = rngs  # read in initialize_state only
+
+    def initialize_state(self, batch_size: int) -> jax.Array:
+        return new_env_keys(self.rngs, batch_size)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        keys, step_keys = split_env_keys(state)
+        y = jax.vmap(lambda key, row: self.dropout(row, rngs=nnx.Rngs(dropout=key)))(step_keys, x)
+        return StatefulModuleOutput(keys, y, jnp.zeros(()), {})
+
+
+class FoldedBatchNorm(StatefulModule):
+    """nnx.BatchNorm reading its running averages in __call__, updating them from the history."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.norm = nnx.BatchNorm(WIDTH, use_running_average=True, rngs=rngs)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, self.norm(x), jnp.zeros(()), {}, rollout_extras=x)
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        samples = rollout_extras.reshape(-1, WIDTH)  # (T, B, WIDTH) as one batch of T * B
+        self.norm(samples, use_running_average=False)
+
+
+class Rematerialised(StatefulModule):
+    """A child recomputed in the backward pass: jax.checkpoint over its nnx.split state."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.linear = nnx.Linear(WIDTH, WIDTH, rngs=rngs)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        graphdef, variables = nnx.split(self.linear)
+        run = jax.checkpoint(lambda variables, x: jnp.tanh(nnx.merge(graphdef, variables)(x)))
+        return StatefulModuleOutput(state, run(variables, x), jnp.zeros(()), {})
+
+
+for module, stochastic in [
+    (Ensemble(nnx.Rngs(0)), False),
+    (PerEnvDropout(0.5, nnx.Rngs(1)), True),
+    (FoldedBatchNorm(nnx.Rngs(2)), False),
+    (Rematerialised(nnx.Rngs(3)), False),
+]:
+    check_module(module, jnp.zeros(WIDTH), max_examples=3, stochastic=stochastic)
+    print(f"{type(module).__name__} passes every property.")

@@ -1,0 +1,156 @@
+"""Modules written with ordinary Flax NNX idioms train as the contract says they do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from nnx_ppo import ContractError
+from nnx_ppo.algorithms.config import PPOConfig
+from nnx_ppo.algorithms.ppo import new_training_state, ppo_step
+from nnx_ppo.envs import make
+from nnx_ppo.networks.adapter import PPOAdapter
+from nnx_ppo.networks.containers import Sequential
+from nnx_ppo.networks.factories import make_default_network
+from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.sampling_layers import CategoricalSampler
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.testing import check_module
+
+CONFIG = PPOConfig(n_envs=4, rollout_length=6, n_minibatches=2, n_epochs=1)
+WIDTH = 4  # cart-pole's observation
+
+
+class Block(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.linear = nnx.Linear(WIDTH, WIDTH, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x + jnp.tanh(self.linear(x))
+
+
+class PerSampleVmap(StatefulModule):
+    """A child applied row by row with ``nnx.vmap`` (the module broadcast)."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.block = Block(rngs)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        y = nnx.vmap(lambda block, row: block(row), in_axes=(None, 0))(self.block, x)
+        return StatefulModuleOutput(state, y, jnp.zeros(()), {})
+
+
+class ScanOverLayers(StatefulModule):
+    """Three blocks made with ``nnx.vmap`` and applied with ``nnx.scan``."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        @nnx.split_rngs(splits=3)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def blocks(rngs: nnx.Rngs) -> Block:
+            return Block(rngs)
+
+        self.blocks = blocks(rngs)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
+        def apply(block: Block, h: jax.Array) -> jax.Array:
+            return block(h)
+
+        return StatefulModuleOutput(state, apply(self.blocks, x), jnp.zeros(()), {})
+
+
+class Sows(StatefulModule):
+    """Keeps its hidden activation with ``sow`` (``nnx.Intermediate``): exempt."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.linear = nnx.Linear(WIDTH, WIDTH, rngs=rngs)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        h = self.linear(x)
+        self.sow(nnx.Intermediate, "hidden", h)
+        return StatefulModuleOutput(state, h, jnp.zeros(()), {})
+
+
+def _policy(trunk: StatefulModule, rngs: nnx.Rngs) -> PPOAdapter:
+    return PPOAdapter(
+        action=Sequential(
+            [trunk, Dense(WIDTH, 2, rngs), CategoricalSampler(rngs, entropy_weight=0.0)]
+        ),
+        value=Dense(WIDTH, 1, rngs),
+    )
+
+
+@pytest.mark.filterwarnings("ignore:Using 'Module.sow\\(\\)' outside")  # Flax's, on Sows
+@pytest.mark.parametrize("trunk", [PerSampleVmap, ScanOverLayers, Sows])
+def test_a_module_using_an_nnx_transform_or_sow_passes_the_kit_and_trains(trunk) -> None:
+    # The rollout's scan and its truncation cond hand the module variables of their own
+    # trace: nnx.vmap and nnx.scan refuse variables closed over from an outer one.
+    check_module(trunk(nnx.Rngs(0)), jnp.zeros(WIDTH), max_examples=2)
+    env, network = make("cartpole"), _policy(trunk(nnx.Rngs(1)), nnx.Rngs(2))
+    before = jax.tree.map(np.asarray, nnx.state(network, nnx.Param))
+    state = new_training_state(env, network, CONFIG.n_envs, seed=0, learning_rate=1e-2)
+    state, _ = ppo_step(env, state, CONFIG)
+    state, metrics = ppo_step(env, state, CONFIG)
+    after = nnx.state(network, nnx.Param)
+    assert np.isfinite(metrics["losses/total/mean"])
+    pairs = zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True)
+    assert not all(np.array_equal(a, b) for a, b in pairs)
+
+
+def test_training_runs_under_x64() -> None:
+    # The episode totals kept float32 and int32 while x64 made the rewards float64 and
+    # the sums int64: the scan's carry changed type.
+    with jax.enable_x64(True):
+        for name in ("cartpole", "two_agent"):
+            env = make(name)
+            network = make_default_network(env, nnx.Rngs(0), hidden_sizes=(8,))
+            state = new_training_state(env, network, CONFIG.n_envs, seed=0)
+            state, _ = ppo_step(env, state, CONFIG)
+            state, metrics = ppo_step(env, state, CONFIG)
+            assert np.isfinite(metrics["losses/total/mean"])
+            assert all(
+                r.dtype == jnp.float64 for r in jax.tree.leaves(state.running_episodes.returns)
+            )
+
+
+class IntegerParam(StatefulModule):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.order = nnx.Param(jnp.arange(WIDTH)[::-1])
+        self.linear = nnx.Linear(WIDTH, WIDTH, rngs=rngs)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, self.linear(x[:, self.order[...]]), jnp.zeros(()), {})
+
+
+def test_an_integer_param_is_named_before_anything_compiles() -> None:
+    # nnx.grad failed inside the learning program, naming no module.
+    network = _policy(IntegerParam(nnx.Rngs(0)), nnx.Rngs(1))
+    with pytest.raises(
+        TypeError, match=r"components\['action'\]\.layers\[0\]\.order is an nnx.Param of dtype int"
+    ):
+        new_training_state(make("cartpole"), network, CONFIG.n_envs, seed=0)
+
+
+class RngDropout(StatefulModule):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.dropout = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, self.dropout(x), jnp.zeros(()), {})
+
+
+def test_a_draw_from_an_nnx_rngs_in_call_is_named_with_the_randomness_rule() -> None:
+    module = RngDropout(nnx.Rngs(0))
+    with pytest.raises(ContractError, match=r"drew from an nnx\.Rngs stream") as caught:
+        module((), jnp.ones((3, WIDTH)))
+    assert "per-env keys" in str(caught.value)
+    assert caught.value.leaf.startswith("RngDropout.dropout.rngs")
+    env, network = make("cartpole"), _policy(RngDropout(nnx.Rngs(1)), nnx.Rngs(2))
+    state = new_training_state(env, network, CONFIG.n_envs, seed=0)
+    with pytest.raises(ContractError, match=r"drew from an nnx\.Rngs stream"):
+        ppo_step(env, state, CONFIG)
