@@ -24,7 +24,7 @@ EXPECTED_OUTPUT = {
     ],
     "nnx_idioms.py": [
         f"{name} passes every property."
-        for name in ("Ensemble", "PerEnvDropout", "FoldedBatchNorm", "Rematerialised")
+        for name in ("Sequential", "Ensemble", "PerEnvDropout", "FoldedBatchNorm", "Rematerialised")
     ],
     "custom_container.py": [
         "update_statistics never reached",

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from nnx_ppo.networks import Sequential, Stateless
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import new_env_keys, split_env_keys
 from nnx_ppo.testing import check_module
@@ -71,7 +72,13 @@ class Rematerialised(StatefulModule):
         return StatefulModuleOutput(state, run(variables, x), jnp.zeros(()), {})
 
 
+# Stateless NNX layers need no class of their own.
+rngs = nnx.Rngs(4)
+layers = nnx.Sequential(nnx.Linear(WIDTH, WIDTH, rngs=rngs), nnx.LayerNorm(WIDTH, rngs=rngs))
+trunk = Sequential([Stateless(layers), Ensemble(rngs)])
+
 for module, stochastic in [
+    (trunk, False),
     (Ensemble(nnx.Rngs(0)), False),
     (PerEnvDropout(0.5, nnx.Rngs(1)), True),
     (FoldedBatchNorm(nnx.Rngs(2)), False),

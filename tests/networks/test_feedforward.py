@@ -1,4 +1,4 @@
-"""Dense: numerics against NumPy, statelessness, and bad input."""
+"""Dense and Stateless: numerics against NumPy, statelessness, and bad input."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import nnx_ppo
-from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.containers import Sequential
+from nnx_ppo.networks.feedforward import Dense, Stateless
 from nnx_ppo.networks.types import StatefulModuleOutput
 
 IN, OUT = 3, 4
@@ -70,3 +71,25 @@ def test_dense_rejects_wrong_input_width_naming_it(relu_dense: Dense):
 def test_dense_rejects_bad_constructor_arguments(args, kwargs, error):
     with pytest.raises(error, match="Dense"):
         Dense(*args, nnx.Rngs(0), **kwargs)
+
+
+def test_stateless_wraps_an_nnx_module_or_a_function() -> None:
+    linear = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    x = jnp.arange(12.0).reshape(4, 3)
+    out = Stateless(linear)((), x)
+    np.testing.assert_allclose(out.output, linear(x))
+    assert out.next_state == () and out.rollout_extras is None
+    np.testing.assert_allclose(Stateless(jnp.tanh)((), x).output, jnp.tanh(x))
+
+
+def test_stateless_refuses_a_contract_module_and_a_non_callable() -> None:
+    with pytest.raises(TypeError, match="already a StatefulModule"):
+        Stateless(Dense(3, 2, nnx.Rngs(0)))
+    with pytest.raises(TypeError, match="takes an NNX module or a function"):
+        Stateless(3)
+
+
+def test_a_container_given_a_plain_nnx_module_points_to_stateless() -> None:
+    named = r"layer 0 is a Linear, not a StatefulModule; wrap .* nnx_ppo\.networks\.Stateless"
+    with pytest.raises(TypeError, match=named):
+        Sequential([nnx.Linear(3, 2, rngs=nnx.Rngs(0))])

@@ -21,7 +21,7 @@ from nnx_ppo.networks.factories import (
     make_mlp,
     make_mlp_actor_critic,
 )
-from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.feedforward import Dense, Stateless
 from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.recurrent import GRU, LSTM
 from nnx_ppo.networks.sampling_layers import (
@@ -67,6 +67,12 @@ class Case:
 
 CASES: dict[str, Case] = {
     "Dense": Case(lambda: Dense(3, 4, rngs(), activation=nnx.tanh), sample(3)),
+    "Stateless": Case(
+        lambda: Stateless(
+            nnx.Sequential(nnx.Linear(3, 4, rngs=rngs()), nnx.LayerNorm(4, rngs=rngs()))
+        ),
+        sample(3),
+    ),
     "LSTM": Case(lambda: LSTM(3, 4, rngs()), sample(3)),
     "LSTM-trainable-initial-state": Case(
         lambda: LSTM(3, 4, rngs(), use_optimized=False, trainable_initial_state=True), sample(3)

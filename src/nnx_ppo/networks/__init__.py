@@ -17,7 +17,7 @@ from nnx_ppo.networks.factories import (
     make_mlp_actor_critic,
     make_mlp_layers,
 )
-from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.feedforward import Dense, Stateless
 from nnx_ppo.networks.graph import PopulationGraph
 from nnx_ppo.networks.network_summary import print_summary, summary
 from nnx_ppo.networks.normalizer import Normalizer
@@ -71,6 +71,7 @@ __all__ = [
     "Splitter",
     "StatefulModule",
     "StatefulModuleOutput",
+    "Stateless",
     "VariationalBottleneck",
     "checked_ppo_output",
     "is_sampled_action",

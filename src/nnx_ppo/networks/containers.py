@@ -40,6 +40,13 @@ def _child_extras(rollout_extras: Any, key: Any) -> Extras:
     return None if rollout_extras is None else rollout_extras[key]
 
 
+def _not_a_module(what: str, value: object) -> str:
+    message = f"{what} is a {type(value).__name__}, not a StatefulModule"
+    if callable(value):  # an nnx.Linear, an nnx.Sequential, jnp.tanh
+        message += "; wrap a stateless NNX module or function in nnx_ppo.networks.Stateless"
+    return message
+
+
 class Sequential(StatefulModule):
     """Runs ``layers`` in order, each on the previous one's output.
 
@@ -56,9 +63,7 @@ class Sequential(StatefulModule):
             raise ValueError("Sequential needs at least one layer")
         for i, layer in enumerate(layers):
             if not isinstance(layer, StatefulModule):
-                raise TypeError(
-                    f"Sequential layer {i} is a {type(layer).__name__}, not a StatefulModule"
-                )
+                raise TypeError(_not_a_module(f"Sequential layer {i}", layer))
         self.layers = nnx.List(layers)
 
     def __call__(
@@ -113,9 +118,7 @@ class _KeyedContainer(StatefulModule):
             if not isinstance(key, str):
                 raise TypeError(f"{name} keys must be strings, got {key!r}")
             if not isinstance(module, StatefulModule):
-                raise TypeError(
-                    f"{name}[{key!r}] is a {type(module).__name__}, not a StatefulModule"
-                )
+                raise TypeError(_not_a_module(f"{name}[{key!r}]", module))
         self.components = nnx.Dict(components)
         # NNX re-sorts a Dict's keys in split/merge (so under jit); the declared order is
         # static structure, kept here so eager and compiled calls visit children alike.

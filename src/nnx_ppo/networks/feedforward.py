@@ -8,10 +8,11 @@ from flax import nnx
 from jaxtyping import Array, Float
 
 from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.axes import BatchedTree
 from nnx_ppo.networks._matmul import dense_dot_general
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
-__all__ = ["Dense"]
+__all__ = ["Dense", "Stateless"]
 
 
 class Dense(StatefulModule):
@@ -65,3 +66,39 @@ class Dense(StatefulModule):
         if self.activation is not None:
             y = self.activation(y)
         return StatefulModuleOutput(state, y, jnp.zeros(()), {}, None)
+
+
+class Stateless(StatefulModule):
+    """A stateless Flax NNX module, or any function of a batch, as a
+    :class:`~nnx_ppo.networks.types.StatefulModule`.
+
+    ``Stateless(f)`` returns ``f(x)``: ``nnx.Linear``, ``nnx.Conv``, ``nnx.LayerNorm``,
+    ``nnx.Embed``, an ``nnx.Sequential`` of them, or a function such as ``jnp.tanh``.
+    Its carry is ``()``; it emits no ``rollout_extras`` and no regularization. ``f``
+    takes the ``(B, *feat)`` batch and returns ``(B, *out)`` leaves; like any module,
+    it must treat each row on its own and write no variable, which the checks and
+    :func:`~nnx_ppo.testing.check_module` hold it to (``nnx.BatchNorm`` in training
+    mode and ``nnx.Dropout`` drawing from an ``nnx.Rngs`` fail them; the NNX page of
+    the contract docs shows their patterns).
+
+    Example::
+
+        Stateless(nnx.Sequential(nnx.Linear(4, 32, rngs=rngs), nnx.LayerNorm(32, rngs=rngs)))
+
+    Raises:
+      TypeError: ``f`` is not callable, or is already a ``StatefulModule``.
+    """
+
+    def __init__(self, f: Callable[[Any], Any]) -> None:
+        if isinstance(f, StatefulModule):
+            raise TypeError(
+                f"Stateless: {type(f).__name__} is already a StatefulModule; use it as it is"
+            )
+        if not callable(f):
+            raise TypeError(f"Stateless takes an NNX module or a function, got {f!r}")
+        self.f = f
+
+    def __call__(
+        self, state: tuple[()], x: BatchedTree, rollout_extras: None = None
+    ) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, self.f(x), jnp.zeros(()), {}, None)
