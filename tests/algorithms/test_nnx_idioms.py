@@ -12,7 +12,7 @@ from flax import nnx
 
 from nnx_ppo import ContractError
 from nnx_ppo.algorithms.config import PPOConfig
-from nnx_ppo.algorithms.ppo import new_training_state, ppo_step
+from nnx_ppo.algorithms.ppo import new_training_state, ppo_step, ppo_steps
 from nnx_ppo.envs import make
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
@@ -94,8 +94,8 @@ def test_a_module_using_an_nnx_transform_or_sow_passes_the_kit_and_trains(trunk)
     env, network = make("cartpole"), _policy(trunk(nnx.Rngs(1)), nnx.Rngs(2))
     before = jax.tree.map(np.asarray, nnx.state(network, nnx.Param))
     state = new_training_state(env, network, CONFIG.n_envs, seed=0, learning_rate=1e-2)
-    state, _ = ppo_step(env, state, CONFIG)
-    state, metrics = ppo_step(env, state, CONFIG)
+    state, _ = ppo_step(env, state, CONFIG)  # rollout and learning as programs of their own
+    state, (_, metrics) = ppo_steps(env, state, CONFIG, 2)  # both in one program's scan
     after = nnx.state(network, nnx.Param)
     assert np.isfinite(metrics["losses/total/mean"])
     pairs = zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True)

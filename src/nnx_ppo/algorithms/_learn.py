@@ -139,6 +139,7 @@ def _learn(
       The diagnostics of every update, leaves ``(n_epochs, n_minibatches, ...)``,
       and which epochs ran (all, unless ``target_kl`` stopped them).
     """
+    nnx.pop(networks, nnx.Intermediate)  # what the rollout sowed: the scan carries none
     graphdef, state = nnx.split((networks, optimizer))
     update = _minibatch_update(graphdef, config, data)
     groups = config.n_envs // config.n_minibatches

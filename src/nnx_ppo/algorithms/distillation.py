@@ -452,6 +452,7 @@ def _learn(
     config: DistillationConfig,
 ) -> dict[str, Any]:
     """Epochs of gradient steps on minibatches of whole environments."""
+    nnx.pop(student, nnx.Intermediate)  # what the rollout sowed: the scan carries none
     graphdef, state = nnx.split((student, optimizer))
     first_carry, transitions, targets = data
     # The loss replays the student alone: of the carries the pair's rollout kept, the student's.
@@ -467,6 +468,7 @@ def _learn(
         )(student)
         diagnostics["grad_norm"] = optax.tree.norm(grads)
         optimizer.update(student, grads)
+        nnx.pop(student, nnx.Intermediate)  # what the replay sowed: the scan keeps none
         return nnx.state((student, optimizer)), diagnostics
 
     def epoch(state: nnx.State, key: PRNGKeyArray) -> tuple[nnx.State, dict[str, Any]]:
@@ -506,6 +508,7 @@ def _step(
     )
     if LoggingLevel.WEIGHTS in config.logging_level:
         log_weight_stats(metrics, pair.student, config.logging_percentiles)
+    nnx.pop(pair, nnx.Intermediate)  # what the rollout sowed: the state keeps none
     return (final_states, final_env_states, next_key), metrics
 
 
