@@ -209,7 +209,7 @@ def test_a_frozen_normalizer_is_not_expected_and_a_live_one_still_is() -> None:
 
 
 def test_frozen_statistics_wraps_only_contract_modules() -> None:
-    with pytest.raises(TypeError, match="FrozenStatistics wraps a StatefulModule"):
+    with pytest.raises(TypeError, match="FrozenStatistics wraps is a Linear, not a StatefulModule"):
         FrozenStatistics(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))  # type: ignore[arg-type]
 
 
@@ -420,6 +420,15 @@ def test_intermediates_kept_by_sow_or_capture_are_no_forward_write() -> None:
     module((), x)
     module((), x)  # the second sow writes the variable the first created
     nnx.capture(lambda m, x: m((), x).output, nnx.Intermediate)(SowsItsHidden(), x)
+
+
+def test_a_container_runs_under_nnx_capture() -> None:
+    # Under capture an nnx.List holds a string key beside its indices: the emission
+    # record's structure key sorted them and failed for every Sequential.
+    network = Sequential([Dense(3, 3, nnx.Rngs(0)), SowsItsHidden()])
+    captured = nnx.capture(lambda m, s, x: m(s, x).output, nnx.Intermediate)
+    output, _ = captured(network, network.initialize_state(2), jnp.ones((2, 3)))
+    assert output.shape == (2, 3)
 
 
 def test_a_numpy_batch_size_is_an_int_to_shipped_annotations() -> None:

@@ -87,6 +87,18 @@ def test_stateless_refuses_a_contract_module_and_a_non_callable() -> None:
         Stateless(Dense(3, 2, nnx.Rngs(0)))
     with pytest.raises(TypeError, match="takes an NNX module or a function"):
         Stateless(3)
+    with pytest.raises(TypeError, match="a class: pass an instance"):
+        Stateless(nnx.Linear)
+
+
+def test_a_graph_transform_or_frozen_module_given_a_plain_nnx_module_points_to_stateless():
+    from nnx_ppo.networks import FrozenStatistics
+    from nnx_ppo.networks.graph.connection import Connection
+
+    with pytest.raises(TypeError, match=r"transform is a Linear, .*networks\.Stateless"):
+        Connection("s", "h", nnx.Linear(3, 2, rngs=nnx.Rngs(0)), 0)
+    with pytest.raises(TypeError, match=r"wraps is a PjitFunction, .*networks\.Stateless"):
+        FrozenStatistics(jnp.tanh)
 
 
 def test_a_container_given_a_plain_nnx_module_points_to_stateless() -> None:

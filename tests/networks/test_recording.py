@@ -1,10 +1,13 @@
 """Activation recording: a Recorder's activations are the modules' own outputs, by path."""
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from transformed_modules import DenseEnsemble
 
 from nnx_ppo.algorithms.rollout import record_activations_rollout, reset_envs
 from nnx_ppo.contract.axes import BatchedTree, Carry, Extras
@@ -203,3 +206,32 @@ class MakesItsOwn(StatefulModule):
 def test_a_module_outside_the_graph_is_named():
     with pytest.raises(ValueError, match="a Scale was called in the step of MakesItsOwn"):
         Recorder(MakesItsOwn())((), jnp.ones((1, 2)))
+
+
+class Ponder(StatefulModule):
+    """Runs its Dense three times in a scan: the calls are the scan's."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.cell = Dense(4, 4, rngs)
+
+    def __call__(self, state: Carry, x: BatchedTree, rollout_extras: Extras = None) -> Any:
+        def think(h: jax.Array, _: None) -> tuple[jax.Array, None]:
+            return jnp.tanh(self.cell((), h).output), None
+
+        h, _ = jax.lax.scan(think, x, None, length=3)
+        return StatefulModuleOutput(state, h, jnp.zeros(()), {})
+
+
+@pytest.mark.parametrize("inner", [DenseEnsemble, Ponder])
+def test_modules_called_inside_a_transform_are_recorded_as_their_container(inner) -> None:
+    # They were refused as "not in the NNX graph" (the transform's copy), or leaked the
+    # scan's tracers into the activations.
+    rngs = nnx.Rngs(0)
+    recorder = with_recording(Sequential([inner(rngs), Dense(4, 2, rngs)]))
+    x = jnp.ones((2, 4))
+    eager = recorder(recorder.initialize_state(2), x)
+    compiled = nnx.jit(lambda r, s, x: r(s, x))(recorder, recorder.initialize_state(2), x)
+    for out in (eager, compiled):
+        activations = extract_activations(out.metrics)
+        assert set(activations) == {"", ".layers[0]", ".layers[1]"}
+        assert all(isinstance(a, jax.Array) and a.shape[0] == 2 for a in activations.values())

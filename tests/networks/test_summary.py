@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 from rich.console import Console
+from transformed_modules import DenseEnsemble
 
 import nnx_ppo
 from nnx_ppo import envs
@@ -344,3 +345,14 @@ def test_a_batch_given_as_the_example_input_gets_a_hint() -> None:
         nnx_ppo.summary(network, jnp.zeros((37, 4)))
 
     assert any("example_input is ONE sample" in note for note in caught.value.__notes__)
+
+
+def test_modules_called_inside_a_transform_count_in_their_container_s_row() -> None:
+    # The heads' calls were shown as one 20-parameter Dense "not in the network's graph".
+    rngs = nnx.Rngs(0)
+    table = nnx_ppo.summary(Sequential([DenseEnsemble(rngs), Dense(4, 2, rngs)]), jnp.zeros(4))
+    assert [(row.path, row.module_class, row.parameters) for row in table.rows] == [
+        ("", "Sequential", 70),
+        (".layers[0]", "DenseEnsemble", 60),
+        (".layers[1]", "Dense", 10),
+    ]

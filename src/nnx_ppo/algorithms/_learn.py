@@ -51,7 +51,8 @@ def _select_envs(
     def take(env_axis: int) -> Callable[[Array], Array]:
         def pick(x: Array) -> Array:
             shape = x.shape
-            grouped = x.reshape(*shape[:env_axis], -1, n_minibatches, *shape[env_axis + 1 :])
+            groups = shape[env_axis] // n_minibatches  # not -1: a leaf may have no elements
+            grouped = x.reshape(*shape[:env_axis], groups, n_minibatches, *shape[env_axis + 1 :])
             one_per_group = jax.vmap(
                 lambda group, column: jnp.take(group, column, axis=env_axis),
                 in_axes=(env_axis, 0),

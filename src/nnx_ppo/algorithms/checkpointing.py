@@ -277,6 +277,9 @@ def _flatten(tree: Any) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         key_impl = str(jax.random.key_impl(leaf)) if is_key(leaf) else None
         array = _on_host(key_data_or_leaf(leaf))
+        # As JAX holds it: a Python scalar in a Variable is int64 or float64 to NumPy,
+        # int32 or float32 to JAX (without x64) once a step has run.
+        array = array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False)
         if array.size:
             arrays.append(array)
         entries.append(
@@ -290,6 +293,10 @@ def _flatten(tree: Any) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
             }
         )
     return arrays, entries
+
+
+def _weakly_typed(leaf: Any) -> bool:
+    return isinstance(leaf, int | float | complex) or bool(getattr(leaf, "weak_type", False))
 
 
 def _on_host(leaf: Any) -> np.ndarray:
@@ -594,8 +601,12 @@ def _compare(
             break
     if not problems:
         return
-    reshaped = [p for p, e in wanted.items() if p in saved and saved[p]["shape"] != e["shape"]]
-    differing = [*missing, *unexpected, *reshaped]
+    changed = [
+        p
+        for p, e in wanted.items()
+        if p in saved and (saved[p]["shape"], saved[p]["dtype"]) != (e["shape"], e["dtype"])
+    ]
+    differing = [*missing, *unexpected, *changed]
     if all(path.startswith("['optimizer']") for path in differing):
         cause = (
             "its optimizer state does not fit this template's optimizer: build the template "
@@ -662,6 +673,8 @@ def _load_checkpoint(
             target["optimizer"] = nnx.state(optimizer)
     _, entries = _flatten(target)
     wanted = {entry["path"]: entry for entry in entries}
+    leaves = jax.tree.leaves(target)
+    weak = {e["path"] for e, leaf in zip(entries, leaves, strict=True) if _weakly_typed(leaf)}
     prefixes = tuple(f"[{name!r}]" for name in target)
     _compare({p: e for p, e in saved.items() if p.startswith(prefixes)}, wanted, optimizer_hint)
 
@@ -693,9 +706,14 @@ def _load_checkpoint(
     by_path |= dict(zip(stored, restored, strict=True))
 
     def rebuilt(path: str) -> Any:
-        array = jnp.asarray(by_path[path])
         impl = saved[path]["key_impl"]
-        return jax.random.wrap_key_data(array, impl=impl) if impl else array
+        if impl:
+            return jax.random.wrap_key_data(jnp.asarray(by_path[path]), impl=impl)
+        if path in weak and by_path[path].shape == ():
+            # The template's scalar is weakly typed (a Python number, or made from one):
+            # so is what it loads, or ops mixing it with other dtypes promote otherwise.
+            return jnp.asarray(by_path[path].item())
+        return jnp.asarray(by_path[path])
 
     leaves = [rebuilt(path) for path in wanted]
     values = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(target), leaves)

@@ -35,6 +35,7 @@ import numpy as np
 from flax import nnx
 from flax.errors import TraceContextError
 from jax.core import Tracer
+from jax.extend.core import get_opaque_trace_state
 
 from nnx_ppo.contract.annotations import (
     AnnotationMismatch,
@@ -84,9 +85,10 @@ _RUNNING_METHOD: ContextVar[tuple[int, str, type] | None] = ContextVar(
 _RESET_REACHED: ContextVar[set[int] | None] = ContextVar("nnx_ppo_reset", default=None)
 """The modules a top-level ``reset_state`` call reached so far."""
 _STATISTICS_CALL: ContextVar[_StatisticsCall | None] = ContextVar("nnx_ppo_stats", default=None)
-_CALL_OBSERVERS: ContextVar[tuple[Callable[[CallRecord], None], ...]] = ContextVar(
+_CALL_OBSERVERS: ContextVar[tuple[tuple[Callable[[CallRecord], None], Any], ...]] = ContextVar(
     "nnx_ppo_observers", default=()
 )
+"""Each observer with the trace it was entered in."""
 
 _CHECKED_MARK = "__nnx_ppo_checked__"
 _DEFAULT_MARK = "__nnx_ppo_default__"
@@ -566,6 +568,10 @@ class CallRecord:
       arguments: the call's arguments after ``self``, as (parameter name, value) pairs.
       result: what the method returned, or ``None`` when it raised.
       error: the error it raised, or ``None``.
+      in_transform: whether the call ran inside a JAX or NNX transform entered after
+        the observer was (a ``scan``, ``vmap``, ``cond`` or ``checkpoint`` inside a
+        container's method): its arguments and result are that transform's tracers,
+        which cannot be kept past it, and its module may be the transform's copy.
     """
 
     module: Any
@@ -574,6 +580,7 @@ class CallRecord:
     arguments: tuple[tuple[str, Any], ...]
     result: Any
     error: BaseException | None
+    in_transform: bool = False
 
 
 @contextlib.contextmanager
@@ -583,7 +590,7 @@ def observe_calls(observer: Callable[[CallRecord], None]) -> Iterator[None]:
     Records arrive innermost first (a child's call before its container's), each once,
     also for a call that raised. Used by :func:`nnx_ppo.summary`; the checks must be on.
     """
-    token = _CALL_OBSERVERS.set((*_CALL_OBSERVERS.get(), observer))
+    token = _CALL_OBSERVERS.set((*_CALL_OBSERVERS.get(), (observer, get_opaque_trace_state())))
     try:
         yield
     finally:
@@ -626,8 +633,13 @@ def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> C
             raise
         finally:
             _RUNNING_METHOD.reset(token)
-            for observer in _CALL_OBSERVERS.get():
-                observer(CallRecord(self, method, depth, tuple(arguments), result, error))
+            observers = _CALL_OBSERVERS.get()
+            trace = get_opaque_trace_state() if observers else None
+            for observer, entered in observers:
+                record = CallRecord(
+                    self, method, depth, tuple(arguments), result, error, trace != entered
+                )
+                observer(record)
 
     setattr(checked, _CHECKED_MARK, method)
     return checked
@@ -875,13 +887,28 @@ def _structure_key(module: Any) -> Any:
 
     Under ``nnx.jit``, a scan or ``split``/``merge`` a module is a new Python object
     each trace; the rollout's copy and the one ``update_statistics`` runs on share this.
+    Read off ``nnx.iter_graph`` (no key sorting: under ``nnx.capture`` an ``nnx.List``
+    holds a string key beside its indices), leaving out the intermediates a capture or
+    ``sow`` adds for the call.
     """
-    graphdef, state = nnx.split(module)
-    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-    return graphdef, tuple(
-        (jax.tree_util.keystr(path), getattr(leaf, "shape", None), str(getattr(leaf, "dtype", "")))
-        for path, leaf in leaves
-    )
+    key: list[tuple[Any, ...]] = []
+    for path, node in nnx.iter_graph(module):
+        if isinstance(node, nnx.Intermediate) or _CAPTURES in path:
+            continue
+        if isinstance(node, nnx.Variable):
+            value = node.get_raw_value()
+            leaves = [
+                (getattr(leaf, "shape", None), str(getattr(leaf, "dtype", "")))
+                for leaf in jax.tree.leaves(value)
+            ]
+            key.append((tuple(path), type(node), tuple(leaves)))
+        else:
+            key.append((tuple(path), type(node)))
+    return tuple(key)
+
+
+_CAPTURES = "__captures__"
+"""The attribute ``nnx.capture`` adds to every module for the call's intermediates."""
 
 
 class _EmissionRecord:

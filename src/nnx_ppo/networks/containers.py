@@ -31,6 +31,7 @@ from nnx_ppo.networks.types import (
     MissingEntryError,
     StatefulModule,
     StatefulModuleOutput,
+    require_stateful_module,
 )
 
 __all__ = ["Concat", "FrozenStatistics", "Parallel", "Sequential", "Splitter"]
@@ -38,13 +39,6 @@ __all__ = ["Concat", "FrozenStatistics", "Parallel", "Sequential", "Splitter"]
 
 def _child_extras(rollout_extras: Any, key: Any) -> Extras:
     return None if rollout_extras is None else rollout_extras[key]
-
-
-def _not_a_module(what: str, value: object) -> str:
-    message = f"{what} is a {type(value).__name__}, not a StatefulModule"
-    if callable(value):  # an nnx.Linear, an nnx.Sequential, jnp.tanh
-        message += "; wrap a stateless NNX module or function in nnx_ppo.networks.Stateless"
-    return message
 
 
 class Sequential(StatefulModule):
@@ -62,8 +56,7 @@ class Sequential(StatefulModule):
         if not layers:
             raise ValueError("Sequential needs at least one layer")
         for i, layer in enumerate(layers):
-            if not isinstance(layer, StatefulModule):
-                raise TypeError(_not_a_module(f"Sequential layer {i}", layer))
+            require_stateful_module(f"Sequential layer {i}", layer)
         self.layers = nnx.List(layers)
 
     def __call__(
@@ -117,8 +110,7 @@ class _KeyedContainer(StatefulModule):
         for key, module in components.items():
             if not isinstance(key, str):
                 raise TypeError(f"{name} keys must be strings, got {key!r}")
-            if not isinstance(module, StatefulModule):
-                raise TypeError(_not_a_module(f"{name}[{key!r}]", module))
+            require_stateful_module(f"{name}[{key!r}]", module)
         self.components = nnx.Dict(components)
         # NNX re-sorts a Dict's keys in split/merge (so under jit); the declared order is
         # static structure, kept here so eager and compiled calls visit children alike.
@@ -270,10 +262,7 @@ class FrozenStatistics(StatefulModule):
     """
 
     def __init__(self, module: StatefulModule) -> None:
-        if not isinstance(module, StatefulModule):
-            raise TypeError(
-                f"FrozenStatistics wraps a StatefulModule, got a {type(module).__name__}"
-            )
+        require_stateful_module("the module FrozenStatistics wraps", module)
         self.module = module
 
     def __call__(

@@ -94,8 +94,11 @@ class Stateless(StatefulModule):
             raise TypeError(
                 f"Stateless: {type(f).__name__} is already a StatefulModule; use it as it is"
             )
-        if not callable(f):
-            raise TypeError(f"Stateless takes an NNX module or a function, got {f!r}")
+        if isinstance(f, type) or not callable(f):
+            raise TypeError(
+                f"Stateless takes an NNX module or a function, got {f!r}"
+                + (" (a class: pass an instance)" if isinstance(f, type) else "")
+            )
         self.f = f
 
     def __call__(

@@ -37,7 +37,7 @@ from nnx_ppo.contract.checking import (
     observe_calls,
 )
 from nnx_ppo.contract.errors import ContractError
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, require_stateful_module
 
 __all__ = ["LeafShape", "ModuleRow", "NetworkSummary", "print_summary", "summary"]
 
@@ -236,7 +236,7 @@ class NetworkSummary:
         yield self.table()
         if self.error is not None:
             yield Text(_VIOLATION, style="bold red", end="")
-            yield Text(str(self.error))
+            yield Text(_error_text(self.error))
 
     def __str__(self) -> str:
         """The table as plain text, 160 columns wide at most, and the error's message unwrapped."""
@@ -244,8 +244,13 @@ class NetworkSummary:
         Console(file=buffer, width=_PLAIN_WIDTH, color_system=None).print(self.table())
         lines = [line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines()]
         if self.error is not None:
-            lines.append(_VIOLATION + str(self.error))
+            lines.append(_VIOLATION + _error_text(self.error))
         return "\n".join(lines)
+
+
+def _error_text(error: ContractError) -> str:
+    """The error's message and its notes (the example-input hint), as a traceback shows them."""
+    return "\n".join([str(error), *getattr(error, "__notes__", [])])
 
 
 _VIOLATION = "contract violation: "
@@ -288,19 +293,22 @@ def summary(
 
         print(nnx_ppo.summary(network, jnp.zeros(4)))
     """
+    require_stateful_module("summary: the network", network)
     batch = jax.tree.map(
         lambda leaf: jax.ShapeDtypeStruct((_BATCH, *jnp.shape(leaf)), jnp.result_type(leaf)),
         example_input,
     )
     traced: list[_Traced] = []
+    hint = batched_example_hint(example_input, "summary")
     try:
         nnx.eval_shape(lambda net, x: traced.append(_trace_step(net, x)), network, batch)
     except Exception as error:
-        hint = batched_example_hint(example_input, "summary")
         if hint is not None:
             error.add_note(hint)
         raise
     (step,) = traced
+    if step.error is not None and hint is not None:
+        step.error.add_note(hint)
     return NetworkSummary(type(network).__name__, step.rows, _parameter_count(network), step.error)
 
 
@@ -383,6 +391,9 @@ def _trace_step(network: StatefulModule, x: BatchedTree) -> _Traced:
             )
         except ContractError as raised:
             error = raised
+    # A module called inside a transform of its container's method (nnx.vmap, a scan)
+    # is the transform's copy, on a slice: its container's row holds it.
+    records = [r for r in records if not r.in_transform]
     paths = _paths_by_module(network)
     calls = [r for r in records if r.method == "__call__"] or [
         r for r in records if r.method == "initialize_state"

@@ -87,7 +87,9 @@ def _activations_by_path(network: StatefulModule, records: list[CallRecord]) -> 
     paths = {id(node): tuple(path) for path, node in nnx.iter_graph(network)}
     activations: dict[str, Any] = {}
     for record in records:
-        if record.method != "__call__":
+        # Inside a transform of its container (a scan, nnx.vmap) a module's output is
+        # the transform's tracer, which cannot leave it: the container's is recorded.
+        if record.method != "__call__" or record.in_transform:
             continue
         path = paths.get(id(record.module))
         if path is None:

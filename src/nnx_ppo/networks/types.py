@@ -42,6 +42,7 @@ __all__ = [
     "StatefulModule",
     "StatefulModuleOutput",
     "checked_ppo_output",
+    "require_stateful_module",
 ]
 
 
@@ -270,3 +271,15 @@ class StatefulModule(nnx.Module, abc.ABC, metaclass=_ContractMeta):
 
 
 install_checks(StatefulModule, StatefulModuleOutput, defaults=True)
+
+
+def require_stateful_module(what: str, value: object) -> None:
+    """Raise ``TypeError`` unless ``value`` is a :class:`StatefulModule`; ``what`` names
+    it (``"Sequential layer 0"``). A plain NNX module or function is pointed to
+    :class:`~nnx_ppo.networks.feedforward.Stateless`."""
+    if isinstance(value, StatefulModule):
+        return
+    message = f"{what} is a {type(value).__name__}, not a StatefulModule"
+    if callable(value) and not isinstance(value, type):  # an nnx.Linear, jnp.tanh
+        message += "; wrap a stateless NNX module or function in nnx_ppo.networks.Stateless"
+    raise TypeError(message)

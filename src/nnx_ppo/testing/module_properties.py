@@ -36,7 +36,6 @@ import numpy as np
 from flax import nnx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from jax.extend.core import get_opaque_trace_state
 from jaxtyping import Array, Bool, PyTree, Shaped
 
 from nnx_ppo._compile import fast_compile_options
@@ -475,8 +474,6 @@ class _PerModule:
             for path, node in nnx.iter_graph(root)
             if is_stats_bearing(node)
         }
-        # Made where the observer is made: at the top of the compiled call's trace.
-        self.trace = get_opaque_trace_state()
         self.seen: dict[str, list[tuple[Any, bool]]] = {}
 
     def __call__(self, record: CallRecord) -> None:
@@ -487,8 +484,7 @@ class _PerModule:
             value = record.result.rollout_extras
         else:
             value = record.arguments[0][1]
-        at_top = get_opaque_trace_state() == self.trace
-        self.seen.setdefault(path, []).append((value, at_top))
+        self.seen.setdefault(path, []).append((value, not record.in_transform))
 
     def calls(self) -> dict[str, int]:
         """How many calls each module had."""

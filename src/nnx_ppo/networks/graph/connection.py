@@ -3,7 +3,7 @@
 from flax import nnx
 
 from nnx_ppo.contract.arguments import require_int
-from nnx_ppo.networks.types import StatefulModule
+from nnx_ppo.networks.types import StatefulModule, require_stateful_module
 
 __all__ = ["Connection"]
 
@@ -31,11 +31,7 @@ class Connection(nnx.Module):
 
     def __init__(self, src: str, dst: str, transform: StatefulModule, delay: int) -> None:
         require_int(f"connection {src} -> {dst}", "delay", delay, minimum=0)
-        if not isinstance(transform, StatefulModule):
-            raise TypeError(
-                f"connection {src} -> {dst}: transform must be a StatefulModule, "
-                f"got a {type(transform).__name__}"
-            )
+        require_stateful_module(f"connection {src} -> {dst}: transform", transform)
         self.src = src
         self.dst = dst
         self.transform = transform

@@ -15,7 +15,8 @@ class Population(nnx.Module):
     input, and the output of every incoming connection), applies ``activation`` once,
     and offers the result to its outgoing connections and, if it is an output, to the
     graph's output dict. Built by the graph's ``add_population``, ``add_input`` and
-    ``add_output``, not directly; it holds no parameters.
+    ``add_output``, not directly. Its parameters are its activation's, if that is a
+    module (``nnx.LayerNorm``): trained and counted with the graph's.
 
     Attributes:
       name: the population's name, unique in its graph.

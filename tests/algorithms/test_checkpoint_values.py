@@ -1,0 +1,89 @@
+"""A checkpoint gives back the values a network held, as JAX held them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from nnx_ppo.algorithms.checkpointing import CheckpointError, load_checkpoint, make_checkpoint_fn
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
+from nnx_ppo.envs import make
+from nnx_ppo.networks import Sequential
+from nnx_ppo.networks.factories import make_discrete_mlp_actor_critic
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+
+CONFIG = TrainConfig(
+    ppo=PPOConfig(n_envs=4, rollout_length=4, total_steps=32, n_minibatches=2, n_epochs=1),
+    eval=EvalConfig(enabled=False),
+)
+
+
+class Constants(StatefulModule):
+    """A weakly typed scale (it keeps a bfloat16 input bfloat16) and a Python-int gain."""
+
+    def __init__(self, dtype: Any = None) -> None:
+        self.scale = nnx.Variable(jnp.asarray(0.5))
+        self.gain = nnx.Variable(2 if dtype is None else jnp.asarray(2, dtype))
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        scaled = x.astype(jnp.bfloat16) * self.scale[...] * self.gain[...]
+        return StatefulModuleOutput(state, scaled.astype(jnp.float32), jnp.zeros(()), {})
+
+
+def _policy() -> StatefulModule:
+    return make_discrete_mlp_actor_critic(4, 2, [8], [8], nnx.Rngs(0))
+
+
+def _network(dtype: Any = None) -> Sequential:
+    return Sequential([Constants(dtype), _policy()])
+
+
+def test_weak_types_and_python_numbers_come_back_as_jax_held_them(tmp_path) -> None:
+    # The scale came back strongly typed (a bfloat16 input then computed in float32, so
+    # a loaded network disagreed with the trained one), and the gain's step-0 checkpoint
+    # said int64 where later ones said int32: only the first loaded.
+    train_ppo(make("cartpole"), _network(), CONFIG, checkpoint_fn=make_checkpoint_fn(tmp_path))
+    loaded = _network()
+    load_checkpoint(tmp_path, loaded)
+    constants = loaded.layers[0]
+    assert constants.scale[...].weak_type and constants.scale[...].dtype == jnp.float32
+    assert int(constants.gain[...]) == 2
+    out = constants((), jnp.ones((2, 4), jnp.bfloat16)).output
+    assert out.dtype == jnp.float32
+    template = new_training_state(make("cartpole"), _network(), 4, seed=0)
+    load_checkpoint(tmp_path, template)  # a resume's template too
+
+
+def test_a_dtype_change_alone_is_named_as_the_network_s(tmp_path) -> None:
+    # It was blamed on the optimizer's settings: only shape changes were counted.
+    state = new_training_state(make("cartpole"), _network(), 4, seed=0)
+    make_checkpoint_fn(tmp_path)(state, 0)
+    with pytest.raises(CheckpointError, match="does not fit this network") as caught:
+        load_checkpoint(tmp_path, _network(jnp.int16))
+    assert "['gain'].value is shape () int32 in the checkpoint but shape () int16 here" in str(
+        caught.value
+    )
+
+
+class EmptyCarry(StatefulModule):
+    """A carry leaf with no elements: a bank of zero slots."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Any]:
+        return {"slots": jnp.zeros((batch_size, 0))}
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return prev_state
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {})
+
+
+def test_a_carry_leaf_without_elements_trains() -> None:
+    # The minibatch gather reshaped it with -1: integer modulo by zero.
+    network = Sequential([EmptyCarry(), _policy()])
+    result = train_ppo(make("cartpole"), network, CONFIG)
+    assert result.total_steps == 32
