@@ -87,3 +87,27 @@ def test_a_carry_leaf_without_elements_trains() -> None:
     network = Sequential([EmptyCarry(), _policy()])
     result = train_ppo(make("cartpole"), network, CONFIG)
     assert result.total_steps == 32
+
+
+class Statistic(nnx.Variable):
+    """A statistic of its own kind: never trained."""
+
+
+class Centre(StatefulModule):
+    def __init__(self, kind: type[nnx.Variable]) -> None:
+        self.mean = kind(jnp.zeros(4))
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x - self.mean[...], jnp.zeros(()), {})
+
+
+def test_a_statistic_loaded_where_the_network_has_a_parameter_is_named(tmp_path) -> None:
+    # It loaded silently into the nnx.Param, which the optimizer would then train.
+    saved = Sequential([Centre(Statistic), _policy()])
+    make_checkpoint_fn(tmp_path)(new_training_state(make("cartpole"), saved, 4, seed=0), 0)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(tmp_path, Sequential([Centre(nnx.Param), _policy()]))
+    assert "['mean'].value is held by an nnx Statistic in the checkpoint but by an nnx Param" in (
+        str(caught.value)
+    )
+    load_checkpoint(tmp_path, Sequential([Centre(Statistic), _policy()]))

@@ -274,6 +274,7 @@ def _flatten(tree: Any) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
     """
     arrays: list[np.ndarray] = []
     entries: list[dict[str, Any]] = []
+    holders = _variable_classes(tree)
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         key_impl = str(jax.random.key_impl(leaf)) if is_key(leaf) else None
         array = _on_host(key_data_or_leaf(leaf))
@@ -290,9 +291,22 @@ def _flatten(tree: Any) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
                 "key_impl": key_impl,
                 "stored_shape": list(array.shape),
                 "stored_dtype": str(array.dtype),
+                "variable": holders.get(jax.tree_util.keystr(path)),
             }
         )
     return arrays, entries
+
+
+def _variable_classes(tree: Any) -> dict[str, str]:
+    """The class of the ``nnx.Variable`` holding each leaf, by the leaf's path: a statistic
+    loaded where a network now has an ``nnx.Param`` would be trained."""
+    is_variable = lambda node: isinstance(node, nnx.Variable)  # noqa: E731
+    classes: dict[str, str] = {}
+    for path, node in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_variable)[0]:
+        if is_variable(node):
+            for inner, _ in jax.tree_util.tree_flatten_with_path(node)[0]:
+                classes[jax.tree_util.keystr((*path, *inner))] = type(node).__name__
+    return classes
 
 
 def _weakly_typed(leaf: Any) -> bool:
@@ -307,6 +321,22 @@ def _on_host(leaf: Any) -> np.ndarray:
 
         return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
     return np.asarray(leaf)
+
+
+def _fits(saved: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Whether a saved leaf fits the template's: shape, dtype and the class of the
+    Variable holding it (a manifest written before classes were recorded fits any)."""
+    same_class = saved.get("variable") in (None, wanted.get("variable"))
+    return (saved["shape"], saved["dtype"]) == (wanted["shape"], wanted["dtype"]) and same_class
+
+
+def _difference(path: str, saved: dict[str, Any], wanted: dict[str, Any]) -> str:
+    if (saved["shape"], saved["dtype"]) == (wanted["shape"], wanted["dtype"]):
+        return (
+            f"{path} is held by an nnx {saved['variable']} in the checkpoint but by an nnx "
+            f"{wanted['variable']} here"
+        )
+    return f"{path} is {_describe(saved)} in the checkpoint but {_describe(wanted)} here"
 
 
 def _describe(entry: dict[str, Any]) -> str:
@@ -592,20 +622,12 @@ def _compare(
     if unexpected:
         problems.append("in the checkpoint but not in the network: " + ", ".join(unexpected[:5]))
     for path, entry in wanted.items():
-        if path in saved and (
-            saved[path]["shape"] != entry["shape"] or saved[path]["dtype"] != entry["dtype"]
-        ):
-            problems.append(
-                f"{path} is {_describe(saved[path])} in the checkpoint but {_describe(entry)} here"
-            )
+        if path in saved and not _fits(saved[path], entry):
+            problems.append(_difference(path, saved[path], entry))
             break
     if not problems:
         return
-    changed = [
-        p
-        for p, e in wanted.items()
-        if p in saved and (saved[p]["shape"], saved[p]["dtype"]) != (e["shape"], e["dtype"])
-    ]
+    changed = [p for p, e in wanted.items() if p in saved and not _fits(saved[p], e)]
     differing = [*missing, *unexpected, *changed]
     if all(path.startswith("['optimizer']") for path in differing):
         cause = (
