@@ -182,9 +182,6 @@ def _learn_from(
             for path, finite in _finite_leaves(getattr(transitions, field)).items()
         },
     }
-    # What the step's forward passes sowed (nnx.Intermediate) is not kept: the state
-    # leaves the program with the structure it came in with.
-    nnx.pop(networks, nnx.Intermediate)
     advanced = StepCarry(collected.network_states, collected.env_states, running, next_key)
     return advanced, StepReport(metrics, episodes, health)
 

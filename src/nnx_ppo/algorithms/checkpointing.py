@@ -300,10 +300,12 @@ def _flatten(tree: Any) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
 def _variable_classes(tree: Any) -> dict[str, str]:
     """The class of the ``nnx.Variable`` holding each leaf, by the leaf's path: a statistic
     loaded where a network now has an ``nnx.Param`` would be trained."""
-    is_variable = lambda node: isinstance(node, nnx.Variable)  # noqa: E731
     classes: dict[str, str] = {}
-    for path, node in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_variable)[0]:
-        if is_variable(node):
+    variables = jax.tree_util.tree_flatten_with_path(
+        tree, is_leaf=lambda node: isinstance(node, nnx.Variable)
+    )[0]
+    for path, node in variables:
+        if isinstance(node, nnx.Variable):
             for inner, _ in jax.tree_util.tree_flatten_with_path(node)[0]:
                 classes[jax.tree_util.keystr((*path, *inner))] = type(node).__name__
     return classes
@@ -621,13 +623,11 @@ def _compare(
         problems.append("missing from the checkpoint: " + ", ".join(missing[:5]))
     if unexpected:
         problems.append("in the checkpoint but not in the network: " + ", ".join(unexpected[:5]))
-    for path, entry in wanted.items():
-        if path in saved and not _fits(saved[path], entry):
-            problems.append(_difference(path, saved[path], entry))
-            break
+    changed = [p for p, e in wanted.items() if p in saved and not _fits(saved[p], e)]
+    if changed:
+        problems.append(_difference(changed[0], saved[changed[0]], wanted[changed[0]]))
     if not problems:
         return
-    changed = [p for p, e in wanted.items() if p in saved and not _fits(saved[p], e)]
     differing = [*missing, *unexpected, *changed]
     if all(path.startswith("['optimizer']") for path in differing):
         cause = (

@@ -517,34 +517,31 @@ def _bound_arguments(
 
 
 _CALLED_WITH = {
-    "__call__": ((2, "state, x"), (3, "state, x, rollout_extras")),
-    "initialize_state": ((1, "batch_size"),),
-    "reset_state": ((1, "prev_state"),),
-    "update_statistics": ((1, "rollout_extras"),),
+    "__call__": (
+        "__call__(self, state, x, rollout_extras=None)",
+        ("state, x", "state, x, rollout_extras"),
+    ),
+    "initialize_state": ("initialize_state(self, batch_size)", ("batch_size",)),
+    "reset_state": ("reset_state(self, prev_state)", ("prev_state",)),
+    "update_statistics": ("update_statistics(self, rollout_extras)", ("rollout_extras",)),
 }
-"""How the library calls each contract method: positional arguments after ``self``."""
-
-_CONTRACT_SIGNATURES = {
-    "__call__": "__call__(self, state, x, rollout_extras=None)",
-    "initialize_state": "initialize_state(self, batch_size)",
-    "reset_state": "reset_state(self, prev_state)",
-    "update_statistics": "update_statistics(self, rollout_extras)",
-}
+"""Each contract method's signature, and the positional arguments the library calls it with."""
 
 
 def _require_callable_as_the_library_calls(
     cls: type, method: str, signature: inspect.Signature
 ) -> None:
     """Refuse, when the class is made, a contract method the library's calls cannot bind."""
-    for count, names in _CALLED_WITH[method]:
+    contract_signature, calls = _CALLED_WITH[method]
+    for names in calls:
         try:
-            signature.bind(None, *[None] * count)
+            signature.bind(None, *names.split(", "))
         except TypeError as error:
             written = ", ".join(signature.parameters)
             raise TypeError(
                 f"{cls.__name__}.{method}({written}) cannot be called as the library "
-                f"calls it, with ({names}): {error}. Define "
-                f"{_CONTRACT_SIGNATURES[method]} (see {DOCS_URL}contract.html#rules)."
+                f"calls it, with ({names}): {error}. Define {contract_signature} "
+                f"(see {DOCS_URL}contract.html#rules)."
             ) from None
 
 
