@@ -107,6 +107,24 @@ def test_the_data_flow_check_sees_a_parameter_reaching_the_carry(depends):
     assert rollout._carry_follows_parameters(network, network.initialize_state(3), x) is depends
 
 
+class LearnedEpisodeMode(ArgmaxMemory):
+    """The call keeps its integer carry; each episode starts from a mode the parameters pick."""
+
+    def __call__(self, state, x, rollout_extras=None) -> StatefulModuleOutput:
+        value = self.w[...][0] * x[:, 0] + state.astype(jnp.float32)
+        output = PPONetworkOutput(jnp.zeros((x.shape[0], 1)), value, value)
+        return StatefulModuleOutput(state, output, jnp.zeros(()), {})
+
+    def reset_state(self, prev_state):
+        return jnp.full_like(prev_state, jnp.argmax(self.w[...]).astype(prev_state.dtype))
+
+
+def test_the_data_flow_check_sees_a_parameter_reaching_the_reset_carry():
+    # A replay from stored carries would keep the mode the rollout's parameters picked.
+    network = LearnedEpisodeMode()
+    assert rollout._carry_follows_parameters(network, network.initialize_state(3), jnp.ones((3, 2)))
+
+
 def per_step_values(network, carry, transitions):
     """The value of each step's observation, the network called step by step from the carries."""
 

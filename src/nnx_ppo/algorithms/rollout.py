@@ -408,15 +408,17 @@ def _next_values(
 
 
 def _carry_follows_parameters(networks: StatefulModule, carry: Carry, obs: BatchedTree) -> bool:
-    """Whether the network's next carry depends on a parameter, read from the call's data flow.
+    """Whether the network's next carry, or the carry ``reset_state`` starts an episode
+    from, depends on a parameter, read from the data flow of the call and the reset.
 
     Conservative: an operation with a parameter-dependent input taints all of its
     outputs, so a carry is only called parameter-free when no path leads to it.
     """
     graphdef, parameters, rest = nnx.split(networks, nnx.Param, ...)
 
-    def next_carry(parameters: nnx.State, rest: nnx.State) -> Carry:
-        return nnx.merge(graphdef, parameters, rest)(carry, obs).next_state
+    def next_carry(parameters: nnx.State, rest: nnx.State) -> tuple[Carry, Carry]:
+        network = nnx.merge(graphdef, parameters, rest)
+        return network(carry, obs).next_state, network.reset_state(carry)
 
     jaxpr = jax.make_jaxpr(next_carry)(parameters, rest).jaxpr
     tainted = set(jaxpr.invars[: len(jax.tree.leaves(parameters))])
