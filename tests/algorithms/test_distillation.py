@@ -3,10 +3,13 @@
 import logging
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
+from nnx_ppo.algorithms import distillation
 from nnx_ppo.algorithms.config import EvalConfig, VideoConfig
 from nnx_ppo.algorithms.distillation import (
     DistillationConfig,
@@ -17,7 +20,7 @@ from nnx_ppo.algorithms.distillation import (
     new_distillation_state,
     train_distillation,
 )
-from nnx_ppo.algorithms.types import LoggingLevel
+from nnx_ppo.algorithms.types import LoggingLevel, Transition
 from nnx_ppo.envs import make
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Concat, Parallel, Sequential
@@ -30,6 +33,7 @@ from nnx_ppo.networks.sampling_layers import (
     NormalSampler,
     NormalTanhSampler,
 )
+from nnx_ppo.networks.types import PPONetworkOutput
 from nnx_ppo.networks.utils import Filter, Flattener, Scale
 from nnx_ppo.wrappers import Wrapper
 
@@ -471,3 +475,30 @@ class DrawnMemory(Wrapper):
 
     def render(self, trajectory):
         return [np.full((1, 1, 3), 255 * int(state.obs[-2]), np.uint8) for state in trajectory]
+
+
+def test_grad_norm_is_the_norm_of_each_updates_gradient(monkeypatch):
+    # A loss linear in the student's parameters: every update's gradient is (3, 4), norm 5.
+    def linear_loss(student, carry, batch, targets):
+        del carry, batch, targets
+        loss = 3.0 * jnp.sum(student.kernel[...]) + 4.0 * jnp.sum(student.bias[...])
+        return loss, {"losses/total": loss}
+
+    monkeypatch.setattr(distillation, "distillation_loss", linear_loss)
+    n_envs, steps = 4, 2
+    student = nnx.Linear(1, 1, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(student, optax.sgd(0.1), wrt=nnx.Param)
+    zeros = jnp.zeros((steps, n_envs))
+    transitions = Transition(
+        obs=zeros,
+        network_output=PPONetworkOutput(zeros, zeros, zeros),
+        rewards=zeros,
+        done=zeros.astype(bool),
+        truncated=zeros.astype(bool),
+        next_obs=zeros,
+        metrics={},
+    )
+    config = DistillationConfig(n_envs=n_envs, rollout_length=steps, n_epochs=3, n_minibatches=2)
+    data = (jnp.zeros(n_envs), transitions, zeros)
+    diagnostics = distillation._learn(student, optimizer, data, jax.random.key(0), config)
+    np.testing.assert_allclose(diagnostics["grad_norm"], np.full((3, 2), 5.0))

@@ -7,7 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nnx_ppo import ContractError
-from nnx_ppo.algorithms.ppo import gae
+from nnx_ppo.algorithms.ppo import compute_advantages, gae
+from nnx_ppo.algorithms.types import Transition
+from nnx_ppo.networks.types import PPONetworkOutput
 
 GAMMA, LAMBDA = 0.9, 0.8
 
@@ -60,6 +62,26 @@ def test_hand_computed_episode_without_ends():
     no = np.zeros((3, 1), bool)
     advantages = run_gae(column(1, 2, 3), column(0.5, 1, 1.5), column(1, 1.5, 2), no, no)
     np.testing.assert_allclose(advantages[:, 0], [4.80272, 4.726, 3.3], rtol=1e-6)
+
+
+def test_compute_advantages_targets_are_advantages_plus_the_rollouts_values():
+    # The hand-computed case above through a Transition: targets = A + V, not A + V(next).
+    obs = jnp.zeros((3, 1, 1))
+    rollout_data = Transition(
+        obs=obs,
+        network_output=PPONetworkOutput(
+            jnp.zeros((3, 1, 1)), jnp.zeros((3, 1)), jnp.asarray(column(0.5, 1, 1.5), jnp.float32)
+        ),
+        rewards=jnp.asarray(column(1, 2, 3), jnp.float32),
+        done=jnp.zeros((3, 1), bool),
+        truncated=jnp.zeros((3, 1), bool),
+        next_obs=obs,
+        metrics={},
+        next_value_estimates=jnp.asarray(column(1, 1.5, 2), jnp.float32),
+    )
+    advantages, targets = compute_advantages(rollout_data, LAMBDA, GAMMA)
+    np.testing.assert_allclose(advantages[:, 0], [4.80272, 4.726, 3.3], rtol=1e-6)
+    np.testing.assert_allclose(targets[:, 0], [5.30272, 5.726, 4.8], rtol=1e-6)
 
 
 def test_termination_cuts_bootstrap_and_trace():

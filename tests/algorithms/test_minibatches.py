@@ -26,6 +26,24 @@ class Steps:
     metrics: dict[str, Any]
 
 
+def learn_with(monkeypatch: pytest.MonkeyPatch, loss: Any, key: int) -> tuple[Any, Any, Any]:
+    """``_learn`` with ``loss`` as the PPO loss, on a 1x1 linear network trained by SGD
+    (learning rate 0.1) and a rollout whose every input holds its env's id.
+
+    Returns the network, the diagnostics of every update and which epochs ran."""
+    monkeypatch.setattr(_learn, "ppo_loss", loss)
+    ids = jnp.arange(N_ENVS)
+    per_step = jnp.broadcast_to(ids, (T, N_ENVS))
+    network = nnx.Linear(1, 1, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(network, optax.sgd(0.1), wrt=nnx.Param)
+    config = PPOConfig(
+        n_envs=N_ENVS, rollout_length=T, n_minibatches=N_MINIBATCHES, n_epochs=N_EPOCHS
+    )
+    data = (ids, Steps(per_step, {"env": {}}), per_step, per_step)
+    diagnostics, ran = _learn._learn(network, optimizer, data, jax.random.key(key), config)
+    return network, diagnostics, ran
+
+
 def env_ids_seen(monkeypatch: pytest.MonkeyPatch, key: int) -> dict[str, np.ndarray]:
     """The env ids each update's loss received, leaves ``(epochs, minibatches, ...)``.
 
@@ -43,16 +61,7 @@ def env_ids_seen(monkeypatch: pytest.MonkeyPatch, key: int) -> dict[str, np.ndar
             "losses/approx_kl": jnp.zeros(()),
         }
 
-    monkeypatch.setattr(_learn, "ppo_loss", loss_of_ids)
-    ids = jnp.arange(N_ENVS)
-    per_step = jnp.broadcast_to(ids, (T, N_ENVS))
-    network = nnx.Linear(1, 1, rngs=nnx.Rngs(0))
-    optimizer = nnx.Optimizer(network, optax.sgd(0.1), wrt=nnx.Param)
-    config = PPOConfig(
-        n_envs=N_ENVS, rollout_length=T, n_minibatches=N_MINIBATCHES, n_epochs=N_EPOCHS
-    )
-    data = (ids, Steps(per_step, {"env": {}}), per_step, per_step)
-    diagnostics, ran = _learn._learn(network, optimizer, data, jax.random.key(key), config)
+    _, diagnostics, ran = learn_with(monkeypatch, loss_of_ids, key)
     assert np.asarray(ran).all()
     return jax.tree.map(np.asarray, diagnostics)
 
@@ -80,3 +89,41 @@ def test_the_deal_is_shuffled_and_differs_between_epochs_and_keys(monkeypatch):
     assert len({epoch.tobytes() for epoch in first}) == N_EPOCHS  # a new deal every epoch
     other = env_ids_seen(monkeypatch, key=1)["carry"]
     assert not np.array_equal(first, other)
+
+
+@pytest.mark.parametrize(
+    ("target_kl", "expected_ran"),
+    # Each epoch's minibatches report approximate KLs of 0.01 and 0.03: the epoch's
+    # mean is 0.02, so 0.025 runs every epoch (their sum, 0.04, would stop after one).
+    [(0.025, [True, True, True]), (0.015, [True, False, False])],
+)
+def test_target_kl_compares_the_epochs_mean_kl_and_skips_the_epochs_after(target_kl, expected_ran):
+    def epoch(state, key):
+        del key
+        return state + 1.0, {"losses/approx_kl": jnp.asarray([0.01, 0.03])}
+
+    state, diagnostics, ran = _learn._epochs_until_kl(
+        epoch, jnp.zeros(()), jax.random.split(jax.random.key(0), 3), target_kl
+    )
+    np.testing.assert_array_equal(ran, expected_ran)
+    assert float(state) == sum(expected_ran)  # skipped epochs leave the state alone
+    kls = np.asarray(diagnostics["losses/approx_kl"])
+    assert np.isnan(kls[~np.asarray(expected_ran)]).all()
+    np.testing.assert_allclose(kls[np.asarray(expected_ran)], [[0.01, 0.03]] * sum(expected_ran))
+
+
+def test_grad_norm_is_the_norm_of_each_updates_gradient(monkeypatch):
+    # A loss linear in the parameters: every update's gradient is (3, 4), norm 5,
+    # whatever the parameters have become.
+    def linear_loss(networks, carry, transitions, advantages, targets, config):
+        del carry, transitions, advantages, targets, config
+        loss = 3.0 * jnp.sum(networks.kernel[...]) + 4.0 * jnp.sum(networks.bias[...])
+        return loss, {"losses/approx_kl": jnp.zeros(())}
+
+    network, diagnostics, _ = learn_with(monkeypatch, linear_loss, key=0)
+    np.testing.assert_allclose(diagnostics["grad_norm"], np.full((N_EPOCHS, N_MINIBATCHES), 5.0))
+    # Each update moved the parameters by 0.1 * (3, 4).
+    initial_bias = nnx.Linear(1, 1, rngs=nnx.Rngs(0)).bias[...]
+    np.testing.assert_allclose(
+        network.bias[...], initial_bias - 0.4 * N_EPOCHS * N_MINIBATCHES, atol=1e-5
+    )

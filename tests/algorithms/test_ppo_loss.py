@@ -179,6 +179,26 @@ def test_diagnostics_match_numpy_with_ratios_on_both_sides_of_the_clip_range(
             np.testing.assert_allclose(got, reference, rtol=1e-4, err_msg=f"{metric} {agent}")
 
 
+@pytest.mark.parametrize(
+    ("config", "agents"),
+    [(CONFIGS["normalized"], ()), (AGENT_CONFIGS["global"], ("a", "b"))],
+    ids=["per_leaf", "global"],
+)
+def test_equal_advantages_standardise_to_zero_not_nan(config, agents, scripted_network):
+    # A minibatch whose advantages are all equal (a sparse reward not yet found) has
+    # standard deviation 0: the epsilon keeps the standardised advantages 0, so the
+    # actor term and its gradient vanish and only the critic and regularisation remain.
+    case = list(make_case(5, agents))
+    case[5] = {a: np.full((T, B), 2.5) for a in case[5]}
+    network = scripted_network(W, V, agents=agents)
+    inputs = as_inputs(tuple(case), agents)
+    loss, grads = nnx.value_and_grad(lambda n: ppo_loss(n, *inputs, config)[0])(network)
+    assert np.isfinite(loss) and np.isfinite(grads["w"][...])
+    np.testing.assert_allclose(loss, reference_loss(W, V, case, config), rtol=1e-5)
+    # The actor term is 0, so d(loss)/dw is the regularisation's w alone.
+    np.testing.assert_allclose(grads["w"][...], W, rtol=1e-5)
+
+
 def test_mismatched_reward_and_action_trees_are_explained(scripted_network):
     case = make_case(0, ("a", "b"))
     start, transitions, advantages, targets = as_inputs(case, ("a", "b"))

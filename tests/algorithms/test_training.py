@@ -57,6 +57,20 @@ def traced_env(counting_env):
     return Traced()
 
 
+def test_a_step_draws_fresh_env_states_deal_and_next_key_from_three_distinct_keys(
+    counting_env, scripted_network
+):
+    state = new_training_state(counting_env, scripted_network(), N_ENVS, seed=4)
+    keys = _step._step_keys(state.rng_key)
+    data = [np.asarray(jax.random.key_data(k)) for k in keys]
+    for i, a in enumerate(data):  # fresh env states uncorrelated with the deal
+        assert all(not np.array_equal(a, b) for b in data[i + 1 :])
+    reset = jax.random.key_data(_step._reset_key(state.rng_key))
+    np.testing.assert_array_equal(reset, data[0])
+    after, _ = ppo_step(counting_env, state, ppo_config())
+    np.testing.assert_array_equal(jax.random.key_data(after.rng_key), data[2])
+
+
 def test_training_step_compiles_once(traced_env, scripted_network):
     config = ppo_config()
     state = new_training_state(traced_env, scripted_network(), N_ENVS, seed=0)

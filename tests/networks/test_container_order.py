@@ -1,7 +1,9 @@
-"""A container's child order is static structure: eager, compiled, merged and restored alike."""
+"""Containers: child order is static structure (eager, compiled, merged and restored alike),
+and reset_state reaches every child."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -9,7 +11,7 @@ from flax import nnx
 from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn
 from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.envs import make
-from nnx_ppo.networks import Concat, Dense
+from nnx_ppo.networks import GRU, Concat, Delay, Dense, Parallel, Sequential
 
 
 def _declared_out_of_sorted_order(seed: int) -> Concat:
@@ -52,3 +54,33 @@ def test_concat_order_survives_a_checkpoint_round_trip(tmp_path) -> None:
     np.testing.assert_allclose(
         np.asarray(restored(STATE, X).output), _reference(saved, X), rtol=1e-6
     )
+
+
+def _recurrent_and_delay() -> dict[str, GRU | Delay]:
+    return {
+        "gru": GRU(2, 3, nnx.Rngs(0)),
+        "delay": Delay(jnp.zeros(2), k_steps=2, initial_value=0.5),
+    }
+
+
+def test_every_containers_reset_state_resets_every_child() -> None:
+    x = jnp.arange(8.0).reshape(4, 2) / 8
+    children = _recurrent_and_delay()
+    containers = {
+        "Sequential": (Sequential([children["delay"], children["gru"]]), x),
+        "Parallel": (Parallel(_recurrent_and_delay()), x),
+        "Concat": (Concat(_recurrent_and_delay()), {"gru": x, "delay": x}),
+    }
+    for name, (container, inputs) in containers.items():
+        initial = container.initialize_state(4)
+        state = initial
+        for _ in range(3):
+            state = container(state, inputs).next_state
+        for leaf, (moved, fresh) in enumerate(
+            zip(jax.tree.leaves(state), jax.tree.leaves(initial), strict=True)
+        ):
+            assert not np.array_equal(moved, fresh), f"{name}: carry leaf {leaf} never moved"
+        for got, fresh in zip(
+            jax.tree.leaves(container.reset_state(state)), jax.tree.leaves(initial), strict=True
+        ):
+            np.testing.assert_array_equal(got, fresh, err_msg=name)

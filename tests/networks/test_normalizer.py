@@ -127,6 +127,13 @@ def test_constant_feature_is_floored_by_epsilon_not_divided_by_zero():
     np.testing.assert_allclose(out.output, [0.0, 0.5 / 1e-2], rtol=1e-5)
 
 
+def test_epsilon_floors_the_variance_and_is_not_added_to_it():
+    normalizer = Normalizer((), epsilon=1.0)
+    _update(normalizer, jnp.asarray([[5.0, 9.0]]))  # mean 7, variance 4 above the floor
+    out = _call(normalizer, jnp.asarray([11.0, 7.0]))
+    np.testing.assert_allclose(out.output, [2.0, 0.0], rtol=1e-6)  # sqrt(4 + 1) would give 1.79
+
+
 @pytest.mark.parametrize(
     ("declared", "expected_shapes"),
     [

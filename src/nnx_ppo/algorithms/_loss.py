@@ -102,9 +102,23 @@ def _standardize(
     advantages: PyTree[FloatHistory], mode: AdvantageNormalization
 ) -> PyTree[FloatHistory]:
     if mode == "per_leaf":
-        return jax.tree.map(lambda a: (a - a.mean()) / (a.std() + _EPSILON), advantages)
+        return jax.tree.map(lambda a: _standardized(a, a), advantages)
     pooled = jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(advantages)])
-    return jax.tree.map(lambda a: (a - pooled.mean()) / (pooled.std() + _EPSILON), advantages)
+    return jax.tree.map(lambda a: _standardized(a, pooled), advantages)
+
+
+def _standardized(advantage: FloatHistory, sample: Float[Array, "..."]) -> FloatHistory:
+    """``advantage`` standardised by the mean and std of ``sample``.
+
+    The mean takes one correction pass (the mean of the sample less its first mean):
+    equal advantages (2.5 at every step) then standardise to exactly 0. With the
+    float32 mean alone, a rounding off 2.5, their std was that rounding and every
+    advantage became about -1: a push on every action that the data does not hold.
+    """
+    first = jnp.mean(sample)
+    mean = first + jnp.mean(sample - first)
+    std = jnp.sqrt(jnp.mean(jnp.square(sample - mean)))
+    return (advantage - mean) / (std + _EPSILON)
 
 
 @typechecked
