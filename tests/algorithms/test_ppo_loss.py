@@ -199,6 +199,14 @@ def test_equal_advantages_standardise_to_zero_not_nan(config, agents, scripted_n
     np.testing.assert_allclose(grads["w"][...], W, rtol=1e-5)
 
 
+def test_critic_r2_is_nan_for_targets_that_do_not_vary(scripted_network):
+    # No variance to explain: NaN, where a floored denominator gave -1e8 times the error.
+    case = list(make_case(6, ()))
+    case[6] = {None: np.full((T, B), 1e4)}
+    _, diagnostics = ppo_loss(scripted_network(W, V), *as_inputs(tuple(case), ()), CONFIGS["plain"])
+    assert np.isnan(diagnostics["losses/critic_R^2"])
+
+
 def test_mismatched_reward_and_action_trees_are_explained(scripted_network):
     case = make_case(0, ("a", "b"))
     start, transitions, advantages, targets = as_inputs(case, ("a", "b"))

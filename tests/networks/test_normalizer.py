@@ -127,6 +127,18 @@ def test_constant_feature_is_floored_by_epsilon_not_divided_by_zero():
     np.testing.assert_allclose(out.output, [0.0, 0.5 / 1e-2], rtol=1e-5)
 
 
+@pytest.mark.parametrize("value", [123.456, 12345.678, -98765.43])
+def test_a_constant_feature_far_from_zero_normalises_to_zero(value):
+    # The float32 mean of 63 equal values is a few ulps off them; taken about it, M2
+    # held that rounding, and the feature normalised to +-1 instead of 0.
+    normalizer = Normalizer(2)
+    for _ in range(5):
+        _update(normalizer, jnp.full((7, 9, 2), value, jnp.float32))
+    assert (_statistics(normalizer)["M2"] == 0.0).all()
+    out = _call(normalizer, jnp.full((3, 2), value, jnp.float32))
+    np.testing.assert_array_equal(out.output, np.zeros((3, 2)))
+
+
 def test_epsilon_floors_the_variance_and_is_not_added_to_it():
     normalizer = Normalizer((), epsilon=1.0)
     _update(normalizer, jnp.asarray([[5.0, 9.0]]))  # mean 7, variance 4 above the floor

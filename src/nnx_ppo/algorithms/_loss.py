@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
+from nnx_ppo._numerics import corrected_mean, fraction_explained, variance
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.config import (
     AdvantageNormalization,
@@ -108,17 +109,9 @@ def _standardize(
 
 
 def _standardized(advantage: FloatHistory, sample: Float[Array, "..."]) -> FloatHistory:
-    """``advantage`` standardised by the mean and std of ``sample``.
-
-    The mean takes one correction pass (the mean of the sample less its first mean):
-    equal advantages (2.5 at every step) then standardise to exactly 0. With the
-    float32 mean alone, a rounding off 2.5, their std was that rounding and every
-    advantage became about -1: a push on every action that the data does not hold.
-    """
-    first = jnp.mean(sample)
-    mean = first + jnp.mean(sample - first)
-    std = jnp.sqrt(jnp.mean(jnp.square(sample - mean)))
-    return (advantage - mean) / (std + _EPSILON)
+    """``advantage`` standardised by the mean and std of ``sample``: equal advantages
+    give exactly 0 (with float32's mean alone, about -1 everywhere)."""
+    return (advantage - corrected_mean(sample)) / (jnp.sqrt(variance(sample)) + _EPSILON)
 
 
 @typechecked
@@ -204,7 +197,7 @@ def ppo_loss(
         ),
         "losses/approx_kl": jax.tree.map(lambda r: jnp.mean(jnp.expm1(r) - r), log_ratios),
         "losses/critic_R^2": jax.tree.map(
-            lambda v, t: 1.0 - jnp.mean((v - t) ** 2) / (jnp.var(t) + _EPSILON),
+            lambda v, t: fraction_explained(jnp.mean((v - t) ** 2), t),
             output.value_estimates,
             value_targets,
         ),

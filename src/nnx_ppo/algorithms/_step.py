@@ -22,11 +22,11 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 
 from nnx_ppo._compile import TrainingProgram, training_jit
+from nnx_ppo._numerics import fraction_explained, variance
 from nnx_ppo._threefry import standard_keys, straight_line_keys
 from nnx_ppo.algorithms import rollout, sharding
 from nnx_ppo.algorithms._advantages import compute_advantages
 from nnx_ppo.algorithms._learn import _learn, _LearnData
-from nnx_ppo.algorithms._loss import _EPSILON
 from nnx_ppo.algorithms.config import (
     PPOConfig,
 )
@@ -212,7 +212,7 @@ def _step_metrics(
         "losses/epochs_completed": jnp.sum(ran),
         "losses/advantages": advantages,
         "losses/explained_variance": jax.tree.map(
-            lambda v, t: 1.0 - jnp.var(t - v) / (jnp.var(t) + _EPSILON), values, targets
+            lambda v, t: fraction_explained(variance(t - v), t), values, targets
         ),
     }
     metrics = compute_metrics(

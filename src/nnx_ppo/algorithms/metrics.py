@@ -16,7 +16,8 @@ LOSSES          ``losses/actor``, ``losses/critic`` (per leaf), ``losses/regular
 ACTOR_EXTRA     ``losses/clipping_fraction``, ``losses/approx_kl`` (per action leaf),
                 ``losses/epochs_completed``, ``loglikelihood``, ``policy/entropy``
 CRITIC_EXTRA    ``losses/predicted_value``, ``losses/advantages``, ``losses/critic_R^2``,
-                ``losses/explained_variance`` (per reward leaf)
+                ``losses/explained_variance`` (per reward leaf; NaN for targets that
+                do not vary)
 ROLLOUT_STATS   ``rollout_batch/{reward,action,done_rate,truncation_rate}``, and for
                 episodes that ended in the rollout ``rollout_batch/episode_reward/mean``,
                 ``rollout_batch/lifespan/mean``, ``rollout_batch/episodes_completed``

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Shaped
 
+from nnx_ppo._numerics import corrected_mean
 from nnx_ppo.contract.axes import BatchedTree, Extras, HistoryTree
 from nnx_ppo.contract.checking import format_shape
 from nnx_ppo.contract.env_checks import is_size, size_shape
@@ -176,11 +177,12 @@ class Normalizer(StatefulModule):
         n_old = self.counter.get_value()
         n_total = n_old + n_new
         # Chan et al.'s pairwise merge: the new samples' own mean and M2 are taken
-        # about their own mean (two passes), which keeps float32 accurate.
+        # about their own mean (two passes, the mean corrected once), which keeps
+        # float32 accurate: a constant feature gets M2 0, not its mean's rounding.
         # Reduced over (T, B) in place, not flattened first: a B split over devices
         # then stays split, each device summing its own envs.
         samples = jax.tree.map(lambda v: v.astype(jnp.float32), history)
-        new_mean = jax.tree.map(lambda v: jnp.mean(v, axis=(0, 1)), samples)
+        new_mean = jax.tree.map(lambda v: corrected_mean(v, axis=(0, 1)), samples)
         new_m2 = jax.tree.map(
             lambda v, m: jnp.sum(jnp.square(v - m), axis=(0, 1)), samples, new_mean
         )
