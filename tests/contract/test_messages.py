@@ -98,6 +98,16 @@ class TransposedMetric(Cell):
         return StatefulModuleOutput(state, x, jnp.zeros(()), {"layer": {"act": x.T}}, None)
 
 
+class PerFeatureMetric(Cell):
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {"mean": jnp.mean(x, axis=0)}, None)
+
+
+class ResetHalvesPrecision(Cell):
+    def reset_state(self, prev_state: Any) -> Any:
+        return {"h": jnp.zeros_like(prev_state["h"], jnp.float16)}
+
+
 class ReplayAddsExtras(Cell):
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
         extras = {"raw": x} if rollout_extras is None else {"raw": x, "again": x}
@@ -312,6 +322,19 @@ def test_update_statistics_given_one_step_instead_of_the_stacked_history() -> No
     assert "T=8" not in message  # T and B cannot be read off the malformed leaf
 
 
+def test_update_statistics_given_its_history_in_another_dtype() -> None:
+    # A container that packs its children's histories into float16 corrupts statistics.
+    recorder = StatsRecorder(3)
+    emitted = recorder((), _zeros(B, 3)).rollout_extras
+    history = jax.tree.map(lambda e: jnp.stack([e] * 4).astype(jnp.float16), emitted)
+
+    message = _message(lambda: recorder.update_statistics(history))
+
+    assert "was given a history whose leaf" in message
+    assert "expected: (T, B, 3) float32 with T=4, B=8" in message
+    assert "float16" in message
+
+
 def test_regularization_loss_of_the_wrong_shape() -> None:
     message = _message(lambda: PerFeatureRegularization()(*_batch()))
 
@@ -335,6 +358,21 @@ def test_metric_leaf_with_the_wrong_leading_axis() -> None:
     assert "metric metrics['layer']['act'] is neither a scalar nor batched" in message
     assert "expected: () or (B, *feat) with B=8" in message
     assert "found:    shape (3, 8) float32" in message
+
+
+def test_metric_leaf_of_one_axis_that_is_not_the_batch() -> None:
+    # One value per feature, (3,): one axis, as a per-sample metric has, but not of size B.
+    message = _message(lambda: PerFeatureMetric()(*_batch()))
+
+    assert "metric metrics['mean'] is neither a scalar nor batched" in message
+    assert "found:    shape (3,) float32" in message
+
+
+def test_reset_state_changing_the_dtype() -> None:
+    message = _message(lambda: ResetHalvesPrecision().reset_state({"h": _zeros(B, 3)}))
+
+    assert "returned state['h'] does not match prev_state['h']" in message
+    assert "changed the dtype from float32 to float16" in message
 
 
 def test_replay_emitting_extras_of_a_different_structure_than_stored() -> None:
@@ -367,6 +405,15 @@ def test_an_annotation_violation_names_the_leaf_and_the_sizes_bound_before_it() 
     assert "leaf:     x['goal']" in message
     assert "expected: Float[Array, 'B 3'] with B=8" in message
     assert "found:    f32[8,2]" in message
+
+
+def test_an_annotated_dicts_keys_are_checked_too() -> None:
+    state, _ = _batch()
+
+    message = _message(lambda: AnnotatedDict()(state, {0: _zeros(B, 3)}))
+
+    assert "AnnotatedDict.__call__: argument x" in message
+    assert "key 0" in message
 
 
 def test_a_width_read_off_the_module_is_shown_with_its_value() -> None:

@@ -352,6 +352,10 @@ def test_memory_observation_hides_the_cue_after_the_first_step() -> None:
     np.testing.assert_array_equal(later, np.broadcast_to(later[:1], later.shape))
     query = later[0, :, 2]
     assert query.tolist() == [0.0] * (EPISODE - 2) + [1.0]
+    # The elapsed time counts from 0 at the cue to 1 at the query.
+    elapsed = later[0, :, 3]
+    np.testing.assert_allclose(elapsed, np.arange(1, EPISODE) / (EPISODE - 1), rtol=1e-6)
+    assert elapsed[-1] == 1.0
 
 
 # ------------------------------------------------------------------------- two agents

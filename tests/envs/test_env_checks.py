@@ -217,6 +217,9 @@ def test_wrong_action_trees_are_named() -> None:
         check_action_tree({**good, "agent_1": jnp.zeros(3)}, two_agent)
     with pytest.raises(ContractError, match=r"missing action\['agent_0'\], action\['agent_1'\]"):
         check_action_tree(jnp.zeros(4), two_agent)
+    # The right shape of integers: a continuous action would be quantised.
+    with pytest.raises(ContractError, match=r"has shape \(2,\) int32, not one environment's"):
+        check_action_tree({**good, "agent_1": jnp.zeros(2, jnp.int32)}, two_agent)
 
 
 def test_discrete_and_batched_actions() -> None:
