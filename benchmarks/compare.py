@@ -291,7 +291,7 @@ def summarise(label: str, runs: list[Run]) -> Row:
         row.note = (
             f"{per_call} iterations per call: steady is per call, 1st iter is the first call's end"
         )
-    if "compile_s" in r0:
+    if isinstance(r0.get("compile_s"), int | float):  # rejax's; bench_checks' is per label
         compile_s = statistics.median((run.result or {})["compile_s"] for run in good)
         row.note = f"whole loop in one jit: compile {compile_s:.1f} s; rates are its run"
     device_peaks = [run.result["device_peak_mb"] for run in good if "device_peak_mb" in run.result]
