@@ -25,10 +25,16 @@ def corrected_mean(
     return jnp.squeeze(corrected, axis=axes) if axes is not None else corrected.reshape(())
 
 
+def moments(x: Float[Array, "..."]) -> tuple[Float[Array, ""], Float[Array, ""]]:
+    """The mean (:func:`corrected_mean`) and population variance of every entry: the
+    variance is exactly 0 for equal values."""
+    mean = corrected_mean(x)
+    return mean, jnp.mean(jnp.square(x - mean))
+
+
 def variance(x: Float[Array, "..."]) -> Float[Array, ""]:
-    """The population variance of every entry, about :func:`corrected_mean`: exactly 0
-    for equal values."""
-    return jnp.mean(jnp.square(x - corrected_mean(x)))
+    """The population variance of every entry (:func:`moments`)."""
+    return moments(x)[1]
 
 
 def fraction_explained(

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
-from nnx_ppo._numerics import corrected_mean, fraction_explained, variance
+from nnx_ppo._numerics import fraction_explained, moments
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.config import (
     AdvantageNormalization,
@@ -102,16 +102,18 @@ def _policy_advantages(
 def _standardize(
     advantages: PyTree[FloatHistory], mode: AdvantageNormalization
 ) -> PyTree[FloatHistory]:
+    """Advantages less their mean, over their std; equal advantages give exactly 0 (with
+    float32's mean alone, about -1 everywhere). ``"global"`` pools every leaf."""
     if mode == "per_leaf":
-        return jax.tree.map(lambda a: _standardized(a, a), advantages)
-    pooled = jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(advantages)])
-    return jax.tree.map(lambda a: _standardized(a, pooled), advantages)
+        return jax.tree.map(lambda a: _standardized(a, *moments(a)), advantages)
+    pooled = moments(jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(advantages)]))
+    return jax.tree.map(lambda a: _standardized(a, *pooled), advantages)
 
 
-def _standardized(advantage: FloatHistory, sample: Float[Array, "..."]) -> FloatHistory:
-    """``advantage`` standardised by the mean and std of ``sample``: equal advantages
-    give exactly 0 (with float32's mean alone, about -1 everywhere)."""
-    return (advantage - corrected_mean(sample)) / (jnp.sqrt(variance(sample)) + _EPSILON)
+def _standardized(
+    advantage: FloatHistory, mean: Float[Array, ""], variance: Float[Array, ""]
+) -> FloatHistory:
+    return (advantage - mean) / (jnp.sqrt(variance) + _EPSILON)
 
 
 @typechecked
