@@ -2,6 +2,7 @@
 
 import functools
 import logging
+import types
 
 import jax
 import jax.numpy as jnp
@@ -552,6 +553,27 @@ def test_several_steps_per_call_give_the_steps_one_by_one(traced_env, scripted_n
     assert [step for step, _ in fused[1]] == [step for step, _ in one_by_one[1]]
     np.testing.assert_allclose([v for _, v in fused[1]], [v for _, v in one_by_one[1]], rtol=1e-6)
     assert fused[2] == one_by_one[2] == [0, 5 * STEP, 10 * STEP]
+
+
+def test_throughput_of_several_steps_per_call_counts_every_step_of_the_call(
+    counting_env, scripted_network, monkeypatch
+):
+    # train_ppo reads its clock once before and once after each compiled call; a clock
+    # that advances 1 s per reading makes every call last 1 s, so a call of 4 PPO steps
+    # runs at 4 * STEP steps/s, and each of its 4 logged steps says so.
+    readings = iter(range(1_000_000))
+    monkeypatch.setattr(
+        _train, "time", types.SimpleNamespace(perf_counter=lambda: float(next(readings)))
+    )
+    rates: list[float] = []
+    config = train_config(8 * STEP, iterations_per_call=4, logging_level=LoggingLevel.THROUGHPUT)
+    train_ppo(
+        counting_env,
+        scripted_network(),
+        config,
+        log_fn=lambda metrics, step: rates.append(metrics["throughput/train_sps"]),
+    )
+    assert rates == [4.0 * STEP] * 8
 
 
 def test_one_step_calls_restart_episodes_where_a_step_resetting_inside_would(

@@ -230,6 +230,33 @@ def test_numpy_noise_through_a_callback_is_not_deterministic() -> None:
     assert caught.value.property == EnvProperty.DETERMINISM, str(caught.value)
 
 
+class CalledBackNudge(Walker):
+    """Scales each position by ``1 + relative * u``, u uniform in [-1, 1) drawn by NumPy
+    on the host: two runs differ by about ``relative`` of the values."""
+
+    def __init__(self, relative: float) -> None:
+        super().__init__()
+        self.relative = relative
+        self.generator = np.random.default_rng(0)
+
+    def step(self, state: State, action: jax.Array) -> State:
+        stepped = super().step(state, action)
+        factor = jax.pure_callback(
+            lambda: (1 + self.relative * self.generator.uniform(-1, 1, (2,))).astype(np.float32),
+            jax.ShapeDtypeStruct((2,), jnp.float32),
+        )
+        return stepped.replace(obs={**stepped.obs, "position": stepped.obs["position"] * factor})
+
+
+def test_determinism_allows_float32_rounding_and_nothing_coarser() -> None:
+    # A few ulps (XLA fusing two traces differently) pass; a relative 1e-4, a frozen
+    # NumPy draw's size or far less, does not.
+    check_env(CalledBackNudge(3e-7), n_envs=2, steps=3, action_fn=walker_action)
+    with pytest.raises(ContractPropertyError) as caught:
+        check_env(CalledBackNudge(1e-4), n_envs=2, steps=3, action_fn=walker_action)
+    assert caught.value.property == EnvProperty.DETERMINISM, str(caught.value)
+
+
 class PythonFloatReward(Walker):
     def reset(self, rng: jax.Array) -> State:
         return super().reset(rng).replace(reward=0.0)
