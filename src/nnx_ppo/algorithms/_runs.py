@@ -39,6 +39,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from nnx_ppo.algorithms import _step, sharding
+from nnx_ppo.algorithms._timing import ProgramClock
 from nnx_ppo.algorithms._train import (
     _adam_with_rate,
     _crossed,
@@ -364,6 +365,7 @@ def train_ppo_runs(
     stacked = _stack(splits, where)
     carries = _stack([_step._carry_of(state) for state in states], where)
     timed = LoggingLevel.THROUGHPUT in ppo.logging_level
+    eval_clock = ProgramClock() if timed else None  # nothing runs ahead of an evaluation
     histories: list[list[dict[str, float]]] = [[] for _ in seeds]
     last_metrics: list[dict[str, float]] = [{} for _ in seeds]
     last: dict[str, int | None] = {"eval": None, "checkpoint": None}
@@ -399,7 +401,7 @@ def train_ppo_runs(
         evaluations = {}
         for run in training():
             key = _key_at(seeds[run], steps_taken)
-            metrics = _evaluate(eval_env, states[run].networks, config.eval, key, timed, None)
+            metrics = _evaluate(eval_env, states[run].networks, config.eval, key, eval_clock, None)
             histories[run].append(_history_entry(steps_taken, metrics))
             evaluations[run] = metrics
         last["eval"] = steps_taken
