@@ -1,4 +1,4 @@
-"""ProgramClock: a call's seconds run from the later of its dispatch and the last call's end."""
+"""ProgramClock: a call ran from the later of its dispatch and the last call's end."""
 
 import sys
 import time
@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from nnx_ppo.algorithms import _timing
 from nnx_ppo.algorithms._timing import ProgramClock
 
 
@@ -28,19 +29,41 @@ def test_calls_queued_together_are_each_timed_alone(operands) -> None:
     clock = ProgramClock()
     try:
         dispatched = time.perf_counter()
-        first = busy(operands[0])
-        first_seconds = clock.watch(first, dispatched)
+        first = clock.watch(busy(operands[0]), dispatched)
         second_dispatched = time.perf_counter()
         second = busy(operands[1])
-        second_seconds = clock.watch(second, second_dispatched)
+        second_watch = clock.watch(second, second_dispatched)
         jax.block_until_ready(second)
-        both = time.perf_counter() - dispatched
         # The second waited behind the first from its dispatch: that wait is not its own.
-        # (The clock's stamps may come a thread switch after this thread's.)
-        late = sys.getswitchinterval()
-        assert first_seconds.result() + second_seconds.result() <= both + late
-        assert second_seconds.result() < 0.75 * both
-        assert first_seconds.result() < 0.75 * both
+        first_seconds, second_seconds = clock.seconds(first), clock.seconds(second_watch)
+        both = time.perf_counter() - dispatched  # after both fetches, which end the calls
+        assert first_seconds > 0 and second_seconds > 0
+        assert first_seconds + second_seconds <= both
+        assert second_seconds < 0.75 * both
+        assert first_seconds < 0.75 * both
+    finally:
+        clock.close()
+
+
+def test_a_call_ends_when_fetched_if_its_stamp_comes_later(operands, monkeypatch) -> None:
+    # A stamp a second late: as if the host's Python kept the clock's thread waiting.
+    def late(outputs):
+        jax.block_until_ready(outputs)
+        return time.perf_counter() + 1.0
+
+    monkeypatch.setattr(_timing, "_ready_at", late)
+    clock = ProgramClock()
+    try:
+        dispatched = time.perf_counter()
+        first = clock.watch(busy(operands[0]), dispatched)
+        second_outputs = busy(operands[1])
+        second = clock.watch(second_outputs, time.perf_counter())
+        jax.block_until_ready(second_outputs)
+        first_seconds, second_seconds = clock.seconds(first), clock.seconds(second)
+        both = time.perf_counter() - dispatched
+        assert first_seconds + second_seconds <= both < 0.5
+        since = time.perf_counter()
+        assert clock.idle_from(since) == since  # fetched before: no wait behind it
     finally:
         clock.close()
 
@@ -55,9 +78,8 @@ def test_work_dispatched_behind_a_call_is_timed_from_the_calls_end(operands) -> 
         jax.block_until_ready(running)
         ended = time.perf_counter()
         idle = clock.idle_from(since)
+        # The clock's stamp may come a thread switch after this thread's reading.
         assert ended - 0.5 * (ended - since) < idle <= ended + sys.getswitchinterval()
-        later = time.perf_counter()
-        assert clock.idle_from(later) == later  # nothing is running any more
     finally:
         clock.close()
 

@@ -11,13 +11,39 @@ back to the host does) runs inside the window of the call before it.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import math
 import time
 from typing import Any
 
 import jax
 
-__all__ = ["ProgramClock"]
+__all__ = ["ProgramClock", "WatchedCall"]
+
+
+def _ready_at(outputs: Any) -> float:
+    jax.block_until_ready(outputs)
+    return time.perf_counter()
+
+
+@dataclasses.dataclass(eq=False)
+class WatchedCall:
+    """One call a :class:`ProgramClock` watches."""
+
+    dispatched_at: float
+    ready_at: concurrent.futures.Future[float]
+    """The clock thread's reading once the outputs were ready."""
+    previous: WatchedCall | None
+    """The call dispatched before this one, until this one is timed."""
+    fetched_at: float = math.inf
+    """The host's reading once it had fetched the outputs."""
+
+    def end(self) -> float:
+        """When the call ended: its ready stamp, or its fetch where the stamp came later."""
+        try:
+            return min(self.ready_at.result(), self.fetched_at)
+        except Exception:  # the call failed; its fetch raised that error already
+            return min(self.dispatched_at, self.fetched_at)
 
 
 class ProgramClock:
@@ -25,17 +51,17 @@ class ProgramClock:
 
     A device runs calls in the order they were dispatched, so a call ran from the
     later of its dispatch and the end of the call before it, to its own end.
-    The stamps are the host's, so each is late by as long as the host's Python
-    keeps the stamping thread from running (up to ``sys.getswitchinterval()``).
+    The stamps are the host's: one can come late by as long as the host's Python
+    keeps the stamping thread from running (up to ``sys.getswitchinterval()``),
+    so a call fetched before its stamp ends at its fetch instead.
     """
 
     def __init__(self) -> None:
         self._stamper: concurrent.futures.ThreadPoolExecutor | None = None
-        self._last: concurrent.futures.Future[float] | None = None
-        self._end = -math.inf  # written by the stamping thread only
+        self._last: WatchedCall | None = None
 
-    def watch(self, outputs: Any, dispatched_at: float) -> concurrent.futures.Future[float]:
-        """The seconds the call that computes ``outputs`` ran, once they are ready.
+    def watch(self, outputs: Any, dispatched_at: float) -> WatchedCall:
+        """Watch the call that computes ``outputs``, in the order calls were dispatched.
 
         ``dispatched_at`` is the host's ``time.perf_counter()`` just before the
         call was dispatched (so a call that runs inside its dispatch counts whole).
@@ -44,18 +70,18 @@ class ProgramClock:
             self._stamper = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="nnx_ppo-program-clock"
             )
-
-        def ran_for() -> float:
-            # One thread runs these in the order they were submitted, so ``_end``
-            # is the end of the call dispatched before this one.
-            jax.block_until_ready(outputs)
-            end = time.perf_counter()
-            seconds = end - max(dispatched_at, self._end)
-            self._end = end
-            return seconds
-
-        self._last = self._stamper.submit(ran_for)
+        ready_at = self._stamper.submit(_ready_at, outputs)
+        self._last = WatchedCall(dispatched_at, ready_at, self._last)
         return self._last
+
+    def seconds(self, call: WatchedCall) -> float:
+        """The seconds ``call`` ran; ask once its outputs have been fetched."""
+        call.fetched_at = min(call.fetched_at, time.perf_counter())
+        started = call.dispatched_at
+        if call.previous is not None:
+            started = max(started, call.previous.end())
+            call.previous = None  # the chain of calls ends at the last one not yet timed
+        return call.end() - started
 
     def idle_from(self, since: float) -> float:
         """The later of ``since`` and the end of the last watched call.
@@ -64,10 +90,7 @@ class ProgramClock:
         calls already dispatched, so until they end it waits, not works. Blocks
         until the last watched call has ended.
         """
-        if self._last is None:
-            return since
-        concurrent.futures.wait([self._last])
-        return max(since, self._end)
+        return since if self._last is None else max(since, self._last.end())
 
     def close(self) -> None:
         """Let the stamping thread end once the calls it waits for have (never blocks)."""

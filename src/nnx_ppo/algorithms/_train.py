@@ -33,7 +33,7 @@ from nnx_ppo.algorithms._step import (
     dispatch_steps,
     finish,
 )
-from nnx_ppo.algorithms._timing import ProgramClock
+from nnx_ppo.algorithms._timing import ProgramClock, WatchedCall
 from nnx_ppo.algorithms.config import (
     EvalConfig,
     TrainConfig,
@@ -774,10 +774,10 @@ def train_ppo(
 
 
 class _Watched(NamedTuple):
-    """A dispatched call, and the seconds it ran where a clock times it."""
+    """A dispatched call, and its clock's watch where one times it."""
 
     call: InFlight
-    ran_for: concurrent.futures.Future[float] | None
+    watch: WatchedCall | None
 
 
 def _train_loop(
@@ -829,8 +829,8 @@ def _train_loop(
         state, per_step = finish(current.call)
         fused = current.call.iterations
         iterations += fused
-        if current.ran_for is not None:
-            rate = fused * config.ppo.steps_per_iteration / current.ran_for.result()
+        if clock is not None and current.watch is not None:
+            rate = fused * config.ppo.steps_per_iteration / clock.seconds(current.watch)
             for metrics in per_step:
                 metrics["throughput/train_sps"] = rate
         *earlier, metrics = per_step
