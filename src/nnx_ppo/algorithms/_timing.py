@@ -53,7 +53,8 @@ class ProgramClock:
     later of its dispatch and the end of the call before it, to its own end.
     The stamps are the host's: one can come late by as long as the host's Python
     keeps the stamping thread from running (up to ``sys.getswitchinterval()``),
-    so a call fetched before its stamp ends at its fetch instead.
+    so a call fetched before its stamp ends at its fetch instead. The thread
+    ends once the clock is dropped and the calls it waits for have ended.
     """
 
     def __init__(self) -> None:
@@ -91,8 +92,3 @@ class ProgramClock:
         until the last watched call has ended.
         """
         return since if self._last is None else max(since, self._last.end())
-
-    def close(self) -> None:
-        """Let the stamping thread end once the calls it waits for have (never blocks)."""
-        if self._stamper is not None:
-            self._stamper.shutdown(wait=False)

@@ -629,6 +629,13 @@ class _HostWork(Generic[_State]):
             last["checkpoint"] = steps
 
 
+class _Watched(NamedTuple):
+    """A dispatched call, and its clock's watch where one times it."""
+
+    call: InFlight
+    watch: WatchedCall | None
+
+
 def _with_overrides(
     where: str,
     kind: type[_Config],
@@ -764,35 +771,6 @@ def train_ppo(
     if mesh is not None:
         state = sharding.shard_training_state(state, mesh)
     clock = ProgramClock() if LoggingLevel.THROUGHPUT in config.ppo.logging_level else None
-    try:
-        return _train_loop(
-            env, config, state, eval_env, clock, mesh, log_fn, video_fn, checkpoint_fn, should_stop
-        )
-    finally:
-        if clock is not None:
-            clock.close()
-
-
-class _Watched(NamedTuple):
-    """A dispatched call, and its clock's watch where one times it."""
-
-    call: InFlight
-    watch: WatchedCall | None
-
-
-def _train_loop(
-    env: RLEnv,
-    config: TrainConfig,
-    state: TrainingState,
-    eval_env: RLEnv,
-    clock: ProgramClock | None,
-    mesh: sharding.Mesh | None,
-    log_fn: Callable[[dict[str, float], int], None] | None,
-    video_fn: Callable[[VideoData], None] | None,
-    checkpoint_fn: Callable[[TrainingState, int], None] | None,
-    should_stop: Callable[[], bool] | None,
-) -> TrainResult:
-    """``train_ppo``'s loop from its (placed) starting state."""
     host = _HostWork(
         "train_ppo", config, eval_env, state.steps_taken, clock, mesh, video_fn, checkpoint_fn
     )
