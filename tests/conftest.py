@@ -7,6 +7,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # jaxlib's deserialize_executable, reading an entry of the kit's programs that another
 # process wrote (with and without JAX's file lock around the cache).
 
+from collections.abc import Iterator
+
+import jax
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -30,3 +34,17 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs() -> Iterator[None]:
+    """Drop JAX's compiled programs after each test module.
+
+    XLA:CPU keeps each cached program's machine code in memory mappings of its own,
+    and Linux caps a process's mappings (``vm.max_map_count``, often 65,530). One
+    xdist worker running half the suite reached 64,152 by the end, and past the cap
+    the next compile segfaults (``benchmarks/program_maps.py``). Programs are reused
+    within a module, seldom across modules, so clearing here costs little.
+    """
+    yield
+    jax.clear_caches()
