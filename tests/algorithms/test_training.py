@@ -2,7 +2,7 @@
 
 import functools
 import logging
-import types
+import time
 
 import jax
 import jax.numpy as jnp
@@ -555,25 +555,43 @@ def test_several_steps_per_call_give_the_steps_one_by_one(traced_env, scripted_n
     assert fused[2] == one_by_one[2] == [0, 5 * STEP, 10 * STEP]
 
 
-def test_throughput_of_several_steps_per_call_counts_every_step_of_the_call(
-    counting_env, scripted_network, monkeypatch
+def test_throughput_is_a_calls_steps_over_the_seconds_it_ran_whatever_the_host_did_meanwhile(
+    counting_env, scripted_network
 ):
-    # train_ppo reads its clock once before and once after each compiled call; a clock
-    # that advances 1 s per reading makes every call last 1 s, so a call of 4 PPO steps
-    # runs at 4 * STEP steps/s, and each of its 4 logged steps says so.
-    readings = iter(range(1_000_000))
-    monkeypatch.setattr(
-        _train, "time", types.SimpleNamespace(perf_counter=lambda: float(next(readings)))
-    )
-    rates: list[float] = []
-    config = train_config(8 * STEP, iterations_per_call=4, logging_level=LoggingLevel.THROUGHPUT)
-    train_ppo(
-        counting_env,
-        scripted_network(),
-        config,
-        log_fn=lambda metrics, step: rates.append(metrics["throughput/train_sps"]),
-    )
-    assert rates == [4.0 * STEP] * 8
+    # Each env step waits SLEEP seconds on the host, so a call of 2 PPO steps runs at
+    # least 2 * LENGTH * SLEEP seconds, and little more: the counting env and the
+    # scripted network cost next to nothing. The host's logging takes longer than a
+    # call, so a call dispatched ahead runs while the host logs; and a program that
+    # calls back to the host runs inside its dispatch. Neither moves a call's seconds.
+    sleep = 0.01
+    call_seconds = 2 * LENGTH * sleep
+
+    class Sleeping(type(counting_env)):
+        def step(self, state, action):
+            stepped = super().step(state, action)
+
+            def wait(t):
+                time.sleep(sleep)
+                return np.asarray(t)
+
+            shape = jax.ShapeDtypeStruct(stepped.obs.shape, stepped.obs.dtype)
+            obs = jax.pure_callback(wait, shape, stepped.obs, vmap_method="expand_dims")
+            return stepped.replace(obs=obs)
+
+    logged: list[tuple[int, float]] = []
+
+    def log_fn(metrics, step):
+        logged.append((step, metrics["throughput/train_sps"]))
+        time.sleep(3 * call_seconds)
+
+    config = train_config(8 * STEP, iterations_per_call=2, logging_level=LoggingLevel.THROUGHPUT)
+    train_ppo(Sleeping(), scripted_network(), config, log_fn=log_fn)
+    assert [step for step, _ in logged] == [STEP * (i + 1) for i in range(8)]
+    seconds = [2 * STEP / rate for _, rate in logged]
+    assert seconds[0::2] == seconds[1::2]  # both steps of a call log the call's rate
+    assert all(s >= call_seconds for s in seconds), seconds
+    # The first call may compile; none of the others takes the next call's time too.
+    assert all(s < 1.8 * call_seconds for s in seconds[2:]), seconds
 
 
 def test_one_step_calls_restart_episodes_where_a_step_resetting_inside_would(

@@ -191,6 +191,26 @@ class ReplaySkipsTheCarry(Leaky):
         return _out({"h": next_h}, h, x)
 
 
+class ReplayGainsByPosition(Leaky):
+    """Scales each env's input by the env's own gain, kept in its carry (one gain per env,
+    as in domain randomisation). To save a gather, its replay takes the gains in batch
+    order instead: right when the whole rollout is replayed, wrong for a minibatch of
+    some of the envs."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        gains = 1.0 + jnp.arange(batch_size, dtype=jnp.float32)
+        return {"h": jnp.zeros((batch_size, FEATURES)), "gain": gains}
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        in_order = 1.0 + jnp.arange(x.shape[0], dtype=jnp.float32)
+        gain = state["gain"] if rollout_extras is None else in_order
+        h = 0.5 * state["h"] + gain[:, None] * x
+        return _out({"h": h, "gain": state["gain"]}, h, x)
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return {"h": jnp.zeros_like(prev_state["h"]), "gain": prev_state["gain"]}
+
+
 class Pair(StatefulModule):
     """A correct container: runs ``first`` then ``second``, routing everything per child."""
 
@@ -623,6 +643,12 @@ MODULE_BUGS: dict[
         {"time_lengths": (2,)},
         ModuleProperty.REPLAY,
         "next_state['h']",
+    ),
+    "replay that assumes the whole batch, in order": (
+        ReplayGainsByPosition,
+        {},
+        ModuleProperty.REPLAY_SUBSET,
+        "output",
     ),
     "container that forgets one child's state": (
         lambda: ForgetsOneChildsState(RunningSum(FEATURES), RunningSum(FEATURES)),

@@ -39,6 +39,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from nnx_ppo.algorithms import _step, sharding
+from nnx_ppo.algorithms._timing import ProgramClock
 from nnx_ppo.algorithms._train import (
     _adam_with_rate,
     _crossed,
@@ -364,6 +365,7 @@ def train_ppo_runs(
     stacked = _stack(splits, where)
     carries = _stack([_step._carry_of(state) for state in states], where)
     timed = LoggingLevel.THROUGHPUT in ppo.logging_level
+    clock = ProgramClock() if timed else None
     histories: list[list[dict[str, float]]] = [[] for _ in seeds]
     last_metrics: list[dict[str, float]] = [{} for _ in seeds]
     last: dict[str, int | None] = {"eval": None, "checkpoint": None}
@@ -399,7 +401,7 @@ def train_ppo_runs(
         evaluations = {}
         for run in training():
             key = _key_at(seeds[run], steps_taken)
-            metrics = _evaluate(eval_env, states[run].networks, config.eval, key, timed, None)
+            metrics = _evaluate(eval_env, states[run].networks, config.eval, key, clock, None)
             histories[run].append(_history_entry(steps_taken, metrics))
             evaluations[run] = metrics
         last["eval"] = steps_taken
@@ -435,12 +437,14 @@ def train_ppo_runs(
 
     host_work({run: [{}] for run in training()}, checkpoint_due=True)  # the step-0 work
     while steps_taken < ppo.total_steps and training():
-        start = time.perf_counter()
         fused = _steps_until_host_needed(steps_taken, config, checkpoint_fn is not None, False)
+        dispatched_at = time.perf_counter()
         new_stacked, new_carries, reports = _step._compiled_run_steps(
             env_argument, config_argument, graph, stacked, carries, fused, mesh
         )
+        watch = None if clock is None else clock.watch(reports, dispatched_at)
         reports = jax.device_get(reports)
+        seconds = None if clock is None or watch is None else clock.seconds(watch)
         per_run = {}
         for run in training():
             try:
@@ -465,10 +469,9 @@ def train_ppo_runs(
         stacked, carries = new_stacked, new_carries
         steps_taken += fused * ppo.steps_per_iteration
         iterations += fused
-        if timed:
-            elapsed = time.perf_counter() - start
+        if seconds is not None:
             for metrics in (m for per_step in per_run.values() for m in per_step):
-                metrics["throughput/train_sps"] = fused * ppo.steps_per_iteration / elapsed
+                metrics["throughput/train_sps"] = fused * ppo.steps_per_iteration / seconds
         due = _crossed(last["checkpoint"], steps_taken, config.checkpoint_every_steps)
         host_work(per_run, checkpoint_due=due or steps_taken >= ppo.total_steps)
     return [

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import jax
@@ -781,6 +782,8 @@ class InFlight(NamedTuple):
     new_state: nnx.State
     carry: StepCarry
     reports: StepReport
+    dispatched_at: float
+    """The host's ``time.perf_counter()`` as the dispatch began."""
 
     @property
     def steps_after(self) -> int:
@@ -792,6 +795,7 @@ def _dispatch(
     env: RLEnv, start: TrainingState, config: PPOConfig, split: _Split, iterations: int
 ) -> InFlight:
     """Run the compiled steps from ``start`` (whose module state is ``split.state``), async."""
+    dispatched_at = time.perf_counter()
     mesh = sharding.mesh_of(start)
     arguments = _program_arguments(env, config, split, start)
     if iterations == 1 and mesh is None:
@@ -803,7 +807,7 @@ def _dispatch(
     else:
         with sharding.training_mesh(mesh):
             new_state, carry, reports = _compiled_steps(*arguments, iterations)
-    return InFlight(start, config, iterations, split, new_state, carry, reports)
+    return InFlight(start, config, iterations, split, new_state, carry, reports, dispatched_at)
 
 
 def dispatch_steps(

@@ -33,6 +33,7 @@ from nnx_ppo.algorithms._step import (
     dispatch_steps,
     finish,
 )
+from nnx_ppo.algorithms._timing import ProgramClock, WatchedCall
 from nnx_ppo.algorithms.config import (
     EvalConfig,
     TrainConfig,
@@ -391,10 +392,11 @@ def _evaluate(
     networks: StatefulModule,
     config: EvalConfig,
     key: PRNGKeyArray,
-    timed: bool,
+    clock: ProgramClock | None,
     mesh: sharding.Mesh | None,
 ) -> dict[str, float]:
-    """One evaluation with the deterministic policy (``networks.eval()``), over ``mesh``."""
+    """One evaluation with the deterministic policy (``networks.eval()``), over ``mesh``;
+    timed (``throughput/eval_sps``) where there is a ``clock``."""
     with _eval_mode(networks), sharding.training_mesh(mesh):
         start = time.perf_counter()
         graphdef, state = nnx.split(networks)
@@ -410,8 +412,9 @@ def _evaluate(
                 config.logging_level,
             )
         )
-    if timed:
-        elapsed = time.perf_counter() - start
+    if clock is not None:
+        end = time.perf_counter()
+        elapsed = end - clock.idle_from(start)
         metrics["throughput/eval_sps"] = config.n_envs * config.max_episode_length / elapsed
     return metrics
 
@@ -567,7 +570,7 @@ class _HostWork(Generic[_State]):
         config: _RunConfig,
         eval_env: RLEnv,
         steps_taken: int,
-        timed: bool,
+        clock: ProgramClock | None,
         mesh: sharding.Mesh | None,
         video_fn: Callable[[VideoData], None] | None,
         checkpoint_fn: Callable[[_State, int], None] | None,
@@ -575,7 +578,7 @@ class _HostWork(Generic[_State]):
         self._where = where
         self._config = config
         self._eval_env = eval_env
-        self._timed = timed
+        self._clock = clock
         self._mesh = mesh
         self._video_fn = video_fn
         # A checkpoint cadence of 0 turns checkpoints off, at the start and end too.
@@ -602,7 +605,7 @@ class _HostWork(Generic[_State]):
         config, last, metrics = self._config, self._last, {}
         if config.eval.enabled and _crossed(last["eval"], steps, config.eval.every_steps):
             key = _key_at(config.seed, steps)
-            metrics = _evaluate(self._eval_env, networks, config.eval, key, self._timed, self._mesh)
+            metrics = _evaluate(self._eval_env, networks, config.eval, key, self._clock, self._mesh)
             self.history.append(_history_entry(steps, metrics))
             last["eval"] = steps
         video_due = _crossed(last["video"], steps, config.video.every_steps)
@@ -610,8 +613,9 @@ class _HostWork(Generic[_State]):
             start = time.perf_counter()
             video = _record(self._eval_env, networks, config.video, config.seed, steps, self._where)
             self._video_fn(video)
-            if self._timed:  # as 0.3.0: the recorded steps over recording and video_fn
-                elapsed = time.perf_counter() - start
+            if self._clock is not None:  # as 0.3.0: the steps over recording and video_fn
+                end = time.perf_counter()
+                elapsed = end - self._clock.idle_from(start)
                 metrics["throughput/video_sps"] = config.video.episode_length / elapsed
             last["video"] = steps
         return metrics
@@ -623,6 +627,13 @@ class _HostWork(Generic[_State]):
         if self._checkpoint_fn is not None and due and last["checkpoint"] != steps:
             self._checkpoint_fn(state, steps)
             last["checkpoint"] = steps
+
+
+class _Watched(NamedTuple):
+    """A dispatched call, and its clock's watch where one times it."""
+
+    call: InFlight
+    watch: WatchedCall | None
 
 
 def _with_overrides(
@@ -759,9 +770,9 @@ def train_ppo(
         state = initial_state
     if mesh is not None:
         state = sharding.shard_training_state(state, mesh)
-    timed = LoggingLevel.THROUGHPUT in config.ppo.logging_level
+    clock = ProgramClock() if LoggingLevel.THROUGHPUT in config.ppo.logging_level else None
     host = _HostWork(
-        "train_ppo", config, eval_env, state.steps_taken, timed, mesh, video_fn, checkpoint_fn
+        "train_ppo", config, eval_env, state.steps_taken, clock, mesh, video_fn, checkpoint_fn
     )
     metrics = host.start(state, state.networks, log_fn)
 
@@ -770,29 +781,36 @@ def train_ppo(
             steps, config, checkpoint_fn is not None, video_fn is not None
         )
 
+    def watched(call: InFlight) -> _Watched:
+        return _Watched(
+            call, None if clock is None else clock.watch(call.reports, call.dispatched_at)
+        )
+
     iterations = 0
     # The next call's steps are dispatched before this call's results are fetched, so
     # the device never waits for the host's logging, evaluation or checkpointing. They
     # start from this call's results on the device and are dropped unseen if this call
     # diverged or the run stops. Over several CPU devices each call finishes first.
     ahead = sharding._programs_may_overlap(mesh)
-    in_flight: InFlight | None = None
+    in_flight: _Watched | None = None
     while state.steps_taken < config.ppo.total_steps:
-        start = time.perf_counter()
         if in_flight is None:
-            in_flight = dispatch_steps(
-                "train_ppo", env, state, config.ppo, steps_in_call(state.steps_taken)
+            in_flight = watched(
+                dispatch_steps(
+                    "train_ppo", env, state, config.ppo, steps_in_call(state.steps_taken)
+                )
             )
         current, in_flight = in_flight, None
-        if ahead and current.steps_after < config.ppo.total_steps:
-            in_flight = dispatch_next(env, current, steps_in_call(current.steps_after))
-        state, per_step = finish(current)
-        fused = current.iterations
+        if ahead and current.call.steps_after < config.ppo.total_steps:
+            next_call = dispatch_next(env, current.call, steps_in_call(current.call.steps_after))
+            in_flight = watched(next_call)
+        state, per_step = finish(current.call)
+        fused = current.call.iterations
         iterations += fused
-        if timed:
-            elapsed = time.perf_counter() - start
+        if clock is not None and current.watch is not None:
+            rate = fused * config.ppo.steps_per_iteration / clock.seconds(current.watch)
             for metrics in per_step:
-                metrics["throughput/train_sps"] = fused * config.ppo.steps_per_iteration / elapsed
+                metrics["throughput/train_sps"] = rate
         *earlier, metrics = per_step
         metrics |= host.evaluate_and_record(state.networks, state.steps_taken)
         if log_fn is not None:

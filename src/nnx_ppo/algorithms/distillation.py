@@ -37,6 +37,7 @@ from jaxtyping import Array, Float, Integer, PRNGKeyArray
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms._loss import _replay
 from nnx_ppo.algorithms._step import _ConfigArgument, _EnvArgument
+from nnx_ppo.algorithms._timing import ProgramClock
 from nnx_ppo.algorithms._train import _check_video, _HostWork, _require_seed, _with_overrides
 from nnx_ppo.algorithms.checkpointing import _load_checkpoint, make_checkpoint_fn
 from nnx_ppo.algorithms.config import (
@@ -908,7 +909,7 @@ def train_distillation(
         config,
         eval_env,
         state.steps_taken,
-        timed,
+        ProgramClock() if timed else None,  # nothing runs ahead of its host work
         None,
         video_fn,
         checkpoint_fn,
