@@ -23,14 +23,15 @@ CONFIG = TrainConfig(
 
 
 class Constants(StatefulModule):
-    """A weakly typed scale (it keeps a bfloat16 input bfloat16) and a Python-int gain."""
+    """Weakly typed scale and offsets (they keep a bfloat16 input bfloat16), a Python-int gain."""
 
     def __init__(self, dtype: Any = None) -> None:
         self.scale = nnx.Variable(jnp.asarray(0.5))
+        self.offsets = nnx.Variable(jnp.full((4,), 0.25))
         self.gain = nnx.Variable(2 if dtype is None else jnp.asarray(2, dtype))
 
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
-        scaled = x.astype(jnp.bfloat16) * self.scale[...] * self.gain[...]
+        scaled = (x.astype(jnp.bfloat16) + self.offsets[...]) * self.scale[...] * self.gain[...]
         return StatefulModuleOutput(state, scaled.astype(jnp.float32), jnp.zeros(()), {})
 
 
@@ -51,6 +52,10 @@ def test_weak_types_and_python_numbers_come_back_as_jax_held_them(tmp_path) -> N
     load_checkpoint(tmp_path, loaded)
     constants = loaded.layers[0]
     assert constants.scale[...].weak_type and constants.scale[...].dtype == jnp.float32
+    # A weakly typed array of several elements came back strongly typed.
+    assert constants.offsets[...].weak_type and constants.offsets[...].dtype == jnp.float32
+    assert (jnp.ones(4, jnp.bfloat16) + constants.offsets[...]).dtype == jnp.bfloat16
+    assert constants.offsets[...].tolist() == [0.25] * 4
     assert int(constants.gain[...]) == 2
     assert (jnp.ones(4, jnp.bfloat16) * constants.scale[...]).dtype == jnp.bfloat16
     template = new_training_state(make("cartpole"), _network(), 4, seed=0)

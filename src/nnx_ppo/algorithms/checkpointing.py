@@ -696,7 +696,7 @@ def _load_checkpoint(
     _, entries = _flatten(target)
     wanted = {entry["path"]: entry for entry in entries}
     leaves = jax.tree.leaves(target)
-    weak = {e["path"] for e, leaf in zip(entries, leaves, strict=True) if _weakly_typed(leaf)}
+    weak = {e["path"]: leaf for e, leaf in zip(entries, leaves, strict=True) if _weakly_typed(leaf)}
     prefixes = tuple(f"[{name!r}]" for name in target)
     _compare({p: e for p, e in saved.items() if p.startswith(prefixes)}, wanted, optimizer_hint)
 
@@ -731,11 +731,15 @@ def _load_checkpoint(
         impl = saved[path]["key_impl"]
         if impl:
             return jax.random.wrap_key_data(jnp.asarray(by_path[path]), impl=impl)
-        if path in weak and by_path[path].shape == ():
-            # The template's scalar is weakly typed (a Python number, or made from one):
-            # so is what it loads, or ops mixing it with other dtypes promote otherwise.
+        if path not in weak:
+            return jnp.asarray(by_path[path])
+        # The template's leaf is weakly typed (a Python number, or made from one): so is
+        # what it loads, or ops mixing it with other dtypes promote otherwise.
+        if by_path[path].shape == ():
             return jnp.asarray(by_path[path].item())
-        return jnp.asarray(by_path[path])
+        # JAX makes no weakly typed array from data; it keeps the type of an array
+        # that an update writes into.
+        return jnp.zeros_like(weak[path]).at[...].set(by_path[path])
 
     leaves = [rebuilt(path) for path in wanted]
     values = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(target), leaves)
