@@ -1,9 +1,11 @@
-"""XLA compiler options shared by the library's programs."""
+"""XLA compiler options shared by the library's programs, and the memory they hold."""
 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -92,3 +94,36 @@ class TrainingProgram:
 def training_jit(*static_argnums: int) -> Callable[[Callable[..., Any]], TrainingProgram]:
     """Decorator: compile ``fun`` as a :class:`TrainingProgram` with these static arguments."""
     return lambda fun: TrainingProgram(fun, static_argnums)
+
+
+MAX_MAP_COUNT = Path("/proc/sys/vm/max_map_count")
+PROCESS_MAPS = Path("/proc/self/maps")
+MAPPINGS_WARNING_FRACTION = 0.75
+
+
+def warn_if_mappings_near_cap(where: str) -> None:
+    """Warn when this process holds most of the memory mappings Linux allows it.
+
+    XLA:CPU maps each compiled program's machine code on its own, and JAX keeps
+    thousands of compiled programs for later calls; a process that trains run
+    after run on new env objects or configurations keeps adding mappings. Past
+    the cap (``vm.max_map_count``) the next compile aborts the process ("Unable
+    to allocate section memory") or crashes it, with nothing naming the cause.
+    Elsewhere than Linux, does nothing.
+    """
+    try:
+        cap = int(MAX_MAP_COUNT.read_text())
+        with PROCESS_MAPS.open("rb") as maps:
+            held = sum(1 for _ in maps)
+    except (OSError, ValueError):
+        return
+    if held >= MAPPINGS_WARNING_FRACTION * cap:
+        warnings.warn(
+            f"{where}: this process holds {held:,} of the {cap:,} memory mappings Linux "
+            "allows it (vm.max_map_count), mostly the machine code of programs JAX compiled "
+            "and keeps; past the cap the next compile crashes the process. Between runs "
+            "that share no programs, call jax.clear_caches() to release them (see the "
+            "training docs, 'Many runs in one program').",
+            RuntimeWarning,
+            stacklevel=3,
+        )

@@ -38,6 +38,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from nnx_ppo._compile import warn_if_mappings_near_cap
 from nnx_ppo.algorithms import _step, sharding
 from nnx_ppo.algorithms._timing import ProgramClock
 from nnx_ppo.algorithms._train import (
@@ -289,6 +290,7 @@ def train_ppo_runs(
         optimizer are left at the last step before that call.
     """
     config = _with_overrides("train_ppo_runs", TrainConfig, "ppo", config, None)
+    warn_if_mappings_near_cap("train_ppo_runs")
     if config.video.enabled:
         warnings.warn(
             "train_ppo_runs records no videos: config.video.enabled is ignored. Record a "

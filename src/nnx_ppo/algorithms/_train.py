@@ -18,7 +18,7 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Float, Integer, PRNGKeyArray, UInt8
 
-from nnx_ppo._compile import training_jit
+from nnx_ppo._compile import training_jit, warn_if_mappings_near_cap
 from nnx_ppo.algorithms import rollout, sharding
 from nnx_ppo.algorithms._step import (
     InFlight,
@@ -731,6 +731,7 @@ def train_ppo(
     config = _with_overrides(
         "train_ppo", TrainConfig, "ppo", config, total_steps, seed=seed, devices=devices
     )
+    warn_if_mappings_near_cap("train_ppo")
     mesh = sharding.resolve_mesh(config.devices)
     eval_envs = config.eval.n_envs if config.eval.enabled else None
     sharding.require_divisible(

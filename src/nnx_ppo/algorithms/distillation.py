@@ -34,6 +34,7 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Float, Integer, PRNGKeyArray
 
+from nnx_ppo._compile import warn_if_mappings_near_cap
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms._loss import _replay
 from nnx_ppo.algorithms._step import _ConfigArgument, _EnvArgument
@@ -876,6 +877,7 @@ def train_distillation(
         total_steps,
         seed=seed,
     )
+    warn_if_mappings_near_cap("train_distillation")
     settings = config.distillation
     if initial_state is None:
         state = new_distillation_state(
