@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from nnx_ppo import envs
+from nnx_ppo._compile import memory_mappings
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import train_ppo
 from nnx_ppo.algorithms.types import LoggingLevel
@@ -46,11 +47,6 @@ class CallsBack(Wrapper):
             vmap_method="expand_dims",
         )
         return stepped.replace(reward=reward)
-
-
-def mappings() -> int:
-    with open("/proc/self/maps") as maps:
-        return sum(1 for _ in maps)
 
 
 def one_round(index: int) -> None:
@@ -82,8 +78,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120.0, help="stop after this long")
     parser.add_argument("--clear-caches", action="store_true", help="jax.clear_caches() each round")
     args = parser.parse_args()
-    with open("/proc/sys/vm/max_map_count") as limit:
-        print(f"vm.max_map_count: {int(limit.read())}; mappings at the start: {mappings()}")
+    counts = memory_mappings()
+    if counts is None:
+        parser.exit(1, "program_maps.py reads /proc, which only Linux has\n")
+    print(f"vm.max_map_count: {counts[1]}; mappings at the start: {counts[0]}")
     deadline, index = time.monotonic() + args.seconds, 0
     while time.monotonic() < deadline:
         one_round(index)
@@ -91,7 +89,7 @@ def main() -> None:
             jax.clear_caches()
         gc.collect()
         index += 1
-        print(f"round {index}: {mappings()} mappings", flush=True)
+        print(f"round {index}: {(memory_mappings() or (0, 0))[0]} mappings", flush=True)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,17 @@ PROCESS_MAPS = Path("/proc/self/maps")
 MAPPINGS_WARNING_FRACTION = 0.75
 
 
+def memory_mappings() -> tuple[int, int] | None:
+    """The memory mappings this process holds and the most Linux allows it
+    (``vm.max_map_count``); ``None`` where neither can be read (not Linux)."""
+    try:
+        cap = int(MAX_MAP_COUNT.read_text())
+        with PROCESS_MAPS.open("rb") as maps:
+            return sum(1 for _ in maps), cap
+    except (OSError, ValueError):
+        return None
+
+
 def warn_if_mappings_near_cap(where: str) -> None:
     """Warn when this process holds most of the memory mappings Linux allows it.
 
@@ -111,12 +122,10 @@ def warn_if_mappings_near_cap(where: str) -> None:
     to allocate section memory") or crashes it, with nothing naming the cause.
     Elsewhere than Linux, does nothing.
     """
-    try:
-        cap = int(MAX_MAP_COUNT.read_text())
-        with PROCESS_MAPS.open("rb") as maps:
-            held = sum(1 for _ in maps)
-    except (OSError, ValueError):
+    counts = memory_mappings()
+    if counts is None:
         return
+    held, cap = counts
     if held >= MAPPINGS_WARNING_FRACTION * cap:
         warnings.warn(
             f"{where}: this process holds {held:,} of the {cap:,} memory mappings Linux "
