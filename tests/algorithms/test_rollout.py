@@ -22,7 +22,12 @@ from nnx_ppo.algorithms.rollout import (
 )
 from nnx_ppo.algorithms.types import LoggingLevel, Shared
 from nnx_ppo.envs import State
+from nnx_ppo.networks.adapter import PPOAdapter
+from nnx_ppo.networks.containers import Sequential
+from nnx_ppo.networks.factories import make_mlp
+from nnx_ppo.networks.sampling_layers import NormalTanhSampler
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.utils import Map
 
 W, V = 0.3, 0.5
 
@@ -360,3 +365,51 @@ def test_an_episode_with_per_agent_ends_ends_when_the_last_agent_is_done():
     }
     np.testing.assert_array_equal(episode_ended(done), [True, False, False, False])
     np.testing.assert_array_equal(episode_ended(done["agent_1"]), done["agent_1"])
+
+
+class OneTimeLimitForTwoAgents:
+    """Agent ``a`` terminates after 2 steps; the env's one ``info["truncated"]`` flag
+    cuts the episode, and ``b`` with it, after 4."""
+
+    def reset(self, key):
+        del key
+        zero = jnp.zeros(())
+        return State(
+            {"a": jnp.zeros(1), "b": jnp.zeros(1)}, {"a": zero, "b": zero}, {"a": zero, "b": zero},
+            {}, {"truncated": jnp.zeros((), bool)}, {"t": jnp.zeros((), jnp.int32)},
+        )  # fmt: skip
+
+    def step(self, state, action):
+        del action
+        t = state.data["t"] + 1
+        done = {"a": (t >= 2).astype(jnp.float32), "b": (t >= 4).astype(jnp.float32)}
+        reward = {"a": jnp.ones(()), "b": jnp.ones(())}
+        return state.replace(reward=reward, done=done, info={"truncated": t >= 4}, data={"t": t})
+
+
+def test_one_time_limit_flag_does_not_cut_short_an_agent_that_terminated_before():
+    rngs = nnx.Rngs(0)
+
+    def actor() -> Sequential:
+        return Sequential(
+            [
+                make_mlp([1, 4, 2], rngs, nnx.tanh, False),
+                NormalTanhSampler(rngs, entropy_weight=0.0),
+            ]
+        )
+
+    network = PPOAdapter(
+        action=Map({"a": actor(), "b": actor()}),
+        value=Map({k: make_mlp([1, 4, 1], rngs, nnx.tanh, False) for k in ("a", "b")}),
+    )
+    env = OneTimeLimitForTwoAgents()
+    env_state = reset_envs(env, jax.random.split(jax.random.key(0), 2))
+    _, _, transitions = unroll_env(
+        env, env_state, network, network.initialize_state(2), 4, jax.random.key(1)
+    )
+    # a's episode ended by termination at step 2 and its done stays set: the limit at
+    # step 4 cuts b's short, not a's, so GAE bootstraps b there and not a.
+    np.testing.assert_array_equal(transitions.done["a"][:, 0], [False, True, True, True])
+    np.testing.assert_array_equal(transitions.truncated["a"][:, 0], [False] * 4)
+    np.testing.assert_array_equal(transitions.truncated["b"][:, 0], [False, False, False, True])
+    np.testing.assert_array_equal(transitions.next_value_estimates["a"][1:, 0], np.zeros(3))

@@ -97,6 +97,24 @@ def test_episode_wrapper_spreads_one_truncation_flag_over_per_agent_ends() -> No
     assert np.asarray(states.info["truncated"]["b"]).tolist() == [False, False, True]
 
 
+class OwnTimeLimit(PerAgentEnds):
+    """Cuts the episode after 3 steps with one flag of its own; ``a`` terminated at 2."""
+
+    def step(self, state: envs.State, action: jax.Array) -> envs.State:
+        stepped = super().step(state, action)
+        cut = stepped.data["t"] >= 3
+        done = {"a": stepped.done["a"], "b": cut.astype(jnp.float32)}
+        return stepped.replace(done=done, info={"truncated": cut})
+
+
+def test_episode_wrapper_reads_one_flag_as_cutting_short_only_the_agents_still_running() -> None:
+    wrapped = EpisodeWrapper(OwnTimeLimit(), max_len=10)
+    _, states = rollout(wrapped, jax.random.key(0), jnp.zeros((3, 1)))
+    assert np.asarray(states.done["a"]).tolist() == [0.0, 1.0, 1.0]
+    assert np.asarray(states.info["truncated"]["a"]).tolist() == [False, False, False]
+    assert np.asarray(states.info["truncated"]["b"]).tolist() == [False, False, True]
+
+
 class FlagsWithoutEnding(PerAgentEnds):
     """Sets its truncation flag on every step but never ends an episode (a flag that,
     by the contract, only counts where ``done`` holds); Playground names it ``truncation``."""

@@ -592,7 +592,7 @@ def _unroll_from(
         output = checked_ppo_output(out.output, "unroll_env")
         stepped = batched.step(env_state, output.actions)
         checked_ppo_output(output, "unroll_env", rewards=stepped.reward)
-        done, truncated = episode_flags(stepped)
+        done, truncated = episode_flags(stepped, before=env_state)
         # The value of a truncated episode's final observation, under its pre-reset
         # carry: computed only at the steps where some episode was truncated (values
         # computed for other envs are never read).

@@ -128,12 +128,23 @@ def time_limit(
     return jnp.logical_or(terminated, truncated).astype(jnp.float32), truncated
 
 
-def episode_flags(state: EnvState) -> tuple[PyTree[Bool[Array, "..."]], PyTree[Bool[Array, "..."]]]:
+def episode_flags(
+    state: EnvState, before: EnvState | None = None
+) -> tuple[PyTree[Bool[Array, "..."]], PyTree[Bool[Array, "..."]]]:
     """``(done, truncated)`` of a (batched) env state, as ``bool`` trees shaped like ``done``.
 
     Truncation is read from ``info["truncated"]`` (this library) and
     ``info["truncation"]`` (MuJoCo Playground), either of which may be absent,
     and only counts where ``done`` holds.
+
+    Args:
+      state: the state a ``step`` returned.
+      before: the state that ``step`` was given. With per-agent ends, a finished
+        agent's ``done`` leaf stays set until the episode ends, so a single
+        time-limit flag would also mark the agents that terminated earlier as cut
+        short; given ``before``, a leaf counts as truncated only at the step its
+        ``done`` was first set. (Where ``done`` is one flag, ``before`` was never
+        done, and it changes nothing.)
     """
     done = jax.tree.map(lambda d: jnp.asarray(d).astype(bool), state.done)
     truncated = jax.tree.map(jnp.zeros_like, done)
@@ -153,7 +164,12 @@ def episode_flags(state: EnvState) -> tuple[PyTree[Bool[Array, "..."]], PyTree[B
                 rule=_RULE_TRUNCATION,
             )
         truncated = jax.tree.map(lambda t, m: t | jnp.asarray(m).astype(bool), truncated, mark)
-    return done, jax.tree.map(jnp.logical_and, truncated, done)
+    truncated = jax.tree.map(jnp.logical_and, truncated, done)
+    if before is not None:
+        truncated = jax.tree.map(
+            lambda t, d: t & ~jnp.asarray(d).astype(bool), truncated, before.done
+        )
+    return done, truncated
 
 
 @jax.tree_util.register_pytree_node_class

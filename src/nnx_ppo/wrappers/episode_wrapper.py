@@ -81,8 +81,9 @@ class EpisodeWrapper(Wrapper):
         check_env_state(next_state, where=f"{type(self.env).__name__}.step in EpisodeWrapper")
         counter = state.info["step_counter"] + 1
         time_up = counter >= self.max_len
-        # The wrapped env's own truncations, read as training reads them: only where done.
-        ended, inner = episode_flags(next_state)
+        # The wrapped env's own truncations, read as training reads them: only where done
+        # was first set.
+        ended, inner = episode_flags(next_state, before=state)
         truncated = jax.tree.map(
             lambda d, t: jnp.logical_or(t, jnp.logical_and(time_up, jnp.logical_not(d))),
             ended,
