@@ -342,6 +342,26 @@ def test_shared_state_passes_unbatched_through_reset_step_and_unroll(
     assert trajectory.data["t"].shape == (5,)
 
 
+class RemembersItsLastObservation(ClockEnv):
+    """Keeps each step's observation on itself: state outside the State."""
+
+    def step(self, state, action):
+        stepped = super().step(state, action)
+        self.last = stepped.obs
+        return stepped
+
+
+def test_an_env_that_keeps_a_traced_value_on_itself_is_named(counting_env, scripted_network):
+    env, network = RemembersItsLastObservation(counting_env), scripted_network(W, V)
+    env_state = reset_envs(env, jax.random.split(jax.random.key(0), 2))
+    with pytest.raises(ContractError) as caught:
+        unroll_env(env, env_state, network, network.initialize_state(2), 2, jax.random.key(1))
+    assert caught.value.leaf == "env.last"
+    assert "RemembersItsLastObservation.step: stored a traced value on the env object" in str(
+        caught.value
+    )
+
+
 class KeyedClockEnv(ClockEnv):
     """Starts its shared clock at a value drawn from each env's reset key: not shared."""
 

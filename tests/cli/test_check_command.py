@@ -30,6 +30,10 @@ def make_good():
     return RunningSum(3)
 
 
+def rocket():  # ":rocket:" is an emoji code to rich
+    return RunningSum(3)
+
+
 def make_bad():
     return BatchCentred(3)
 
@@ -101,6 +105,11 @@ def test_a_module_that_keeps_the_contract_exits_0(
 ) -> None:
     assert check(f"{cells}:make_good", "--input-shape", "3") == 0
     assert "RunningSum has every property of the contract" in capsys.readouterr().out
+
+
+def test_the_target_is_printed_as_written(cells: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert check(f"{cells}:rocket", "--input-shape", "3") == 0
+    assert f"{cells}:rocket: RunningSum has every property" in capsys.readouterr().out
 
 
 def test_a_failure_exits_1_with_the_kit_s_message_and_no_traceback(

@@ -430,6 +430,31 @@ def test_an_error_in_a_users_factory_shows_its_traceback_and_line_with_status_1(
     ) in " ".join(shown.split()), shown
 
 
+def test_a_users_env_that_breaks_the_contract_exits_1_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "drifting_envs.py").write_text(
+        "import jax.numpy as jnp\n"
+        "from nnx_ppo.envs import make\n\n"
+        "class Drifting:\n"
+        "    def __init__(self):\n"
+        "        self.inner = make('cartpole')\n"
+        "        self.observation_size, self.action_size = 4, 2\n"
+        "        self.discrete_actions = True\n"
+        "    def reset(self, key):\n"
+        "        return self.inner.reset(key)\n"
+        "    def step(self, state, action):\n"
+        "        stepped = self.inner.step(state, action)\n"
+        "        return stepped.replace(obs=stepped.obs.astype(jnp.bfloat16))\n"
+    )
+    monkeypatch.syspath_prepend(tmp_path)
+    args = ["train", "--env", "drifting_envs:Drifting", "--run-dir", str(tmp_path / "run")]
+    assert main([*args, "--steps", "256", *TINY]) == 1
+    shown = " ".join(capsys.readouterr().err.split())
+    assert "error: your env or network broke the nnx-ppo contract: Drifting.step:" in shown
+    assert "leaf: state.obs" in shown
+
+
 @pytest.mark.parametrize("content", ["[]", "{}", '{"env": "cartpole", "train": 3}'])
 def test_a_config_json_that_is_no_run_configuration_is_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str

@@ -251,6 +251,34 @@ def test_a_statistic_written_in_call_under_a_transform_is_named() -> None:
     assert "inside a JAX transform" in str(error)
 
 
+class _RemembersItsBatchSize(StatefulModule):
+    def __init__(self) -> None:
+        self.batch_size = nnx.Variable(jnp.zeros(()))
+        self.rngs = nnx.Rngs(0)
+
+    def initialize_state(self, batch_size: int) -> Any:
+        keys = jax.random.split(self.rngs(), batch_size)  # a draw: allowed here
+        self.batch_size[...] = jnp.asarray(float(batch_size))
+        return {"keys": keys}
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {}, None)
+
+
+def test_a_variable_written_by_initialize_state_is_named_eagerly_and_compiled() -> None:
+    for call in (
+        lambda network: network.initialize_state(3),
+        nnx.jit(lambda network: network.initialize_state(3)),  # as training runs it
+    ):
+        network = Sequential([Dense(3, 3, nnx.Rngs(0)), _RemembersItsBatchSize()])
+        with pytest.raises(ContractError) as caught:
+            call(network)
+        error = caught.value
+        assert error.leaf == "Sequential.layers[1].batch_size (Variable)"
+        assert "initialize_state wrote the variable" in str(error)
+        assert "a write is lost" in str(error.rule)
+
+
 class _StatisticsAsParam(StatefulModule):
     def __init__(self) -> None:
         self.mean = nnx.Param(jnp.zeros(3))

@@ -109,6 +109,16 @@ def test_done_must_be_a_scalar_or_follow_the_reward_tree() -> None:
     assert "missing state.done['agent_1']" in str(error.value)
 
 
+def test_a_truncation_flag_must_follow_done_not_the_reward() -> None:
+    reward = {"agent_0": scalar(), "agent_1": scalar()}
+    flags = {"agent_0": jax.ShapeDtypeStruct((), bool), "agent_1": jax.ShapeDtypeStruct((), bool)}
+    check_env_state(make_state(reward=reward, done=reward, info={"truncated": flags}), where="E")
+    with pytest.raises(ContractError) as error:  # per-agent flags beside one done
+        check_env_state(make_state(reward=reward, info={"truncated": flags}), where="E.step")
+    assert error.value.leaf == "state.info['truncated']"
+    assert "is neither a scalar nor a pytree with the tree of state.done" in str(error.value)
+
+
 def test_obs_structure_changing_between_reset_and_step_is_named() -> None:
     stepped = make_state(obs={"pos": jax.ShapeDtypeStruct((3,), jnp.float32)})
     with pytest.raises(ContractError) as error:

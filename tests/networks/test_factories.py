@@ -219,3 +219,50 @@ def test_the_lstm_preset_names_why_it_was_chosen_for_a_dict_observation():
 
     with pytest.raises(TypeError, match=r"chosen because env.requires_memory\) reads one flat"):
         factories.make_default_network(DictMemory(), nnx.Rngs(0))
+
+
+class Spaces:
+    """An env's declared spaces, and nothing else: what the preset reads."""
+
+    def __init__(self, observation_size: Any, action_size: Any, discrete: Any = False) -> None:
+        self.observation_size, self.action_size = observation_size, action_size
+        self.discrete_actions = discrete
+
+
+@pytest.mark.parametrize(
+    ("spaces", "obs", "actions"),
+    [
+        (Spaces((2, 3), 2), jnp.ones((B, 2, 3)), (B, 2)),  # an image-like observation
+        (Spaces((), (2,)), jnp.ones((B,)), (B, 2)),  # a scalar; a one-axis action shape
+        (
+            Spaces({"img": (2, 3), "v": (1,)}, 3, True),
+            {"img": jnp.ones((B, 2, 3)), "v": jnp.ones((B, 1))},
+            (B,),
+        ),
+        (
+            Spaces({"a": (2, 2), "b": 3}, {"a": (2,), "b": 4}, {"a": False, "b": True}),
+            {"a": jnp.ones((B, 2, 2)), "b": jnp.ones((B, 3))},
+            {"a": (B, 2), "b": (B,)},
+        ),
+    ],
+)
+def test_the_preset_flattens_shaped_observations_and_reads_one_axis_action_shapes(
+    spaces: Spaces, obs: Any, actions: Any
+):
+    net = factories.make_default_network(spaces, nnx.Rngs(0), hidden_sizes=[8])
+    out = _call(net, net.initialize_state(B), obs)
+    assert jax.tree.map(jnp.shape, out.output.actions) == actions
+
+
+@pytest.mark.parametrize(
+    ("action_size", "match"),
+    [
+        ((3, (2,)), r"action_size is \(3, \(2,\)\), a tuple of actions"),
+        ((3, 2), r"action_size is the shape \(3, 2\); the preset networks sample actions of one"),
+    ],
+)
+def test_the_preset_names_an_action_it_cannot_sample(action_size: Any, match: str):
+    with pytest.raises(TypeError, match=match):
+        factories.make_default_network(Spaces(OBS, action_size), nnx.Rngs(0))
+    with pytest.raises(TypeError, match=match.replace("action_size", r"action_size\['a'\]")):
+        factories.make_default_network(Spaces({"a": OBS}, {"a": action_size}), nnx.Rngs(0))

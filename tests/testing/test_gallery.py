@@ -89,6 +89,26 @@ class HardCodedBatch(Leaky):
         return {"h": jnp.zeros((16, FEATURES))}
 
 
+class StartsFromTheBatchSize(Leaky):
+    """Starts each env's carry at 1 / batch_size: an env acts otherwise in a batch of
+    another size (evaluation's envs against training's)."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return {"h": jnp.full((batch_size, FEATURES), 1.0 / batch_size)}
+
+
+class RemembersTheBatchSize(Leaky):
+    """Stores the batch size it was set up for in a variable: training's compiled
+    ``initialize_state`` runs on a copy of the network and loses the write."""
+
+    def __init__(self) -> None:
+        self.batch_size = nnx.Variable(jnp.ones(()))
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        self.batch_size[...] = jnp.asarray(float(batch_size))
+        return super().initialize_state(batch_size)
+
+
 class ResetDropsTheBatchAxis(Leaky):
     """Resets to a fresh one-env carry, dropping the batch axis of a batched carry."""
 
@@ -565,6 +585,18 @@ MODULE_BUGS: dict[
         {},
         ModuleProperty.INITIALIZE_STATE,
         "state['h']",
+    ),
+    "an env's start that depends on the batch size": (
+        StartsFromTheBatchSize,
+        {},
+        ModuleProperty.INITIALIZE_STATE,
+        "state['h']",
+    ),
+    "the batch size written to a variable in initialize_state": (
+        RemembersTheBatchSize,
+        {},
+        ModuleProperty.INITIALIZE_STATE,
+        "RemembersTheBatchSize.batch_size",
     ),
     "reset that drops the leading axis": (
         ResetDropsTheBatchAxis,

@@ -46,7 +46,12 @@ from nnx_ppo.contract.axes import (
     align_leading,
 )
 from nnx_ppo.contract.checking import is_key, typechecked
-from nnx_ppo.contract.env_checks import check_action_tree, check_env_state, check_env_unbatched
+from nnx_ppo.contract.env_checks import (
+    check_action_tree,
+    check_env_keeps_no_tracer,
+    check_env_state,
+    check_env_unbatched,
+)
 from nnx_ppo.contract.errors import rule_text
 from nnx_ppo.envs.state import (
     _holds_shared,
@@ -208,6 +213,7 @@ class _BatchedEnv:
             return state
 
         states = _vmap_reset(reset_one, self.has_shared)(keys)
+        check_env_keeps_no_tracer(self.env, where=f"{self.name}.reset")
         if not self.has_shared:
             self._unmapped = _unmapped_paths(self.single_state, states)
         return states
@@ -221,7 +227,9 @@ class _BatchedEnv:
             check_env_state(stepped, where=where, reference=self.reference)
             return stepped
 
-        return _vmap_step(step_one, self.has_shared)(state, actions)
+        stepped = _vmap_step(step_one, self.has_shared)(state, actions)
+        check_env_keeps_no_tracer(self.env, where=where)
+        return stepped
 
 
 def unmapped_state_paths(env: RLEnv) -> frozenset[str]:

@@ -35,7 +35,7 @@ from rich.table import Table
 
 from nnx_ppo.cli import check
 from nnx_ppo.contract.arguments import as_whole
-from nnx_ppo.contract.errors import _user_code_frame
+from nnx_ppo.contract.errors import ContractError, _user_code_frame
 
 if TYPE_CHECKING:  # the command imports the library lazily, to start fast
     from nnx_ppo.algorithms.config import TrainConfig, VideoData
@@ -341,7 +341,7 @@ def _train(args: argparse.Namespace, console: Console) -> int:
 
     _start_distributed(args)
     if jax.process_index() != 0:  # process 0 alone prints and writes the run directory
-        console = Console(quiet=True)
+        console = Console(quiet=True, emoji=False)
     # Everything a config error can stop happens before the run directory exists.
     run_config, train_config = parse_run_config(_resolve_config(args))
     try:
@@ -670,7 +670,7 @@ def _close_logger(logger: RunLogger, *, raise_errors: bool) -> None:
     except OSError as error:
         if raise_errors:
             raise
-        Console(stderr=True).print(
+        Console(stderr=True, emoji=False).print(
             f"[yellow]warning:[/yellow] the run's logs were not closed cleanly: "
             f"{escape(str(error))}",
             soft_wrap=True,
@@ -684,7 +684,7 @@ def _plot(run_dir: Path, title: str) -> None:
     try:
         plot_learning_curve(run_dir / "metrics.jsonl", run_dir / "learning_curve.png", title)
     except (OSError, ValueError) as error:
-        Console(stderr=True).print(
+        Console(stderr=True, emoji=False).print(
             f"[yellow]warning:[/yellow] no learning curve drawn: {escape(str(error))}",
             soft_wrap=True,
         )
@@ -776,8 +776,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if not hasattr(sys.unraisablehook, _QUIET_MARK):  # once per process
         sys.unraisablehook = _without_closed_loop_noise(sys.unraisablehook)
-    console = Console()
-    errors = Console(stderr=True)  # kept off stdout, which `nnx-ppo preset NAME > FILE` redirects
+    # Emoji codes off: an env or file name like "module:rocket" is printed as written.
+    console = Console(emoji=False)
+    # Errors are kept off stdout, which `nnx-ppo preset NAME > FILE` redirects.
+    errors = Console(stderr=True, emoji=False)
     try:
         if args.command == "train":
             return _train(args, console)
@@ -807,6 +809,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "options, on every process",
         )
         _exit_at_once(1)
+    except ContractError as error:
+        # Raised by the checks after the env's or network's own code returned: it names
+        # that code (the built-in envs and presets keep the contract), not bad input.
+        _print_error(errors, f"your env or network broke the nnx-ppo contract: {error}")
+        return 1
     except (ValueError, TypeError, OSError, ImportError, RunLockedError) as error:
         where = _user_code_frame(error)
         if where is None:  # the library's own refusal of bad input

@@ -33,7 +33,7 @@ class TrainingProgress:
     def __init__(
         self, total_steps: int, console: Console | None = None, start_step: int = 0
     ) -> None:
-        self.console = console or Console(file=sys.stdout)
+        self.console = console or Console(file=sys.stdout, emoji=False)
         self.total_steps = total_steps
         self.latest: dict[str, float] = {}
         self.latest_step: dict[str, int] = {}

@@ -159,6 +159,12 @@ _RULE_KEPT_SHAPES = rule_text(
     "had: the (T, B) samples fold into it, so no per-step or per-env axis stays behind",
     "variables",
 )
+_RULE_INIT_NO_WRITES = rule_text(
+    "initialize_state returns the carry and writes no variable but an nnx.Rngs stream: "
+    "training runs it in a compiled program on a copy of the network, where a write is "
+    "lost",
+    "variables",
+)
 RULE_STATISTICS_KIND = rule_text(
     "running statistics are nnx.BatchStat (or another non-Param variable): an nnx.Param "
     "is trained by the optimizer, so update_statistics must not write one",
@@ -705,6 +711,12 @@ def _is_forward_state(variable: nnx.Variable[Any]) -> bool:
     return not isinstance(variable, nnx.Intermediate)
 
 
+def _is_written_only_by_training(variable: nnx.Variable[Any]) -> bool:
+    """Variables ``initialize_state`` must leave alone: all but the intermediates and an
+    ``nnx.Rngs`` stream's state, which seeds the carry's per-env keys."""
+    return _is_forward_state(variable) and not isinstance(variable, nnx.RngState)
+
+
 def _variable_values(
     root: Any, include: Callable[[nnx.Variable[Any]], bool]
 ) -> dict[tuple[Any, ...], tuple[nnx.Variable[Any], Any]]:
@@ -756,6 +768,13 @@ def _check_unwritten(
     method: str,
     rule: str,
 ) -> None:
+    # While JAX traces, a write of a new value and an NNX transform's write-back of the
+    # same value look alike: a tracer of the same shape and dtype. A transform hands back
+    # every variable it ran with, parameters too, which no module writes on purpose.
+    written_back = any(
+        isinstance(variable, nnx.Param) and _rewritten_in_kind(variable.get_raw_value(), value)
+        for variable, value in before.values()
+    )
     for path, (variable, value) in before.items():
         now = variable.get_raw_value()
         if _same_value(now, value):
@@ -765,12 +784,13 @@ def _check_unwritten(
         if isinstance(variable, nnx.RngState):
             raise _rng_draw_violation(site, name)
         problem = f"{method} wrote the variable {name}."
-        if _rewritten_in_kind(now, value):
+        if written_back and _rewritten_in_kind(now, value):
             problem += (
                 " Each of its arrays was replaced by a traced one of the same shape and "
-                "dtype, as an NNX transform (nnx.remat, nnx.jit) inside the call does to "
-                "every variable it runs with, changed or not: apply jax.checkpoint or "
-                "jax.jit to the child's nnx.split state and nnx.merge it inside instead."
+                "dtype. If your code does not assign it, an NNX transform inside the call "
+                "(nnx.remat, nnx.jit) did: it hands every variable it ran with back as a "
+                "new array, changed or not; apply jax.checkpoint or jax.jit to the child's "
+                "nnx.split state and nnx.merge it inside instead."
             )
         raise _violation(
             site,
@@ -978,7 +998,11 @@ def _check_initialize_state(site: _Site, arguments: _Arguments, call: Callable[[
         raise _violation(
             site, f"{size_name} must be a positive int.", leaf=size_name, found=repr(batch_size)
         ) from None
+    top_level = len(_ACTIVE_MODULES.get()) == 1
+    before = _variable_values(site.module, _is_written_only_by_training) if top_level else {}
     state = call()
+    if top_level:
+        _check_unwritten(site, before, "initialize_state", _RULE_INIT_NO_WRITES)
     batch = _Axis("B", batch_size, size_name)
     _check_leading(site, (batch,), "state", state, _RULE_INIT, "returned")
     return state

@@ -35,6 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 from jaxtyping import PyTree
 
 from nnx_ppo.contract.arguments import is_int
@@ -49,12 +50,14 @@ from nnx_ppo.contract.errors import ContractError, rule_text
 
 __all__ = [
     "check_action_tree",
+    "check_env_keeps_no_tracer",
     "check_env_reset_key",
     "check_env_state",
     "check_env_unbatched",
     "discrete_action_flags",
     "is_size",
     "size_shape",
+    "traced_attribute",
 ]
 
 _STATE_FIELDS = ("obs", "reward", "done", "metrics", "info")
@@ -69,6 +72,12 @@ _RULE_ONE_ENV = rule_text(
 _RULE_OBSERVATION_SIZE = rule_text(
     "env.observation_size, where an env has one, is the shape of one environment's "
     "observation: an int n for (n,), a shape, or a dict of those for a dict observation",
+    "the-contract",
+    "environments",
+)
+_RULE_PURE = rule_text(
+    "env.reset and env.step are pure functions of their arguments: what an env remembers "
+    "between steps lives in the State it returns",
     "the-contract",
     "environments",
 )
@@ -224,20 +233,22 @@ def _check_scalar_leaves(where: str, name: str, tree: Any, what: str) -> None:
         )
 
 
-def _check_like_reward(where: str, name: str, tree: Any, reward: Any, what: str) -> None:
-    """``tree`` is one scalar, or has the tree of ``reward`` with scalar leaves."""
+def _check_scalar_or_like(
+    where: str, name: str, tree: Any, reference_name: str, reference: Any, what: str
+) -> None:
+    """``tree`` is one scalar, or has the tree of ``reference`` with scalar leaves."""
     if _is_array(tree) or jax.tree_util.tree_structure(tree) == (
-        jax.tree_util.tree_structure(reward)
+        jax.tree_util.tree_structure(reference)
     ):
         _check_scalar_leaves(where, name, tree, what)
         return
     raise _violation(
         where,
-        f"{name} is neither a scalar nor a pytree with the tree of state.reward.",
+        f"{name} is neither a scalar nor a pytree with the tree of {reference_name}.",
         leaf=name,
-        expected="a scalar, or one scalar per leaf of state.reward "
-        f"({jax.tree_util.tree_structure(reward)})",
-        found=structure_difference("state.reward", reward, name, tree),
+        expected=f"a scalar, or one scalar per leaf of {reference_name} "
+        f"({jax.tree_util.tree_structure(reference)})",
+        found=structure_difference(reference_name, reference, name, tree),
         rule=_RULE_ONE_ENV,
     )
 
@@ -331,7 +342,9 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
     if not checks_enabled():
         return
     obs, reward, done, metrics, info = (_field(state, name, where) for name in _STATE_FIELDS)
-    _check_like_reward(where, "state.done", done, reward, "one end-of-episode flag")
+    _check_scalar_or_like(
+        where, "state.done", done, "state.reward", reward, "one end-of-episode flag"
+    )
     _check_scalar_leaves(where, "state.reward", reward, "one environment's reward")
     _require_each(  # GAE and the loss take floats
         where,
@@ -355,9 +368,9 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
     _check_mapping(where, "state.metrics", metrics)
     _check_mapping(where, "state.info", info)
     if "truncated" in info:
-        _check_like_reward(
-            where, "state.info['truncated']", info["truncated"], reward, "one time-limit flag"
-        )
+        truncated = info["truncated"]
+        flag = "one time-limit flag"
+        _check_scalar_or_like(where, "state.info['truncated']", truncated, "state.done", done, flag)
     if reference is None:
         return
     for name in _STATE_FIELDS:
@@ -365,6 +378,55 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
             where, f"state.{name}", getattr(state, name), getattr(reference, name)
         )
     _check_same_as_reference(where, "state", state, reference)
+
+
+def traced_attribute(
+    value: Any, path: str, seen: frozenset[int] = frozenset(), depth: int = 4
+) -> str | None:
+    """The path of the first JAX tracer among ``value``'s attributes and containers, from
+    ``path`` (``"env"``: ``"env._key"``), or ``None``: state an env kept on itself while
+    JAX traced it, instead of in its ``State``."""
+    if isinstance(value, Tracer):
+        return path
+    if depth == 0 or id(value) in seen or isinstance(value, jax.Array | np.ndarray | str):
+        return None
+    seen = seen | {id(value)}
+    if isinstance(value, dict):
+        items = [(f"{path}[{key!r}]", item) for key, item in value.items()]
+    elif isinstance(value, list | tuple):
+        items = [(f"{path}[{index}]", item) for index, item in enumerate(value)]
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        items = [(f"{path}.{name}", item) for name, item in vars(value).items()]
+    else:
+        return None
+    for item_path, item in items:
+        found = traced_attribute(item, item_path, seen, depth - 1)
+        if found is not None:
+            return found
+    return None
+
+
+def check_env_keeps_no_tracer(env: Any, *, where: str) -> None:
+    """Check, after JAX traced ``where`` (an env's ``reset`` or ``step``), that the env
+    object holds no traced value: what it remembers between steps belongs in the state.
+
+    Raises:
+      ContractError: naming the attribute, e.g. ``env._key``.
+    """
+    if not checks_enabled():
+        return
+    kept = traced_attribute(env, "env")
+    if kept is not None:
+        raise _violation(
+            where,
+            f"stored a traced value on the env object, at {kept}: an env is a pure "
+            "function of its state. Keep what it remembers between steps (a key, a "
+            "counter) in the State's data.",
+            leaf=kept,
+            expected="no traced value kept on the env",
+            found="a JAX tracer, which fails later with a message that names nothing",
+            rule=_RULE_PURE,
+        )
 
 
 _PROBE_BATCH = 3

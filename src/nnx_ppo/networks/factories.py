@@ -382,6 +382,43 @@ def _width(owner: str, size: Any) -> int:
     return require_int(owner, "observation_size", size)
 
 
+def _flat(size: Any) -> bool:
+    """Whether an observation declared as ``size`` (an int or a shape) is ``(B, width)``."""
+    return not isinstance(size, tuple | list) or len(size) == 1
+
+
+def _observation_flattener(obs_size: Any) -> Flattener | None:
+    """What reshapes observations to the ``(B, width)`` entries the presets read: a
+    shape of another rank than one (an image, a scalar) is flattened, a dict entry by
+    entry; ``None`` where every entry is flat already."""
+    if isinstance(obs_size, Mapping):
+        return None if all(map(_flat, obs_size.values())) else Flattener(preserve_levels=1)
+    return None if _flat(obs_size) else Flattener()
+
+
+def _require_one_action(owner: str, name: str, size: Any) -> None:
+    """``size`` describes one action leaf (an int or a shape), not a tuple of actions."""
+    if isinstance(size, tuple | list) and not all(isinstance(dim, int) for dim in size):
+        raise TypeError(
+            f"{owner}: {name} is {size!r}, a tuple of actions; the preset networks "
+            "sample one action, or a dict of them (one actor per entry). Describe the "
+            "action as a dict, or build the network yourself (see the layers page)."
+        )
+
+
+def _action_width(owner: str, name: str, size: Any, discrete: bool) -> int:
+    """An action leaf's width from ``action_size``: an int, or a shape of one axis."""
+    _require_one_action(owner, name, size)
+    if isinstance(size, tuple | list) and not discrete:
+        if len(size) != 1:
+            raise TypeError(
+                f"{owner}: {name} is the shape {tuple(size)!r}; the preset networks "
+                "sample actions of one axis, (action_size,) per leaf"
+            )
+        size = size[0]
+    return require_int(owner, name, size)
+
+
 def make_default_network(
     env: Any,
     rngs: nnx.Rngs,
@@ -409,6 +446,12 @@ def make_default_network(
     never reads what only the simulator knows. Other dict observations are read
     whole by both.
 
+    An observation declared with a shape of another rank than one (an image
+    ``(H, W, C)``, a scalar ``()``) is flattened first, a dict's entries each on its
+    own (:class:`~nnx_ppo.networks.utils.Flattener`). Each action leaf is an int or a
+    one-axis shape ``(n,)``; a tuple of actions, or an action of several axes, is a
+    ``TypeError`` (describe it as a dict, or build the network yourself).
+
     The MLPs use ``hidden_sizes`` for actor and critic alike, and every preset
     normalises observations. ``entropy_weight`` sets the action sampler's entropy
     bonus; ``None`` keeps each factory's default (``1e-2``; ``1e-3`` for the
@@ -420,17 +463,40 @@ def make_default_network(
     hidden = [require_int(owner, "hidden_sizes entry", size) for size in hidden_sizes]
     if not hidden:
         raise ValueError(f"{owner}: hidden_sizes is empty")
+    flattener = _observation_flattener(env.observation_size)
+    network = _preset(owner, env, rngs, kind, hidden, activation, entropy_weight)
+    return network if flattener is None else Sequential([flattener, network])
+
+
+def _preset(
+    owner: str,
+    env: Any,
+    rngs: nnx.Rngs,
+    kind: str,
+    hidden: list[int],
+    activation: Activation | str,
+    entropy_weight: float | None,
+) -> StatefulModule:
+    """:func:`make_default_network`'s choice, on observations flattened to ``(B, width)``."""
     obs_size, action_size = env.observation_size, env.action_size
     flags = discrete_action_flags(env)
     discrete = all(flags)
     entropy = 1e-2 if entropy_weight is None else entropy_weight
+    if not isinstance(action_size, Mapping):
+        action_size = _action_width(owner, "action_size", action_size, discrete)
     if kind == "lstm" or (kind == "auto" and getattr(env, "requires_memory", False)):
+        why = "kind='lstm'" if kind == "lstm" else "chosen because env.requires_memory"
         if isinstance(obs_size, Mapping):
-            why = "kind='lstm'" if kind == "lstm" else "chosen because env.requires_memory"
             raise TypeError(
                 f"{owner}: the LSTM preset ({why}) reads one flat observation, but "
                 f"observation_size is the dict {obs_size!r}. Flatten the observation in a "
                 "wrapper, or build a recurrent network of your own (see the layers page)."
+            )
+        if isinstance(action_size, Mapping):
+            raise TypeError(
+                f"{owner}: the LSTM preset ({why}) samples one action, but action_size is "
+                f"the dict {dict(action_size)!r}: build a recurrent network of your own "
+                "(see the layers page)."
             )
         return make_lstm_actor_critic(
             _width(owner, obs_size),
@@ -442,6 +508,8 @@ def make_default_network(
             entropy_weight=entropy,
         )
     if isinstance(action_size, Mapping):
+        for key, size in action_size.items():
+            _require_one_action(owner, f"action_size[{key!r}]", size)
         per_key = dict(zip(sorted(action_size), flags, strict=True))  # JAX's dict order
         return _per_agent_actor_critic(
             owner, obs_size, action_size, hidden, rngs, per_key, activation, entropy_weight
@@ -474,7 +542,7 @@ critic alone sees (Brax PPO's ``policy_obs_key``/``value_obs_key``)."""
 def _per_agent_actor_critic(
     owner: str,
     obs_size: Any,
-    action_size: Mapping[str, int],
+    action_size: Mapping[str, Any],
     hidden: list[int],
     rngs: nnx.Rngs,
     discrete: Mapping[str, bool],
@@ -491,13 +559,14 @@ def _per_agent_actor_critic(
     actors: dict[str, StatefulModule] = {}
     critics: dict[str, StatefulModule] = {}
     for key, size in action_size.items():
+        width = _action_width(owner, f"action_size[{key!r}]", size, discrete[key])
         sampler: ActionSampler
         if discrete[key]:
             weight = 1e-2 if entropy_weight is None else entropy_weight
-            sampler, n_out = CategoricalSampler(rngs, entropy_weight=weight), size
+            sampler, n_out = CategoricalSampler(rngs, entropy_weight=weight), width
         else:
             weight = 1e-3 if entropy_weight is None else entropy_weight
-            sampler, n_out = NormalTanhSampler(rngs, entropy_weight=weight), 2 * size
+            sampler, n_out = NormalTanhSampler(rngs, entropy_weight=weight), 2 * width
         layers = make_mlp_layers([widths[key], *hidden, n_out], rngs, activation, False)
         actors[key] = Sequential([*layers, sampler])
         critics[key] = make_mlp([widths[key], *hidden, 1], rngs, activation, False)

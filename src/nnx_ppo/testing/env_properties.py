@@ -24,7 +24,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.core import Tracer
 from jaxtyping import Bool, PRNGKeyArray
 
 from nnx_ppo._compile import fast_compile_options
@@ -39,6 +38,7 @@ from nnx_ppo.contract.env_checks import (
     discrete_action_flags,
     is_size,
     size_shape,
+    traced_attribute,
 )
 from nnx_ppo.envs.state import _holds_shared, _vmap_reset, _vmap_step
 from nnx_ppo.testing._harness import (
@@ -111,30 +111,6 @@ def random_action(env: Any, key: PRNGKeyArray) -> Unbatched:
     return jax.tree.unflatten(treedef, leaves)
 
 
-def _traced_attribute(
-    value: Any, path: str, seen: frozenset[int] = frozenset(), depth: int = 4
-) -> str | None:
-    """The path of the first JAX tracer among ``value``'s attributes and containers."""
-    if isinstance(value, Tracer):
-        return path
-    if depth == 0 or id(value) in seen or isinstance(value, jax.Array | np.ndarray | str):
-        return None
-    seen = seen | {id(value)}
-    if isinstance(value, dict):
-        items = [(f"{path}[{key!r}]", item) for key, item in value.items()]
-    elif isinstance(value, list | tuple):
-        items = [(f"{path}[{index}]", item) for index, item in enumerate(value)]
-    elif hasattr(value, "__dict__") and not isinstance(value, type):
-        items = [(f"{path}.{name}", item) for name, item in vars(value).items()]
-    else:
-        return None
-    for item_path, item in items:
-        found = _traced_attribute(item, item_path, seen, depth - 1)
-        if found is not None:
-            return found
-    return None
-
-
 class _EnvKit:
     """One environment, the rollout it is checked on, and the failures it reports."""
 
@@ -189,7 +165,7 @@ class _EnvKit:
     def check_nothing_kept_on_the_env(self, prop: EnvProperty, method: str) -> None:
         """A traced value left on the env object: state kept outside the State (a key in
         ``self._key``), which fails later in JAX with a message that names nothing."""
-        kept = _traced_attribute(self.env, "env")
+        kept = traced_attribute(self.env, "env")
         if kept is not None:
             raise self.fail(
                 prop,

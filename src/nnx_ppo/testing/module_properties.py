@@ -787,7 +787,39 @@ class _Case:
 
 
 def _check_initialize_state(case: _Case) -> None:
-    _ = case.start  # computing it runs the contract checks
+    initial = case.initial  # computing it runs the contract checks
+    size = case.ex.batch_size
+    if size == 1:
+        return
+    kit = case.kit
+    with _phase(ModuleProperty.INITIALIZE_STATE, "initialize_state(1)"):
+        alone, drawn = kit.initialize(kit.variables, 1)
+        again = kit.initialize(drawn, 1)[0]
+    # A leaf drawn from the module's nnx.Rngs differs from one call to the next; the rest
+    # is decided by batch_size alone, and no env's start may depend on how many there are
+    # (training starts n_envs envs, evaluation its own number).
+    fixed = [
+        (name, leaf)
+        for (name, leaf), (_, other) in zip(
+            named_leaves("state", host(alone)), named_leaves("state", host(again)), strict=True
+        )
+        if not is_key(leaf) and _same_values(leaf, other)
+    ]
+    kept = {name for name, _ in fixed}
+    first_env = named_leaves("state", _rows(initial, np.asarray([0])))
+    case.compare(
+        ModuleProperty.INITIALIZE_STATE,
+        [[(name, leaf) for name, leaf in first_env if name in kept]],
+        [fixed],
+        lambda m: (
+            f"env 0's initial carry depends on the batch size: {m.leaf} of "
+            f"initialize_state({size}) differs from initialize_state(1)'s. Training starts "
+            "n_envs envs and evaluation its own number, so the policy would act otherwise "
+            "in each; keep the batch size out of the carry's values.",
+            f"initialize_state({size}), env 0",
+            "initialize_state(1)",
+        ),
+    )
 
 
 def _check_rollout(case: _Case) -> None:
@@ -1347,8 +1379,10 @@ _PURITY = (
 MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
     PropertyCheck(
         ModuleProperty.INITIALIZE_STATE,
-        "initialize_state(batch_size) returns a carry whose every leaf leads with batch_size",
-        "``initialize_state(B)`` passes the contract checks",
+        "initialize_state(batch_size) returns a carry whose every leaf leads with batch_size, "
+        "and each env's start does not depend on batch_size",
+        "``initialize_state(B)`` passes the contract checks, and its first env's carry equals "
+        "``initialize_state(1)``'s, leaves drawn from the module's ``nnx.Rngs`` aside",
         _check_initialize_state,
     ),
     PropertyCheck(
