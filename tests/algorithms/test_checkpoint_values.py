@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
@@ -115,3 +116,66 @@ def test_a_statistic_loaded_where_the_network_has_a_parameter_is_named(tmp_path)
         str(caught.value)
     )
     load_checkpoint(tmp_path, Sequential([Centre(Statistic), _policy()]))
+
+
+def test_one_checkpoint_fn_given_a_second_run_refuses_it(tmp_path) -> None:
+    # It skipped every step it had written before: the second run's checkpoints were
+    # silently the first run's.
+    save = make_checkpoint_fn(tmp_path, CONFIG)
+    first = train_ppo(make("cartpole"), _policy(), CONFIG, seed=0, checkpoint_fn=save)
+    save(first.training_state, first.total_steps)  # the same state again: nothing to write
+    with pytest.raises(CheckpointError, match="this checkpoint_fn wrote step 32 into"):
+        train_ppo(make("cartpole"), _policy(), CONFIG, seed=1, checkpoint_fn=save)
+
+
+def test_a_newest_checkpoint_removed_while_it_is_read_gives_way_to_the_next(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # nnx-ppo eval beside a live run: the run's rotation removed the checkpoint being
+    # read, and the load called it corrupted.
+    import shutil
+
+    from nnx_ppo.algorithms import checkpointing
+
+    config = TrainConfig(ppo=CONFIG.ppo, eval=CONFIG.eval, checkpoint_every_steps=16)
+    train_ppo(make("cartpole"), _policy(), config, checkpoint_fn=make_checkpoint_fn(tmp_path))
+    restore = checkpointing._restore_arrays
+    removed: list[int] = []
+
+    def rotated_away(root, step, abstract):
+        if not removed:  # the trainer's keep_last removes it mid-read
+            removed.append(step)
+            shutil.rmtree(checkpointing.step_directory(root, step))
+            raise FileNotFoundError("Checkpoint not found")
+        return restore(root, step, abstract)
+
+    monkeypatch.setattr(checkpointing, "_restore_arrays", rotated_away)
+    assert load_checkpoint(tmp_path, _policy())["step"] == 16
+    assert removed == [32]
+    removed.clear()
+    with pytest.raises(CheckpointError, match="could not be read"):  # that step, or nothing
+        load_checkpoint(tmp_path, _policy(), step=16)
+
+
+def test_a_run_resumed_from_an_earlier_checkpoint_of_its_directory_is_told_what_to_do(
+    tmp_path,
+) -> None:
+    config = TrainConfig(ppo=CONFIG.ppo, eval=CONFIG.eval, checkpoint_every_steps=16)
+    longer = TrainConfig(
+        ppo=dataclasses.replace(CONFIG.ppo, total_steps=48),
+        eval=CONFIG.eval,
+        checkpoint_every_steps=16,
+    )
+    train_ppo(make("cartpole"), _policy(), longer, checkpoint_fn=make_checkpoint_fn(tmp_path))
+    template = new_training_state(make("cartpole"), _policy(), 4, seed=0)
+    # Its first save after 16, of step 32, comes before the directory's 48.
+    state = load_checkpoint(tmp_path, template, step=16)["training_state"]
+    with pytest.raises(CheckpointError, match="one resumed from an earlier checkpoint") as error:
+        train_ppo(
+            make("cartpole"),
+            state.networks,
+            config,
+            initial_state=state,
+            checkpoint_fn=make_checkpoint_fn(tmp_path),
+        )
+    assert "remove the checkpoints after the step resumed from" in str(error.value)

@@ -23,7 +23,7 @@ from nnx_ppo.algorithms.distillation import (
 from nnx_ppo.algorithms.types import LoggingLevel, Transition
 from nnx_ppo.envs import make
 from nnx_ppo.networks.adapter import PPOAdapter
-from nnx_ppo.networks.containers import Concat, Parallel, Sequential
+from nnx_ppo.networks.containers import Concat, FrozenStatistics, Parallel, Sequential
 from nnx_ppo.networks.delay import Delay
 from nnx_ppo.networks.factories import make_lstm_actor_critic
 from nnx_ppo.networks.feedforward import Dense
@@ -154,6 +154,28 @@ def test_a_student_holding_the_teachers_variables_is_refused():
     )
     with pytest.raises(ValueError, match=r"student\.layers\[0\]\..* is teacher\.layers\[0\]\."):
         new_distillation_state(ENV, teacher, sharing, 8, seed=0)
+
+
+def test_a_student_may_reuse_the_teachers_normaliser_held_fixed():
+    # FrozenStatistics' own use: training reaches neither its statistics (no
+    # update_statistics) nor them through the optimizer (no Params). It was refused.
+    teacher = make_lstm_actor_critic(
+        ENV.observation_size, ENV.action_size, 8, nnx.Rngs(0), discrete=True
+    )
+    normalizer = teacher.layers[0]
+    rngs, width = nnx.Rngs(5), ENV.observation_size
+
+    def student(first: nnx.Module) -> Sequential:
+        head = Sequential([Dense(width, ENV.action_size, rngs), CategoricalSampler(rngs, 0.0)])
+        return Sequential([first, PPOAdapter(action=head, value=Dense(width, 1, rngs))])
+
+    with pytest.raises(ValueError, match=r"student\.layers\[0\]\..* is teacher\.layers\[0\]\."):
+        new_distillation_state(ENV, teacher, student(normalizer), 8, seed=0)
+    before = jax.tree.map(np.asarray, nnx.state(normalizer))
+    state = new_distillation_state(ENV, teacher, student(FrozenStatistics(normalizer)), 8, 0)
+    distillation_step(ENV, teacher, state, *STEP)
+    after = jax.tree.map(np.asarray, nnx.state(normalizer))
+    jax.tree.map(np.testing.assert_array_equal, before, after)
 
 
 def test_a_network_that_fails_to_trace_is_named_by_its_role():

@@ -52,6 +52,11 @@ def test_slim_states_are_record_episodes_states(network):
     assert [int(f.data["steps"]) for f in frames] == [0, 1, 2, 0, 1, 2]  # restarted after 3
     with pytest.raises(ValueError, match="max_episode_length=6, but the stacked states hold 5"):
         unstack_trajectory(states, final_state, STEPS + 1)
+    # Fewer frames than recorded: the last is the state that followed, not final_state.
+    shorter = unstack_trajectory(states, final_state, 3)
+    assert [int(f.data["steps"]) for f in shorter] == [0, 1, 2, 0]  # final_state is at 2
+    with pytest.raises(ValueError, match="max_episode_length must be a positive int, got -1"):
+        eval_rollout_for_render_scan(env, network, -1, key)
 
 
 @jax.tree_util.register_dataclass

@@ -222,6 +222,29 @@ def test_a_diverged_run_leaves_every_network_at_the_last_good_step(monkeypatch) 
             np.testing.assert_array_equal(a, b)
 
 
+def test_a_log_fn_that_raises_leaves_every_network_at_the_last_finished_step() -> None:
+    # The networks were written only at evaluations, checkpoints and the end: stopped by
+    # its log_fn, a run lost everything trained since.
+    quiet = config()
+    quiet.eval.enabled, quiet.checkpoint_every_steps = False, 0
+    quiet.ppo.learning_rate_schedule = "constant"
+
+    def stop_at_the_second_step(run: int, metrics: dict, step: int) -> None:
+        if step == 2 * STEP:
+            raise RuntimeError("enough")
+
+    networks = [network(0), network(1)]
+    with pytest.raises(RuntimeError, match="enough"):
+        train_ppo_runs(
+            ENV, lambda seed: networks[seed], quiet, seeds=[0, 1], log_fn=stop_at_the_second_step
+        )
+    quiet.ppo.total_steps = 2 * STEP
+    reached = [r.training_state.networks for r in train_ppo_runs(ENV, network, quiet, seeds=[0, 1])]
+    for left, good in zip(networks, reached, strict=True):
+        for a, b in zip(parameters(left), parameters(good), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_a_run_that_diverges_is_set_aside_while_the_others_train_on() -> None:
     logged: list[tuple[int, int]] = []
     saved: list[tuple[int, int]] = []

@@ -265,7 +265,7 @@ def test_a_checkpoint_directory_of_another_run_is_refused_not_mixed(tmp_path: Pa
 
     directory = tmp_path / "checkpoints"
     first = train_ppo(env, network(0), config, checkpoint_fn=make_checkpoint_fn(directory))
-    with pytest.raises(CheckpointError, match=r"already holds checkpoints up to step 128 of"):
+    with pytest.raises(CheckpointError, match=r"holds checkpoints up to step 128, and this run.s"):
         train_ppo(env, network(1), config, checkpoint_fn=make_checkpoint_fn(directory))
     assert find_checkpoint(directory)[1] == 128
     restored = network(2)

@@ -715,13 +715,16 @@ def test_resume_refuses_only_the_settings_that_shape_the_saved_state() -> None:
     wanted = json.loads(json.dumps(saved))
     wanted["train"]["ppo"]["learning_rate"] = 3e-4
     wanted["train"]["ppo"]["gradient_clipping"] = 1.0  # another value: the same optimizer state
+    wanted["train"]["ppo"]["weight_decay"] = False  # off, as null is
     assert changed_on_resume(saved, wanted) == []
     wanted["train"]["ppo"]["gradient_clipping"] = None  # off: another optimizer state
+    wanted["train"]["ppo"]["weight_decay"] = 0.0  # on: a stage more in the optimizer
     wanted["network"]["activation"] = "relu"
     wanted["train"]["ppo"]["learning_rate_schedule"] = "linear"  # another optimizer state
     assert changed_on_resume(saved, wanted) == [
         'network.activation is "tanh" in the run, "relu" here',
         "ppo.gradient_clipping is 0.5 in the run, null here",
+        "ppo.weight_decay is null in the run, 0.0 here",
         'ppo.learning_rate_schedule is "constant" in the run, "linear" here',
     ]
     # The env's options build the env whose states the checkpoint holds.

@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -256,7 +257,10 @@ def train_ppo_runs(
         ``config.ppo.learning_rate`` (``config.ppo.learning_rate_schedule``
         still applies to each).
       log_fn: called as ``log_fn(run, metrics, step)`` after every PPO step (and
-        the initial evaluation) of every run, ``run`` its index.
+        the initial evaluation) of every run, ``run`` its index. The runs' networks
+        are brought up to date at each evaluation and checkpoint and when training
+        ends or stops (also by an exception from a callback); in between, a
+        ``log_fn`` that reads them sees the last of those.
       checkpoint_fn: called as ``checkpoint_fn(run, training_state, step)`` at step
         0, every ``config.checkpoint_every_steps`` and at the end (never when that
         is 0), after that step's ``log_fn``; ``training_state`` is run ``run``'s
@@ -437,45 +441,52 @@ def train_ppo_runs(
         if checkpointing:
             checkpoint(states)
 
-    host_work({run: [{}] for run in training()}, checkpoint_due=True)  # the step-0 work
-    while steps_taken < ppo.total_steps and training():
-        fused = _steps_until_host_needed(steps_taken, config, checkpoint_fn is not None, False)
-        dispatched_at = time.perf_counter()
-        new_stacked, new_carries, reports = _step._compiled_run_steps(
-            env_argument, config_argument, graph, stacked, carries, fused, mesh
-        )
-        watch = None if clock is None else clock.watch(reports, dispatched_at)
-        reports = jax.device_get(reports)
-        seconds = None if clock is None or watch is None else clock.seconds(watch)
-        per_run = {}
-        for run in training():
-            try:
-                per_run[run] = _step._host_metrics(
-                    _step.StepReport(*_unstack(reports, run)), steps_taken, ppo, fused
-                )
-            except FloatingPointError as error:
-                named = FloatingPointError(f"run {run} (seed {seeds[run]}): {error}")
-                if on_divergence == "stop":
-                    current()  # every network at the last good step, as train_ppo leaves its own
-                    raise named from None
-                # Its slice of the stacked state keeps going, unread: a vmapped run's NaNs
-                # reach no other run.
-                host_stacked, host_carries = _to_host((stacked, carries))
-                set_aside[run] = _SetAside(
-                    _unstack(host_stacked, run),
-                    _unstack(host_carries, run),
-                    steps_taken,
-                    iterations,
-                    str(named),
-                )
-        stacked, carries = new_stacked, new_carries
-        steps_taken += fused * ppo.steps_per_iteration
-        iterations += fused
-        if seconds is not None:
-            for metrics in (m for per_step in per_run.values() for m in per_step):
-                metrics["throughput/train_sps"] = fused * ppo.steps_per_iteration / seconds
-        due = _crossed(last["checkpoint"], steps_taken, config.checkpoint_every_steps)
-        host_work(per_run, checkpoint_due=due or steps_taken >= ppo.total_steps)
+    try:
+        host_work({run: [{}] for run in training()}, checkpoint_due=True)  # the step-0 work
+        while steps_taken < ppo.total_steps and training():
+            fused = _steps_until_host_needed(steps_taken, config, checkpoint_fn is not None, False)
+            dispatched_at = time.perf_counter()
+            new_stacked, new_carries, reports = _step._compiled_run_steps(
+                env_argument, config_argument, graph, stacked, carries, fused, mesh
+            )
+            watch = None if clock is None else clock.watch(reports, dispatched_at)
+            reports = jax.device_get(reports)
+            seconds = None if clock is None or watch is None else clock.seconds(watch)
+            per_run = {}
+            for run in training():
+                try:
+                    per_run[run] = _step._host_metrics(
+                        _step.StepReport(*_unstack(reports, run)), steps_taken, ppo, fused
+                    )
+                except FloatingPointError as error:
+                    named = FloatingPointError(f"run {run} (seed {seeds[run]}): {error}")
+                    if on_divergence == "stop":
+                        raise named from None
+                    # Its slice of the stacked state keeps going, unread: a vmapped run's NaNs
+                    # reach no other run.
+                    host_stacked, host_carries = _to_host((stacked, carries))
+                    set_aside[run] = _SetAside(
+                        _unstack(host_stacked, run),
+                        _unstack(host_carries, run),
+                        steps_taken,
+                        iterations,
+                        str(named),
+                    )
+            stacked, carries = new_stacked, new_carries
+            steps_taken += fused * ppo.steps_per_iteration
+            iterations += fused
+            if seconds is not None:
+                for metrics in (m for per_step in per_run.values() for m in per_step):
+                    metrics["throughput/train_sps"] = fused * ppo.steps_per_iteration / seconds
+            due = _crossed(last["checkpoint"], steps_taken, config.checkpoint_every_steps)
+            host_work(per_run, checkpoint_due=due or steps_taken >= ppo.total_steps)
+    except BaseException:
+        # What was trained stays in the networks, as train_ppo leaves its own: every
+        # run's last good step (a run that diverged under "stop", a callback that
+        # raised, a KeyboardInterrupt).
+        with contextlib.suppress(Exception):
+            current()
+        raise
     return [
         TrainResult(
             state if rates is None else _as_single_run(state, ppo, rates[run]),

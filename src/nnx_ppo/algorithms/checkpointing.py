@@ -386,11 +386,14 @@ def make_checkpoint_fn(
       keep_last: how many of the newest checkpoints to keep.
 
     A step already on disk is not written again (a resumed run passes its
-    starting step first). A directory that held checkpoints before the first save
-    must be the run's own: a first save before its latest step, or at that step
-    with other arrays, raises :class:`CheckpointError` instead of mixing two runs'
-    checkpoints. In a run of several processes every process calls it
-    (arrays split over processes are gathered) and process 0 alone writes. A
+    starting step first, and the final save may follow a periodic one of the same
+    step); a ``checkpoint_fn`` serves one run, and a step at or before one it wrote,
+    with other arrays, raises :class:`CheckpointError`. A directory that held
+    checkpoints before the first save must be the run's own: a first save before
+    its latest step, or at that step with other arrays, raises
+    :class:`CheckpointError` instead of mixing two runs' checkpoints. In a run of
+    several processes every process calls it (arrays split over processes are
+    gathered) and process 0 alone writes. A
     write that fails (disk full, read-only directory) raises
     :class:`CheckpointError` naming the directory; Orbax writes into a temporary
     directory, so the failed step is never taken as the latest.
@@ -409,7 +412,9 @@ def make_checkpoint_fn(
     root = Path(directory)
     config_json = config_to_dict(config) if config is not None else {}
     managers: list[Any] = []  # made at the first save: a run that fails before it leaves no dir
-    written: set[int] = set()  # by this function, or found to be the run's own
+    # The newest step written by this function, or found to be the run's own, with the
+    # checksums of its arrays.
+    latest: list[tuple[int, list[int]]] = []
 
     def checkpoint_fn(training_state: TrainingState, step: int) -> None:
         import orbax.checkpoint as ocp
@@ -418,8 +423,17 @@ def make_checkpoint_fn(
         if jax.process_index() != 0:
             return
         step = int(step)
-        if step in written:
+        checksums = [_checksum(array) for array in arrays]
+        if latest and (step, checksums) == latest[0]:
             return  # a final save right after a periodic one
+        if latest and step <= latest[0][0]:
+            relation = "again, with other arrays" if step == latest[0][0] else "before it"
+            raise CheckpointError(
+                f"this checkpoint_fn wrote step {latest[0][0]} into {root}, and is now given "
+                f"step {step} {relation}: it serves one run, and a second run's checkpoints "
+                "would mix with the first's. Make a checkpoint_fn, with a directory of its "
+                "own, for each run."
+            )
         if not managers:
             try:
                 managers.append(_manager(root, keep_last, create=True))
@@ -431,7 +445,7 @@ def make_checkpoint_fn(
             if found:
                 _require_own_directory(root, max(found), step, arrays, entries)
                 if step == max(found):
-                    written.add(step)
+                    latest[:] = [(step, checksums)]
                     return  # the step this run resumed from
         manager = managers[0]
         if step in manager.all_steps():  # an incomplete directory of this step
@@ -441,7 +455,7 @@ def make_checkpoint_fn(
             "format": _FORMAT,
             "steps_taken": int(training_state.steps_taken),
             "leaves": entries,
-            "checksums": [_checksum(array) for array in arrays],
+            "checksums": checksums,
         }
         try:
             manager.save(
@@ -456,7 +470,7 @@ def make_checkpoint_fn(
             manager.wait_until_finished()
         except (OSError, ValueError) as error:  # a full disk reaches Orbax as a ValueError
             raise CheckpointError(_write_failure(root, step, error)) from error
-        written.add(step)
+        latest[:] = [(step, checksums)]
 
     return checkpoint_fn
 
@@ -471,12 +485,19 @@ def _require_own_directory(
         return
     if step == latest and _holds(root, latest, arrays, entries):
         return
-    relation = "comes before it" if step < latest else "holds other arrays"
+    if step == latest:
+        raise CheckpointError(
+            f"{root} already holds checkpoints up to step {latest} of another run, and this "
+            f"run's checkpoint of step {step} holds other arrays: the two runs' checkpoints "
+            "would mix. Write into a new directory, or load the checkpoint there "
+            "(load_checkpoint) to continue that run."
+        )
     raise CheckpointError(
-        f"{root} already holds checkpoints up to step {latest} of another run, and this "
-        f"run's checkpoint of step {step} {relation}: the two runs' checkpoints would mix. "
-        "Write into a new directory, or load the checkpoint there (load_checkpoint) to "
-        "continue that run."
+        f"{root} already holds checkpoints up to step {latest}, and this run's checkpoint "
+        f"of step {step} comes before it: this is another run, or one resumed from an "
+        f"earlier checkpoint of that directory. Their checkpoints would mix: write into a "
+        f"new directory, or remove the checkpoints after the step resumed from to go on "
+        "from there."
     )
 
 
@@ -680,7 +701,38 @@ def _load_checkpoint(
 ) -> dict[str, Any]:
     """:func:`load_checkpoint`; ``optimizer_hint`` says how the caller's template gets the
     run's optimizer settings, for a checkpoint whose optimizer state does not fit."""
-    root, step = find_checkpoint(path, step)
+    root, found = find_checkpoint(path, step)
+    for read in range(1, _READS_OF_THE_LATEST + 1):
+        try:
+            return _load_step(root, found, template, optimizer, optimizer_hint)
+        except CheckpointError:
+            # A live run keeping its last few checkpoints may remove the newest one while
+            # it is read (nnx-ppo eval beside training): then the new newest is read.
+            if step is not None or step_directory(root, found).exists():
+                raise
+        if read < _READS_OF_THE_LATEST:
+            root, found = find_checkpoint(path, step)
+    raise CheckpointError(
+        f"the newest checkpoint under {root} was removed while it was read, "
+        f"{_READS_OF_THE_LATEST} times: a running training writes and removes checkpoints "
+        "faster than they can be read. Load a step it keeps (step=...), or wait for it to end"
+    )
+
+
+_READS_OF_THE_LATEST = 3
+"""How many newest checkpoints a load tries, each removed while it was read, before it
+gives up."""
+
+
+def _load_step(
+    root: Path,
+    step: int,
+    template: TrainingState | nnx.Module,
+    optimizer: nnx.Optimizer | None,
+    optimizer_hint: str,
+) -> dict[str, Any]:
+    """Load the checkpoint of ``step`` under ``root`` (everything is read before the
+    template is written)."""
     step_dir = step_directory(root, step)
     manifest = _read_json(step_dir, "manifest")
     if manifest.get("format") != _FORMAT or "leaves" not in manifest:

@@ -57,6 +57,7 @@ from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, TrainingStat
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.axes import BatchedTree, Carry, CarrySlice, Extras, HistoryTree, Scalar
 from nnx_ppo.contract.checking import (
+    FROZEN_STATISTICS_MARK,
     CallRecord,
     checks,
     format_graph_path,
@@ -542,9 +543,21 @@ def _require_unshared(teacher: StatefulModule, student: StatefulModule) -> None:
     def trained(value: Any) -> bool:
         return isinstance(value, nnx.Variable) and not isinstance(value, nnx.RngState)
 
+    # Nor are statistics the student holds fixed under FrozenStatistics (a normaliser
+    # reused from the teacher): its update_statistics never reaches them, and the
+    # optimizer moves Params alone.
+    frozen = [
+        tuple(path)
+        for path, node in nnx.iter_graph(student)
+        if getattr(node, FROZEN_STATISTICS_MARK, False)
+    ]
+
+    def held_fixed(path: tuple[Any, ...], value: Any) -> bool:
+        return not isinstance(value, nnx.Param) and any(path[: len(f)] == f for f in frozen)
+
     of_teacher = {id(value): path for path, value in nnx.iter_graph(teacher) if trained(value)}
     for path, value in nnx.iter_graph(student):
-        if trained(value) and id(value) in of_teacher:
+        if trained(value) and id(value) in of_teacher and not held_fixed(tuple(path), value):
             raise ValueError(
                 f"distillation: student{format_graph_path(student, path)} is "
                 f"teacher{format_graph_path(teacher, of_teacher[id(value)])}: training the "

@@ -21,6 +21,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.types import EnvState, RLEnv
+from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.axes import BatchedTree, BoolHistory, Carry, HistoryTree, Mask
 from nnx_ppo.contract.checking import typechecked
 from nnx_ppo.networks.recording import Recorder, extract_activations
@@ -65,6 +66,8 @@ def record_activations_rollout(
       ValueError: a module is called twice in one step, or is not in the
         network's NNX graph (see :class:`~nnx_ppo.networks.recording.Recorder`).
     """
+    require_int("record_activations_rollout", "n_envs", n_envs)
+    require_int("record_activations_rollout", "max_episode_length", max_episode_length)
     recorder = networks if isinstance(networks, Recorder) else Recorder(networks)
     batched = rollout._BatchedEnv(env)
     env_state = batched.reset(jax.random.split(key, n_envs))
@@ -148,6 +151,7 @@ def eval_rollout_for_render_scan(
       ``(T, ...)``, no env axis); that of the state after the last step; and the
       return of the first episode (reward leaves summed).
     """
+    require_int("eval_rollout_for_render_scan", "max_episode_length", max_episode_length)
     trajectory, episode_return = rollout.record_episode(env, networks, max_episode_length, key)
     slim = _slim(trajectory)
     states = jax.tree.map(lambda leaf: leaf[:-1], slim)
@@ -158,18 +162,23 @@ def eval_rollout_for_render_scan(
 def unstack_trajectory(
     stacked_states: SlimState, final_state: SlimState, max_episode_length: int
 ) -> list[SlimState]:
-    """The ``max_episode_length`` stacked states, one by one, then ``final_state``: a list
-    for an env's ``render``. Runs eagerly (it builds a Python list).
+    """The first ``max_episode_length`` stacked states, one by one, then the state that
+    followed them: a list for an env's ``render``. That is ``final_state`` where the
+    stacked states are exactly ``max_episode_length``, and the next stacked one where
+    they are more. Runs eagerly (it builds a Python list).
 
     Raises:
       ValueError: ``stacked_states`` holds fewer than ``max_episode_length`` states.
     """
+    require_int("unstack_trajectory", "max_episode_length", max_episode_length)
     held = min(int(jnp.shape(leaf)[0]) for leaf in jax.tree.leaves(stacked_states))
     if held < max_episode_length:
         raise ValueError(
             f"unstack_trajectory: max_episode_length={max_episode_length}, but the stacked "
             f"states hold {held} steps"
         )
+    if held > max_episode_length:  # the state after the last one asked for is held too
+        return _unstacked(stacked_states, max_episode_length + 1)
     return [*_unstacked(stacked_states, max_episode_length), final_state]
 
 

@@ -32,6 +32,7 @@ from nnx_ppo.algorithms.recording import (
 )
 from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, Shared, Transition
 from nnx_ppo.contract import ContractError, checks_enabled
+from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.axes import (
     Batched,
     BatchedTree,
@@ -803,6 +804,7 @@ def record_episode(
       them: the state after its last step is the restarted episode's reset state.
       Also the return of the first episode (reward leaves summed).
     """
+    require_int("record_episode", "episode_length", episode_length)
     batched = _BatchedEnv(env)
     start_key, fresh_key = jax.random.split(key)
     fresh_state = batched.reset(fresh_key[None])

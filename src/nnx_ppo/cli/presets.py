@@ -63,14 +63,16 @@ FIXED_ON_RESUME = (
     "network.activation",
     "train.ppo.n_envs",
     "train.ppo.gradient_clipping",
+    "train.ppo.weight_decay",
     "train.ppo.learning_rate_schedule",
     "train.seed",
 )
 """Settings that shape the saved state or its random streams: a resumed run keeps them
-(clipping: on or off). The checkpoint holds the run's keys, so a new seed would reseed
-only its evaluations and leave ``config.json`` naming a seed the run never trained with."""
+(clipping and weight decay: on or off, each a stage of the optimizer's chain). The
+checkpoint holds the run's keys, so a new seed would reseed only its evaluations and
+leave ``config.json`` naming a seed the run never trained with."""
 
-_ON_OR_OFF = frozenset({"train.ppo.gradient_clipping"})
+_ON_OR_OFF = frozenset({"train.ppo.gradient_clipping", "train.ppo.weight_decay"})
 """Of :data:`FIXED_ON_RESUME`, those whose value may change but not whether it is set."""
 
 _UNSET_MEANS = {"env_kwargs": {}}
@@ -324,7 +326,9 @@ def changed_on_resume(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str
         value = _at(config, key)
         if value is None:
             value = _UNSET_MEANS.get(key)
-        return value is not None if key in _ON_OR_OFF else value
+        if key in _ON_OR_OFF:  # off is None, or False (weight decay); 0.0 is on
+            return value is not None and value is not False
+        return value
 
     return [
         f"{key.removeprefix('train.')} is {json.dumps(_at(saved, key))} in the run, "
