@@ -376,6 +376,23 @@ def test_envs_keeps_what_envs_print_while_built_out_of_the_listing(
     assert re.search(r"chatty │ 4 │ 2 │ discrete", listed)
 
 
+def test_envs_shows_whole_names_beside_long_reasons_at_80_columns(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from nnx_ppo import envs
+
+    long_name = "Go1JoystickFlatTerrainWithALongName"
+
+    def make(name: str) -> object:
+        raise OSError("its assets could not be downloaded: " + "a long reason " * 8)
+
+    monkeypatch.setattr(envs, "names", lambda: [long_name])
+    monkeypatch.setattr(envs, "make", make)
+    monkeypatch.setenv("COLUMNS", "80")  # a pipe's width: the name column was cut with "…"
+    assert main(["envs"]) == 0
+    assert long_name in capsys.readouterr().out
+
+
 def test_eval_reports_returns_of_the_latest_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -120,10 +120,12 @@ def test_registry_loads_playground_names_through_its_registry(
     fake.__spec__ = importlib.machinery.ModuleSpec("mujoco_playground", None)
     fake.registry = registry  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "mujoco_playground", fake)
-    assert envs.make("CartpoleBalance", config_overrides={"episode_length": 9}) == "playground env"
+    with pytest.warns(UserWarning, match="episode_length"):
+        made = envs.make("CartpoleBalance", config_overrides={"episode_length": 9})
+    assert made == "playground env"
     # On CPU the backend defaults to MJX's ("jax"); keywords join the overrides.
     assert envs.make("CartpoleBalance", impl="warp") == "playground env"
-    assert loaded == [
+    assert loaded[:2] == [
         (
             "CartpoleBalance",
             {"config": None, "config_overrides": {"episode_length": 9, "impl": "jax"}},
@@ -133,9 +135,28 @@ def test_registry_loads_playground_names_through_its_registry(
     assert envs.playground_backend("CartpoleBalance") == "jax"
     with pytest.raises(ValueError, match="flavour is not a field of its Playground config"):
         envs.make("CartpoleBalance", flavour=1)
+    # Applied by Playground's training wrapper alone: the env would run on uncut.
+    with pytest.warns(UserWarning, match="episode_length set in its Playground config, which"):
+        envs.make("CartpoleBalance", episode_length=5)
     assert envs.names() == (*BUILT_IN, "CartpoleBalance")
     with pytest.raises(ValueError, match=r"1 MuJoCo Playground envs"):
         envs.make("Nope")
+
+
+def test_a_playground_import_failing_for_its_gl_library_names_mujoco_gl(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def import_module(name: str) -> Any:
+        raise AttributeError("'NoneType' object has no attribute 'glGetError'")
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")
+    with pytest.raises(ImportError, match="MUJOCO_GL=osmesa: is that GL library installed"):
+        envs.names()
+    monkeypatch.delenv("MUJOCO_GL")
+    with pytest.raises(AttributeError, match="glGetError"):  # not ours to explain
+        envs.names()
 
 
 @pytest.mark.parametrize(

@@ -725,7 +725,9 @@ def _list_envs(console: Console) -> int:
     from nnx_ppo.contract.env_checks import discrete_action_flags
 
     table = Table(title="environments")
-    for column in ("name", "observation", "action", "kind"):
+    # Names whole, on any width (a pipe is 80 columns): the listing exists to give them.
+    table.add_column("name", no_wrap=True, min_width=max(map(len, envs.names())))
+    for column in ("observation", "action", "kind"):
         table.add_column(column)
     for name in envs.names():
         try:

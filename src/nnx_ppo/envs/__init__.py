@@ -20,8 +20,10 @@ import importlib.metadata
 import importlib.util
 import inspect
 import logging
+import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -57,11 +59,47 @@ _BUILT_IN: dict[str, Callable[..., RLEnv]] = {
 
 
 def _playground_registry() -> Any:
-    """Playground's registry module, or ``None`` where Playground is not installed."""
+    """Playground's registry module, or ``None`` where Playground is not installed.
+
+    Raises:
+      ImportError: importing Playground failed for want of the GL library that
+        ``MUJOCO_GL`` names (MuJoCo loads it at import).
+    """
     if importlib.util.find_spec("mujoco_playground") is None:
         return None
-    # ``registry`` is an attribute of the package, not an importable submodule.
-    return importlib.import_module("mujoco_playground").registry
+    try:
+        # ``registry`` is an attribute of the package, not an importable submodule.
+        return importlib.import_module("mujoco_playground").registry
+    except (AttributeError, ImportError) as error:
+        gl = os.environ.get("MUJOCO_GL")
+        if gl is None:
+            raise
+        raise ImportError(
+            f"importing MuJoCo Playground failed with MUJOCO_GL={gl}: is that GL library "
+            f"installed? Unset MUJOCO_GL, or set it to one that is (egl, osmesa, glfw). "
+            f"Python said: {type(error).__name__}: {error}"
+        ) from error
+
+
+_PLAYGROUND_WRAPPER_FIELDS = ("action_repeat", "episode_length")
+"""Fields of a Playground config that Playground's own training wrapper applies, not the
+env: set through :func:`make`, they would cut no episode and repeat no action."""
+
+
+def _require_known_impl(name: str, impl: str) -> None:
+    """``impl`` is a simulator backend MuJoCo knows (MJX's ``Impl``), or a ValueError
+    naming the option and the backends (MuJoCo's own names neither)."""
+    try:
+        backends = importlib.import_module("mujoco.mjx").Impl
+    except ImportError:
+        return
+    try:
+        backends(impl)
+    except ValueError:
+        known = ", ".join(repr(value) for value in sorted({b.value for b in backends}))
+        raise ValueError(
+            f"make({name!r}): impl={impl!r} is not a simulator backend; MuJoCo has {known}"
+        ) from None
 
 
 def names() -> tuple[str, ...]:
@@ -82,7 +120,9 @@ def make(name: str, **kwargs: Any) -> RLEnv:
         ``config`` (a whole ``ConfigDict``) and ``config_overrides`` (a dict),
         as ``mujoco_playground.registry.load`` takes them, and any other keyword
         is one more entry of ``config_overrides`` (e.g. ``impl="warp"``,
-        ``episode_length=500``).
+        ``sim_dt=0.005``). Playground's ``episode_length`` and ``action_repeat``
+        are applied by its training wrapper, not the env: set here, they warn
+        (cut episodes with :class:`~nnx_ppo.wrappers.EpisodeWrapper`).
 
     A Playground env whose config has an ``impl`` (its simulator backend) gets
     the fastest one for the platform JAX runs on unless ``impl`` is given (as a
@@ -103,7 +143,8 @@ def make(name: str, **kwargs: Any) -> RLEnv:
         Playground downloads the first time) could not be downloaded; the message
         says where to put them.
       ImportError: the installed Playground asked MuJoCo for something the
-        installed ``mujoco`` lacks (the message names both versions).
+        installed ``mujoco`` lacks (the message names both versions), or
+        importing Playground failed for want of the GL library ``MUJOCO_GL`` names.
     """
     if name in _BUILT_IN:
         options = inspect.signature(_BUILT_IN[name]).parameters
@@ -126,6 +167,18 @@ def make(name: str, **kwargs: Any) -> RLEnv:
                 f"make({name!r}): {', '.join(unknown)} is not a field of its Playground config; "
                 f"its fields: {', '.join(sorted(defaults))}"
             )
+        wrapper_only = sorted(key for key in _PLAYGROUND_WRAPPER_FIELDS if key in overrides)
+        if wrapper_only:
+            warnings.warn(
+                f"make({name!r}): {' and '.join(wrapper_only)} set in its Playground config, "
+                "which only Playground's training wrapper applies, not the env (some envs "
+                "read episode_length for their own use): episodes are not cut by it. Cut "
+                "them with nnx_ppo.wrappers.EpisodeWrapper(env, n) (the command line: "
+                "--set episode_length=n).",
+                stacklevel=2,
+            )
+        if "impl" in overrides and isinstance(overrides["impl"], str):
+            _require_known_impl(name, overrides["impl"])
         if "impl" in defaults and "impl" not in overrides and config is None:
             overrides["impl"] = playground_backend(name, defaults)
         if "impl" in overrides:
