@@ -9,6 +9,8 @@ import argparse
 import importlib.util
 import logging
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -182,3 +184,53 @@ def test_a_mujoco_that_playground_was_not_written_for_is_named_with_the_versions
     assert main(["envs"]) == 0
     listed = " ".join(capsys.readouterr().out.split())
     assert "unavailable: MuJoCo Playground cannot build ReacherEasy" in listed
+
+
+class _MujocoWarningHandler:
+    """Stands for the ``mujoco`` module's one global warning handler."""
+
+    def __init__(self) -> None:
+        self.handler: Callable[[str], None] | None = None
+
+    def get_mju_user_warning(self) -> Callable[[str], None] | None:
+        return self.handler
+
+    def set_mju_user_warning(self, handler: Callable[[str], None] | None) -> None:
+        self.handler = handler
+
+
+def test_mujoco_warnings_while_a_playground_env_is_built_are_logged_not_printed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    mujoco = _MujocoWarningHandler()
+    outer = mujoco.handler = lambda message: None  # a handler of the user's own
+
+    class DeprecatedModelRegistry(OfflineRegistry):
+        ALL_ENVS = ("CheetahRun",)
+
+        @staticmethod
+        def load(name: str, config: object = None, config_overrides: object = None) -> str:
+            handler = mujoco.get_mju_user_warning()
+            assert handler is not None and handler is not outer
+            handler("compiler attribute 'settotalmass' is deprecated")  # as MuJoCo's compiler
+            return "env"
+
+    monkeypatch.setitem(sys.modules, "mujoco", mujoco)
+    monkeypatch.setattr(envs, "_playground_registry", lambda: DeprecatedModelRegistry)
+    with caplog.at_level(logging.INFO, logger="nnx_ppo.envs"):
+        assert envs.make("CheetahRun") == "env"
+    assert "CheetahRun: MuJoCo warned: compiler attribute 'settotalmass' is deprecated" in (
+        caplog.text
+    )
+    assert mujoco.handler is outer  # restored
+
+
+@needs_playground
+def test_a_playground_model_that_warns_leaves_no_mujoco_log(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="nnx_ppo.envs"):
+        envs.make("CheetahRun")  # its XML uses the deprecated `settotalmass`
+    assert "MuJoCo warned" in caplog.text
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()

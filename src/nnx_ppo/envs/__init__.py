@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -24,7 +25,7 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -129,7 +130,10 @@ def make(name: str, **kwargs: Any) -> RLEnv:
     keyword, or in a whole ``config``):
     ``"jax"`` (MJX) on CPU, where MuJoCo Warp is several times slower per step,
     Playground's own default elsewhere. The choice is logged to the
-    ``nnx_ppo.envs`` logger, and :func:`playground_backend` reports it.
+    ``nnx_ppo.envs`` logger, and :func:`playground_backend` reports it. So
+    are, at ``INFO``, MuJoCo's warnings while the env's model is built (such as
+    a deprecated attribute in its XML), which MuJoCo would otherwise print and
+    append to ``MUJOCO_LOG.TXT`` in the working directory.
 
     Raises:
       ValueError: ``name`` is none of the above (the message lists the names), a
@@ -184,7 +188,8 @@ def make(name: str, **kwargs: Any) -> RLEnv:
         if "impl" in overrides:
             _log.info("%s: simulator backend impl=%s", name, overrides["impl"])
         try:
-            return registry.load(name, config=config, config_overrides=overrides or None)
+            with _mujoco_warnings_logged(name):
+                return registry.load(name, config=config, config_overrides=overrides or None)
         except subprocess.CalledProcessError as error:
             raise OSError(_menagerie_missing(name, error)) from error
         except AttributeError as error:
@@ -199,6 +204,27 @@ def make(name: str, **kwargs: Any) -> RLEnv:
     else:
         hint = f"or one of the {len(registry.ALL_ENVS)} MuJoCo Playground envs in names()"
     raise ValueError(f"Unknown environment {name!r}. Built-in: {built_in}; {hint}.")
+
+
+@contextlib.contextmanager
+def _mujoco_warnings_logged(name: str) -> Iterator[None]:
+    """Log MuJoCo's warnings while ``name`` is built to this module's logger, at INFO.
+
+    MuJoCo's own handler prints each to the terminal from C and appends it to
+    ``MUJOCO_LOG.TXT`` in the working directory; the ones a Playground model's
+    compilation raises (a deprecated attribute of its XML) concern the model's
+    authors, not a user who builds it.
+    """
+    mujoco = sys.modules.get("mujoco")
+    if mujoco is None:  # imported by Playground; absent, nothing can warn
+        yield
+        return
+    previous = mujoco.get_mju_user_warning()
+    mujoco.set_mju_user_warning(lambda message: _log.info("%s: MuJoCo warned: %s", name, message))
+    try:
+        yield
+    finally:
+        mujoco.set_mju_user_warning(previous)
 
 
 def _menagerie_missing(name: str, error: subprocess.CalledProcessError) -> str:
