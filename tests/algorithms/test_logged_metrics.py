@@ -58,6 +58,17 @@ def test_track_episodes_totals_each_reward_leaf():
     assert metrics["rollout_batch/lifespan/mean"] == pytest.approx(13 / 3)
 
 
+def test_a_tuple_reward_is_logged_per_leaf_as_evaluation_logs_it():
+    rewards = (jnp.asarray(REWARDS), -2 * jnp.asarray(REWARDS))
+    running_in = RunningEpisodes(
+        returns=(RUNNING_IN.returns, jnp.array([1.0, 0.0])), lengths=RUNNING_IN.lengths
+    )
+    _, totals = track_episodes(running_in, rewards, jnp.asarray(ENDED))
+    metrics = episode_metrics(totals)
+    assert metrics["rollout_batch/episode_reward/0/mean"] == pytest.approx(235 / 3)
+    assert metrics["rollout_batch/episode_reward/1/mean"] == pytest.approx(-449 / 3)
+
+
 @pytest.fixture
 def three_step_env(counting_env):
     """The counting env with every episode 3 steps long: rewards 1, 2, 3, return 6."""

@@ -1,5 +1,7 @@
 """unroll_env, eval_rollout and tree_where against step-by-step NumPy simulations."""
 
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -264,6 +266,12 @@ class Rewired(StatefulModule):
         out = self.inner(state, x, rollout_extras)
         return out.replace(output=self.rewire(out.output))
 
+    def initialize_state(self, batch_size: int):
+        return self.inner.initialize_state(batch_size)
+
+    def reset_state(self, state):
+        return self.inner.reset_state(state)
+
 
 def test_network_without_ppo_output_is_named(counting_env, scripted_network):
     network = Rewired(scripted_network(), lambda output: output.actions)
@@ -282,6 +290,35 @@ def test_values_must_match_the_reward_tree(counting_env, scripted_network):
         unroll_env(counting_env, env_state, network, jnp.zeros(2), 3, jax.random.key(1))
     # The leaf is named, as a mismatched done tree names its leaf.
     assert "found:    missing value_estimates; unexpected value_estimates['a']" in str(error.value)
+
+
+def test_a_joint_loglikelihood_of_a_tree_of_actions_is_taken(counting_env, scripted_network):
+    # nnx-ppo 0.3.0 took one (B,) log-likelihood for a dict of actions (dependent leaves).
+    class TwoActions(type(counting_env)):
+        action_size: ClassVar[dict[str, int]] = {"a": 1, "b": 1}
+
+        def step(self, state, action):
+            return super().step(state, action["a"] + action["b"])
+
+    counting_env = TwoActions()
+    joint = Rewired(
+        scripted_network(), lambda out: out.replace(actions={"a": out.actions, "b": out.actions})
+    )
+    env_state = reset_envs(counting_env, jax.random.split(jax.random.key(0), 2))
+    _, _, rollout = unroll_env(
+        counting_env, env_state, joint, joint.initialize_state(2), 3, jax.random.key(1)
+    )
+    assert rollout.network_output.loglikelihoods.shape == (3, 2)
+    other_tree = Rewired(
+        scripted_network(),
+        lambda out: out.replace(
+            actions={"a": out.actions, "b": out.actions}, loglikelihoods={"a": out.loglikelihoods}
+        ),
+    )
+    with pytest.raises(ContractError, match=r"or one joint \(B,\) array"):
+        unroll_env(
+            counting_env, env_state, other_tree, joint.initialize_state(2), 3, jax.random.key(1)
+        )
 
 
 def test_unbatched_env_state_is_named(counting_env, scripted_network):

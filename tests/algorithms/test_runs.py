@@ -183,11 +183,63 @@ def test_bad_run_lists_are_named(kwargs: dict, error: type[Exception], message: 
 
 
 def test_networks_that_differ_between_runs_are_refused() -> None:
-    with pytest.raises(ValueError, match="run 1's network differs in structure from run 0's"):
+    with pytest.raises(
+        ValueError, match=r"run 1's network differs from run 0's: .*out_features is 17 where"
+    ):
         train_ppo_runs(ENV, lambda seed: network(seed, width=16 + seed), config(), seeds=[0, 1])
     one = network(0)
     with pytest.raises(ValueError, match="one network object for runs 0 and 1; each run trains"):
         train_ppo_runs(ENV, lambda seed: one, config(), seeds=[0, 1])
+
+
+def test_a_static_hyperparameter_that_differs_between_runs_is_refused() -> None:
+    # The program is traced from run 0's network: run 1 would train with run 0's weight.
+    def entropy_swept(seed: int) -> nnx.Module:
+        weight = [0.0, 0.5][seed]
+        return make_default_network(ENV, nnx.Rngs(seed), hidden_sizes=[16], entropy_weight=weight)
+
+    with pytest.raises(
+        ValueError, match=r"run 1's network differs .*entropy_weight is 0.5 where run 0's is 0.0"
+    ):
+        train_ppo_runs(ENV, entropy_swept, config(), seeds=[0, 1])
+
+
+def test_parameters_of_another_dtype_are_refused_not_cast() -> None:
+    def half_precision_run_1(seed: int) -> nnx.Module:
+        module = network(seed)
+        if seed == 1:
+            params = nnx.state(module, nnx.Param)
+            nnx.update(module, jax.tree.map(lambda x: x.astype(jax.numpy.bfloat16), params))
+        return module
+
+    with pytest.raises(ValueError, match=r"run 1's network differs .* is bfloat16\[16"):
+        train_ppo_runs(ENV, half_precision_run_1, config(), seeds=[0, 1])
+
+
+def test_a_layer_shared_by_two_runs_is_refused() -> None:
+    # Written back run by run, a shared layer would hold the last run's values in both.
+    shared = network(99).layers[1].components["value"].layers[0]
+
+    def with_shared_layer(seed: int) -> nnx.Module:
+        module = network(seed)
+        module.layers[1].components["value"].layers[0] = shared
+        return module
+
+    with pytest.raises(
+        ValueError,
+        match=r"networks of runs 0 and 1 share one variable object \(layers/1/components/value/",
+    ):
+        train_ppo_runs(ENV, with_shared_layer, config(), seeds=[0, 1])
+
+
+def test_a_lambda_built_per_run_is_the_same_network() -> None:
+    from nnx_ppo.algorithms._runs import _same_static
+
+    def activation(scale: float):
+        return lambda x: scale * x
+
+    assert _same_static(activation(1.0), activation(1.0))
+    assert not _same_static(activation(1.0), activation(2.0))
 
 
 def test_numpy_seeds_reach_make_networks_as_ints() -> None:

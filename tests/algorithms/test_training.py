@@ -482,6 +482,31 @@ def test_arguments_of_the_wrong_type_are_named(counting_env, scripted_network):
         new_training_state(counting_env, network, N_ENVS, seed=jnp.ones(2, jnp.int32))
     with pytest.raises(TypeError, match="new_training_state: seed must be an int"):
         new_training_state(counting_env, network, N_ENVS, seed=1.5)  # type: ignore[arg-type]
+    # Refused before anything compiles: a bad callback failed only after step 0 had run.
+    with pytest.raises(TypeError, match="train_ppo: log_fn must be a function or None, got int"):
+        train_ppo(counting_env, network, train_config(STEP), log_fn=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="checkpoint_fn must be a function or None, got str"):
+        train_ppo(counting_env, network, train_config(STEP), checkpoint_fn="runs/x")  # type: ignore
+    with pytest.raises(TypeError, match=r"env is the name 'cartpole', .* nnx_ppo.envs.make"):
+        train_ppo("cartpole", network, train_config(STEP))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="a dict has no reset and no step method"):
+        new_training_state({}, network, N_ENVS, seed=0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("settings", "error", "message"),
+    [
+        ({"learning_rate": -0.01}, ValueError, r"learning_rate must be >= 0.0, got -0.01"),
+        ({"gradient_clipping": -1.0}, ValueError, r"gradient_clipping must be > 0.0"),
+        ({"weight_decay": "0.01"}, TypeError, r"weight_decay must be a finite number, got str"),
+    ],
+)
+def test_optimizer_settings_are_checked_as_the_config_checks_them(
+    counting_env, scripted_network, settings, error, message
+):
+    # A negative rate would be gradient ascent, a negative clipping norm a flipped gradient.
+    with pytest.raises(error, match=f"new_training_state: {message}"):
+        new_training_state(counting_env, scripted_network(), N_ENVS, seed=0, **settings)
 
 
 def test_seed_may_be_an_integer_array(counting_env, scripted_network):

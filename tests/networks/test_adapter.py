@@ -63,6 +63,21 @@ def test_output_fields_come_from_the_sampler_and_the_value_port():
     assert set(out.rollout_extras) == {"action", "value"}
 
 
+def test_assigning_a_port_replaces_it_as_in_0_3_0():
+    rngs = nnx.Rngs(0)
+    net = _adapter(rngs)
+    wider = Sequential([Dense(3, 16, rngs), Dense(16, 1, rngs)])
+    net.value = wider
+    assert net.value is wider and net.components["value"] is wider
+    out = _call(net, net.initialize_state(2), jnp.ones((2, 3)))
+    np.testing.assert_array_equal(
+        out.output.value_estimates,
+        _call(wider, wider.initialize_state(2), jnp.ones((2, 3))).output[:, 0],
+    )
+    with pytest.raises(TypeError, match="PPOAdapter's action port is a Linear, not a Stateful"):
+        net.action = nnx.Linear(3, 4, rngs=rngs)
+
+
 def test_values_already_one_per_sample_are_kept():
     rngs = nnx.Rngs(0)
     net = PPOAdapter(

@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 import nnx_ppo
+from nnx_ppo.envs import make
 from nnx_ppo.networks import factories
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
@@ -219,6 +220,29 @@ def test_the_lstm_preset_names_why_it_was_chosen_for_a_dict_observation():
 
     with pytest.raises(TypeError, match=r"chosen because env.requires_memory\) reads one flat"):
         factories.make_default_network(DictMemory(), nnx.Rngs(0))
+
+
+def test_sizes_and_envs_of_the_wrong_kind_are_named():
+    pendulum = make("pendulum")
+    with pytest.raises(TypeError, match="hidden_sizes must be a sequence of ints"):
+        factories.make_default_network(pendulum, nnx.Rngs(0), hidden_sizes=64)  # type: ignore
+    with pytest.raises(TypeError, match="actor_hidden_sizes must be a sequence of ints"):
+        factories.make_mlp_actor_critic(3, 1, 8, [8], nnx.Rngs(0))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"env is the name 'pendulum', .*make\('pendulum'\)"):
+        factories.make_default_network("pendulum", nnx.Rngs(0))
+
+
+def test_the_lstm_preset_takes_one_hidden_size_and_refuses_more():
+    memory = make("memory")
+    default = factories.make_default_network(memory, nnx.Rngs(0))
+    assert default.layers[2].hidden_features == 64  # Normalizer, encoder, LSTM, adapter
+    narrow = factories.make_default_network(memory, nnx.Rngs(0), hidden_sizes=[32])
+    assert narrow.layers[2].hidden_features == 32
+    # [32, 128] built the same network as [32]: the second size was dropped unseen.
+    with pytest.raises(ValueError, match=r"has one hidden size, .* hidden_sizes is \[32, 128\]"):
+        factories.make_default_network(memory, nnx.Rngs(0), hidden_sizes=[32, 128])
+    mlp = factories.make_default_network(make("pendulum"), nnx.Rngs(0))
+    assert [layer.out_features for layer in mlp.layers[1].value.layers[:2]] == [64, 64]
 
 
 class Spaces:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from scipy import integrate, stats
 
 import nnx_ppo
+from nnx_ppo.algorithms.metrics import summarize
 from nnx_ppo.networks.sampling_layers import (
     ActionSampler,
     CategoricalSampler,
@@ -492,9 +493,19 @@ def test_a_masked_class_is_reported_with_probability_zero_and_finite_metrics():
     out = _call(sampler, sampler.initialize_state(2), logits)
     # float32 softmax: a few ulps either way, whatever the CPU's vector width.
     expected = [[0.25, 0.0, 0.75], [0.0, 0.5, 0.5]]
-    np.testing.assert_allclose(out.metrics["probs"], expected, rtol=1e-6, atol=0)
-    assert all(bool(jnp.all(jnp.isfinite(m))) for m in out.metrics.values())
+    np.testing.assert_allclose(jnp.stack(out.metrics["probs"], -1), expected, rtol=1e-6, atol=0)
+    assert all(bool(jnp.all(jnp.isfinite(m))) for m in jax.tree.leaves(out.metrics))
     assert bool(jnp.all(out.output["action"] != jnp.array([1, 0])))  # never a masked class
+
+
+def test_probabilities_are_logged_per_class_not_pooled():
+    sampler = CategoricalSampler(nnx.Rngs(0), entropy_weight=0.0)
+    logits = jnp.log(jnp.array([[0.1, 0.9], [0.3, 0.7]]))
+    out = _call(sampler, sampler.initialize_state(2), logits)
+    logged = summarize("net", out.metrics)
+    # Pooled over classes, every policy's mean would be 1/2.
+    np.testing.assert_allclose(logged["net/probs/0/mean"], 0.2, rtol=1e-5)
+    np.testing.assert_allclose(logged["net/probs/1/mean"], 0.8, rtol=1e-5)
 
 
 def test_a_nan_logit_gives_a_nan_entropy_not_zero():

@@ -50,10 +50,12 @@ from nnx_ppo.algorithms._train import (
     _history_entry,
     _key_at,
     _new_training_state,
+    _require_env_and_callbacks,
     _steps_until_host_needed,
     _with_overrides,
 )
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, TrainResult, _linear_decay
+from nnx_ppo.algorithms.metrics import _key_name
 from nnx_ppo.algorithms.rollout import Tree
 from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState
 from nnx_ppo.contract.arguments import require_int, require_number
@@ -192,6 +194,122 @@ def _to_device(tree: Any, where: NamedSharding | None) -> Any:
     return jax.tree.map(put, tree)
 
 
+def _require_own_variables(networks: Sequence[nnx.Module]) -> None:
+    """Every run's network holds its own variables, or a ValueError naming two runs.
+
+    Each run trains its own stacked copy; a variable two networks share would be
+    written back once per run, and hold the last run's values in both.
+    """
+    owners: dict[int, tuple[int, str]] = {}
+    for run, module in enumerate(networks):
+        for path, node in nnx.iter_graph(module):
+            if not isinstance(node, nnx.Variable):
+                continue
+            owner, where = owners.setdefault(id(node), (run, _path_name(path)))
+            if owner == run:
+                continue
+            if networks[owner] is module:
+                raise ValueError(
+                    f"train_ppo_runs: make_networks returned one network object for runs "
+                    f"{owner} and {run}; each run trains a network of its own"
+                )
+            raise ValueError(
+                f"train_ppo_runs: the networks of runs {owner} and {run} share one variable "
+                f"object ({where} in run {owner}'s, {_path_name(path)} in run {run}'s); each "
+                "run trains a network of its own: build every layer inside make_networks"
+            )
+
+
+def _path_name(path: tuple[Any, ...]) -> str:
+    return "/".join(map(str, path)) or "the network itself"
+
+
+def _split_path_name(path: tuple[Any, ...]) -> str:
+    """A leaf's path in the split ``(network, optimizer)`` state, as ``_path_name`` writes it."""
+    names = [_key_name(key) for key in path]
+    if names[-1] == "value":  # the Variable's own field
+        names.pop()
+    owner = "" if names[0] == "0" else "the optimizer's "
+    return owner + _path_name(tuple(names[1:]))
+
+
+def _static_attributes(module: nnx.Module) -> dict[str, Any]:
+    """What a module's graph definition holds besides its arrays, by path: attributes
+    that are not variables (sizes, activations, flags) and each variable's type."""
+    attributes: dict[str, Any] = {}
+    for path, node in nnx.iter_graph(module):
+        if path and str(path[-1]).startswith("_pytree__"):
+            continue  # NNX's own bookkeeping
+        if isinstance(node, nnx.Variable):
+            attributes[_path_name(path)] = type(node)
+        elif not nnx.graph.is_node(node):  # modules, Rngs, lists: their contents are listed
+            attributes[_path_name(path)] = node
+    return attributes
+
+
+def _same_static(a: Any, b: Any) -> bool:
+    """Whether two static attributes are alike; a function built per run (a lambda in
+    make_networks) is alike when its code and closure are."""
+    if a is b:
+        return True
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    if code_a is not None and code_a is code_b:
+        cells_a = [cell.cell_contents for cell in a.__closure__ or ()]
+        cells_b = [cell.cell_contents for cell in b.__closure__ or ()]
+        return len(cells_a) == len(cells_b) and all(map(_same_static, cells_a, cells_b))
+    try:
+        return bool(a == b)
+    except Exception:  # an attribute whose == is not a truth value (an array)
+        return False
+
+
+def _require_like_run_0(
+    run: int, this: tuple[nnx.Module, nnx.State], first: tuple[nnx.Module, nnx.State]
+) -> None:
+    """Run ``run``'s network matches run 0's in everything but its arrays' values, or a
+    ValueError naming the first difference.
+
+    The runs share one program, traced from run 0's network: any other static
+    attribute (a width, an activation, a sampler's ``entropy_weight``) would be run 0's
+    in every run, and an array of another dtype would be cast to run 0's.
+    """
+    (networks, split), (first_networks, first_split) = this, first
+    problem = None
+    if nnx.graphdef(networks) != nnx.graphdef(first_networks):  # the optimizers' may differ
+        mine, theirs = _static_attributes(networks), _static_attributes(first_networks)
+        for path in sorted(mine.keys() | theirs.keys()):
+            if path not in theirs:
+                problem = f"it has {path}, which run 0's lacks"
+            elif path not in mine:
+                problem = f"it lacks {path}, which run 0's has"
+            elif not _same_static(mine[path], theirs[path]):
+                problem = f"{path} is {mine[path]!r} where run 0's is {theirs[path]!r}"
+            if problem is not None:
+                break
+    if problem is None:
+        if jax.tree.structure(split) != jax.tree.structure(first_split):
+            problem = "its variables differ"
+        else:
+            for (path, leaf), other in zip(
+                jax.tree_util.tree_flatten_with_path(split)[0],
+                jax.tree.leaves(first_split),
+                strict=True,
+            ):
+                if (leaf.shape, leaf.dtype) != (other.shape, other.dtype):
+                    problem = (
+                        f"{_split_path_name(path)} is {leaf.dtype}{list(leaf.shape)} "
+                        f"where run 0's is {other.dtype}{list(other.shape)}"
+                    )
+                    break
+    if problem is not None:
+        raise ValueError(
+            f"train_ppo_runs: run {run}'s network differs from run 0's: {problem}. The runs "
+            "share one program, built from run 0's network, so make_networks must build the "
+            "same network for every seed, its parameters' values aside; sweep anything else "
+            "(a layer's size, an entropy weight) with separate train_ppo calls"
+        )
+
+
 def _stack(trees: Sequence[Any], where: NamedSharding | None) -> Any:
     """The runs' trees stacked on a new leading axis, placed ``where``.
 
@@ -294,6 +412,14 @@ def train_ppo_runs(
         optimizer are left at the last step before that call.
     """
     config = _with_overrides("train_ppo_runs", TrainConfig, "ppo", config, None)
+    _require_env_and_callbacks(
+        "train_ppo_runs",
+        env,
+        eval_env,
+        make_networks=make_networks,
+        log_fn=log_fn,
+        checkpoint_fn=checkpoint_fn,
+    )
     warn_if_mappings_near_cap("train_ppo_runs")
     if config.video.enabled:
         warnings.warn(
@@ -347,26 +473,13 @@ def train_ppo_runs(
             while_start_compiles=compile_first_call if run == 0 and ppo.total_steps else None,
         )
         states.append(_step._prepared("train_ppo_runs", state, ppo))
-    for run, state in enumerate(states):
-        earlier = [i for i in range(run) if states[i].networks is state.networks]
-        if earlier:
-            raise ValueError(
-                f"train_ppo_runs: make_networks returned one network object for runs "
-                f"{earlier[0]} and {run}; each run trains a network of its own"
-            )
+    _require_own_variables([state.networks for state in states])
     graphdef, first = nnx.split((states[0].networks, states[0].optimizer))
     graph = _step._GraphArgument(graphdef)
     splits = [first]
     for run, state in enumerate(states[1:], start=1):
         _, split = nnx.split((state.networks, state.optimizer))
-        if jax.tree.structure(split) != jax.tree.structure(first) or any(
-            a.shape != b.shape
-            for a, b in zip(jax.tree.leaves(split), jax.tree.leaves(first), strict=True)
-        ):
-            raise ValueError(
-                f"train_ppo_runs: run {run}'s network differs in structure from run 0's; "
-                "make_networks must build the same architecture for every seed"
-            )
+        _require_like_run_0(run, (state.networks, split), (states[0].networks, first))
         splits.append(split)
     stacked = _stack(splits, where)
     carries = _stack([_step._carry_of(state) for state in states], where)

@@ -40,6 +40,7 @@ from nnx_ppo.algorithms.config import (
     TrainResult,
     VideoConfig,
     VideoData,
+    _require_optimizer_options,
     _warn_unused_video,
 )
 from nnx_ppo.algorithms.metrics import (
@@ -52,8 +53,9 @@ from nnx_ppo.algorithms.types import (
     RLEnv,
     TrainingState,
 )
-from nnx_ppo.contract.arguments import is_int, require_int
+from nnx_ppo.contract.arguments import is_int, require_callable, require_int
 from nnx_ppo.contract.checking import format_graph_path
+from nnx_ppo.contract.env_checks import require_env
 from nnx_ppo.networks.types import (
     ModuleState,
     StatefulModule,
@@ -198,9 +200,12 @@ def new_training_state(
       optimizer: any ``optax.GradientTransformation``, used instead of the default.
 
     Raises:
-      TypeError: ``networks`` is not a ``StatefulModule``, or ``seed`` is not an
-        integer (a Python ``int`` or an integer scalar array).
-      ValueError: ``n_envs`` is not a positive int.
+      TypeError: ``networks`` is not a ``StatefulModule``, ``seed`` is not an
+        integer (a Python ``int`` or an integer scalar array), or an optimizer
+        setting is no number (as :class:`~nnx_ppo.algorithms.config.PPOConfig` checks
+        them).
+      ValueError: ``n_envs`` is not a positive int, or an optimizer setting is out of
+        range (a negative learning rate or weight decay, a clipping norm <= 0).
     """
     return _new_training_state(
         env,
@@ -255,10 +260,15 @@ def _new_training_state(
     if not is_int(n_envs) or n_envs <= 0:
         raise ValueError(f"new_training_state: n_envs must be a positive int, got {n_envs!r}")
     n_envs = int(n_envs)
+    require_env("new_training_state", env)
     if not isinstance(networks, StatefulModule):
         raise TypeError(
             "new_training_state: networks must be a StatefulModule (the PPO network), "
             f"got a {type(networks).__name__}"
+        )
+    if optimizer is None:
+        _require_optimizer_options(
+            "new_training_state", learning_rate, gradient_clipping, weight_decay
         )
     _require_seed(seed)
     _require_float_parameters(networks)
@@ -436,6 +446,18 @@ def _stop_asked(answer: object) -> bool:
             f"train_ppo: should_stop must return a bool, got {type(answer).__name__} {answer!r}"
         )
     return bool(answer)
+
+
+def _require_env_and_callbacks(
+    owner: str, env: object, eval_env: object, **callbacks: object
+) -> None:
+    """The envs are environments and each callback a function or None, before anything
+    compiles (a callback that is not would fail only once step 0 had run)."""
+    require_env(owner, env)
+    if eval_env is not None:
+        require_env(owner, eval_env)
+    for name, callback in callbacks.items():
+        require_callable(owner, name, callback)
 
 
 def _check_video(owner: str, video: VideoConfig, video_fn: object, eval_env: RLEnv) -> None:
@@ -730,6 +752,15 @@ def train_ppo(
     """
     config = _with_overrides(
         "train_ppo", TrainConfig, "ppo", config, total_steps, seed=seed, devices=devices
+    )
+    _require_env_and_callbacks(
+        "train_ppo",
+        env,
+        eval_env,
+        log_fn=log_fn,
+        video_fn=video_fn,
+        checkpoint_fn=checkpoint_fn,
+        should_stop=should_stop,
     )
     warn_if_mappings_near_cap("train_ppo")
     mesh = sharding.resolve_mesh(config.devices)

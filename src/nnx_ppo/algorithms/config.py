@@ -125,10 +125,16 @@ def _require_rollouts_and_minibatches(owner: str, config: Any, *more_ints: str) 
 
 
 def _require_optimizer_options(
-    owner: str, gradient_clipping: float | None, weight_decay: float | bool | None
+    owner: str,
+    learning_rate: float | Callable[[Any], Any],
+    gradient_clipping: float | None,
+    weight_decay: float | bool | None,
 ) -> None:
-    """``gradient_clipping`` a positive norm or None (off); ``weight_decay`` a rate >= 0,
-    True (optax's default decay) or None (plain Adam)."""
+    """``learning_rate`` a rate >= 0 or an optax schedule; ``gradient_clipping`` a positive
+    norm or None (off); ``weight_decay`` a rate >= 0, True (optax's default decay) or None
+    (plain Adam)."""
+    if not callable(learning_rate):
+        require_number(owner, "learning_rate", learning_rate, minimum=0.0)
     if gradient_clipping is not None:
         require_number(owner, "gradient_clipping", gradient_clipping, minimum=0.0, strict=True)
     if not isinstance(weight_decay, bool | None):
@@ -233,13 +239,13 @@ class PPOConfig(_FieldsOnly):
         for name in ("gae_lambda", "discounting_factor"):
             require_number(owner, name, getattr(self, name), minimum=0.0, maximum=1.0)
         require_number(owner, "clip_range", self.clip_range, minimum=0.0, strict=True)
-        if not callable(self.learning_rate):
-            require_number(owner, "learning_rate", self.learning_rate, minimum=0.0)
         require_number(owner, "critic_loss_weight", self.critic_loss_weight, minimum=0.0)
         for name in ("value_clip_range", "target_kl"):  # None turns these off
             if getattr(self, name) is not None:
                 require_number(owner, name, getattr(self, name), minimum=0.0, strict=True)
-        _require_optimizer_options(owner, self.gradient_clipping, self.weight_decay)
+        _require_optimizer_options(
+            owner, self.learning_rate, self.gradient_clipping, self.weight_decay
+        )
         _require_logging(owner, self.logging_level, self.logging_percentiles)
         _require_choice(
             owner, "advantage_normalization", self.advantage_normalization, AdvantageNormalization

@@ -127,8 +127,8 @@ class DistillationConfig(_FieldsOnly):
         owner = "DistillationConfig"
         _accept_030_forms(self)
         _require_rollouts_and_minibatches(owner, self)
-        require_number(owner, "learning_rate", self.learning_rate, minimum=0.0)
-        _require_optimizer_options(owner, self.gradient_clipping, self.weight_decay)
+        learning_rate = require_number(owner, "learning_rate", self.learning_rate, minimum=0.0)
+        _require_optimizer_options(owner, learning_rate, self.gradient_clipping, self.weight_decay)
         _require_logging(owner, self.logging_level, self.logging_percentiles)
 
     @property

@@ -48,6 +48,7 @@ __all__ = [
     "EpisodeTotals",
     "compute_metrics",
     "episode_metrics",
+    "has_reward_leaves",
     "log_weight_stats",
     "summarize",
     "to_host",
@@ -266,6 +267,12 @@ def track_episodes(
     return running, totals
 
 
+def has_reward_leaves(returns: PyTree[Any]) -> bool:
+    """Whether returns come as a tree (a dict, tuple, ...) whose leaves are logged apart,
+    beside their total; a single array is the total alone."""
+    return not jax.tree_util.treedef_is_leaf(jax.tree.structure(returns))
+
+
 def episode_metrics(totals: EpisodeTotals) -> dict[str, float]:
     """Host-side means of :func:`track_episodes`' totals; only the count if none ended."""
     totals = jax.device_get(totals)
@@ -276,7 +283,7 @@ def episode_metrics(totals: EpisodeTotals) -> dict[str, float]:
     returns = totals["returns"]
     total = jax.tree.reduce(np.add, returns)
     metrics["rollout_batch/episode_reward/mean"] = float(total) / count
-    if isinstance(returns, Mapping):
+    if has_reward_leaves(returns):
         for path, value in jax.tree_util.tree_flatten_with_path(returns)[0]:
             name = "/".join(_key_name(key) for key in path)
             metrics[f"rollout_batch/episode_reward/{name}/mean"] = float(value) / count

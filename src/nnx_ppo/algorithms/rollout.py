@@ -22,7 +22,7 @@ from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo._threefry import standard_keys, straight_line_keys
 from nnx_ppo.algorithms import sharding
-from nnx_ppo.algorithms.metrics import summarize
+from nnx_ppo.algorithms.metrics import has_reward_leaves, summarize
 from nnx_ppo.algorithms.recording import (
     SlimData,
     SlimState,
@@ -855,7 +855,7 @@ def _eval_summary(
 ) -> dict[str, Float[Array, ""]]:
     total = jax.tree.reduce(jnp.add, returns)
     metrics = summarize("eval/episode_reward", total, percentiles, always_moments=True)
-    if not isinstance(returns, jax.Array):
+    if has_reward_leaves(returns):
         metrics |= summarize("eval/episode_reward", returns, percentiles, always_moments=True)
     metrics |= summarize("eval/lifespan", lifespan, percentiles, always_moments=True)
     steps = jnp.maximum(lifespan, 1)

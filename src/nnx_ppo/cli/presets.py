@@ -6,8 +6,8 @@ A run configuration is a JSON-ready dict::
       "env": "cartpole",
       "episode_length": null,          # wrap the env in an EpisodeWrapper of this length
       "env_kwargs": {},                # options of nnx_ppo.envs.make, e.g. {"impl": "warp"}
-      "network": {"kind": "auto", "hidden_sizes": [64, 64], "activation": "tanh",
-                  "entropy_weight": null},  # null: the network's default bonus
+      "network": {"kind": "auto", "hidden_sizes": null, "activation": "tanh",
+                  "entropy_weight": null},  # null: the network's default sizes, bonus
       "train": {...}                   # a TrainConfig, as checkpointing.config_to_dict writes it
     }
 
@@ -136,7 +136,7 @@ def preset(env_name: str) -> dict[str, Any]:
         "env_kwargs": {},
         "network": {
             "kind": "auto",
-            "hidden_sizes": [64, 64],
+            "hidden_sizes": None,  # the preset network's: [64, 64] for an MLP, [64] an LSTM
             "activation": "tanh",
             "entropy_weight": None,
         },
@@ -292,13 +292,16 @@ def parse_run_config(config: dict[str, Any]) -> tuple[dict[str, Any], TrainConfi
             f'config field network.kind must be "auto", "mlp" or "lstm"; '
             f"got {json.dumps(network.get('kind'))}"
         )
-    sizes = network.get("hidden_sizes")
+    sizes = network.setdefault("hidden_sizes", None)
     if _positive_int(sizes):
         sizes = [sizes]
-    if not isinstance(sizes, list) or not sizes or not all(_positive_int(n) for n in sizes):
+    if sizes is not None and (
+        not isinstance(sizes, list) or not sizes or not all(_positive_int(n) for n in sizes)
+    ):
         raise ValueError(
             "config field network.hidden_sizes must be a list of positive integers, e.g. "
-            f"[64, 64]; got {json.dumps(network.get('hidden_sizes'))}"
+            f"[64, 64], or null for the network's default; got "
+            f"{json.dumps(network.get('hidden_sizes'))}"
         )
     network["hidden_sizes"] = sizes
     entropy = network.setdefault("entropy_weight", None)

@@ -7,11 +7,19 @@ still a size); ``bool`` is not, although Python counts it as an ``int``.
 """
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["as_whole", "is_int", "require_int", "require_number"]
+__all__ = [
+    "as_whole",
+    "is_int",
+    "require_callable",
+    "require_int",
+    "require_number",
+    "require_sizes",
+]
 
 
 def is_int(value: Any) -> bool:
@@ -98,3 +106,27 @@ def require_number(
     if below or (maximum is not None and value > maximum):
         raise ValueError(f"{owner}: {name} must {_allowed(minimum, maximum, strict)}, got {value}")
     return float(value)
+
+
+def require_sizes(owner: str, name: str, value: Any) -> list[int]:
+    """``value``, a sequence of positive ints (layer widths), as a list; else a clear error.
+
+    Raises:
+      TypeError: ``value`` is no sequence (a bare ``64``, a string), or an entry is not
+        an int.
+      ValueError: an entry is not positive.
+    """
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise TypeError(
+            f"{owner}: {name} must be a sequence of ints, e.g. [64, 64], got "
+            f"{type(value).__name__} {value!r}"
+        )
+    return [require_int(owner, f"{name} entry", size) for size in value]
+
+
+def require_callable(owner: str, name: str, value: Any) -> None:
+    """Raise ``TypeError`` unless ``value`` is callable or ``None`` (an optional callback)."""
+    if value is not None and not callable(value):
+        raise TypeError(
+            f"{owner}: {name} must be a function or None, got {type(value).__name__} {value!r}"
+        )

@@ -56,9 +56,27 @@ __all__ = [
     "check_env_unbatched",
     "discrete_action_flags",
     "is_size",
+    "require_env",
     "size_shape",
     "traced_attribute",
 ]
+
+
+def require_env(owner: str, env: Any, needs: tuple[str, ...] = ("reset", "step")) -> None:
+    """Raise ``TypeError`` unless ``env`` is an environment object with the methods
+    ``needs`` (a name instead of one is pointed to :func:`nnx_ppo.envs.make`)."""
+    if isinstance(env, str):
+        raise TypeError(
+            f"{owner}: env is the name {env!r}, not an environment; build it with "
+            f"nnx_ppo.envs.make({env!r})"
+        )
+    missing = [name for name in needs if not callable(getattr(env, name, None))]
+    if missing:
+        raise TypeError(
+            f"{owner}: env must be an environment with reset(key) and step(state, action); "
+            f"a {type(env).__name__} has no {' and no '.join(missing)} method"
+        )
+
 
 _STATE_FIELDS = ("obs", "reward", "done", "metrics", "info")
 """The fields every env state has (MuJoCo Playground's ``State`` has them too)."""

@@ -31,6 +31,7 @@ from nnx_ppo.networks.types import (
     PPONetworkOutput,
     StatefulModule,
     StatefulModuleOutput,
+    require_stateful_module,
 )
 
 __all__ = ["PPOAdapter", "is_sampled_action"]
@@ -67,13 +68,23 @@ class PPOAdapter(Parallel):
 
     @property
     def action(self) -> StatefulModule:
-        """The action port."""
+        """The action port; assigning replaces it (as 0.3.0's attribute did)."""
         return self.components["action"]
+
+    @action.setter
+    def action(self, module: StatefulModule) -> None:
+        require_stateful_module("PPOAdapter's action port", module)
+        self.components["action"] = module
 
     @property
     def value(self) -> StatefulModule:
-        """The value port."""
+        """The value port; assigning replaces it (as 0.3.0's attribute did)."""
         return self.components["value"]
+
+    @value.setter
+    def value(self, module: StatefulModule) -> None:
+        require_stateful_module("PPOAdapter's value port", module)
+        self.components["value"] = module
 
     def __call__(
         self,

@@ -7,8 +7,8 @@ from typing import Any
 from flax import nnx
 from jaxtyping import Array
 
-from nnx_ppo.contract.arguments import require_int, require_number
-from nnx_ppo.contract.env_checks import discrete_action_flags
+from nnx_ppo.contract.arguments import require_int, require_number, require_sizes
+from nnx_ppo.contract.env_checks import discrete_action_flags, require_env
 from nnx_ppo.networks._initializers import variance_scaling_uniform, zeros
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
@@ -64,8 +64,9 @@ def make_mlp_layers(
 
         Sequential([Flattener(), *make_mlp_layers([12, 64, 32], rngs), LSTM(32, 16, rngs)])
     """
+    sizes = require_sizes("make_mlp_layers", "sizes", sizes)
     if len(sizes) < 2:
-        raise ValueError(f"an MLP needs an input and an output size, got sizes={list(sizes)}")
+        raise ValueError(f"an MLP needs an input and an output size, got sizes={sizes}")
     n_layers = len(sizes) - 1
     return [
         Dense(
@@ -279,9 +280,8 @@ def _mlp_actor_critic(
 ) -> StatefulModule:
     activation = _resolve_activation(owner, activation)
     require_number(owner, "initializer_scale", initializer_scale, minimum=0.0, strict=True)
-    for name, sizes in (("actor", actor_hidden_sizes), ("critic", critic_hidden_sizes)):
-        for size in sizes:
-            require_int(owner, f"{name}_hidden_sizes entry", size)
+    actor_hidden_sizes = require_sizes(owner, "actor_hidden_sizes", actor_hidden_sizes)
+    critic_hidden_sizes = require_sizes(owner, "critic_hidden_sizes", critic_hidden_sizes)
     width = _observation_width(owner, obs_size)
     (actor_width, actor_input), (critic_width, critic_input) = (
         _obs_selection(owner, obs_size, keys, side)
@@ -419,20 +419,25 @@ def _action_width(owner: str, name: str, size: Any, discrete: bool) -> int:
     return require_int(owner, name, size)
 
 
+_DEFAULT_MLP_SIZES = (64, 64)
+_DEFAULT_LSTM_WIDTH = 64
+
+
 def make_default_network(
     env: Any,
     rngs: nnx.Rngs,
     *,
     kind: str = "auto",
-    hidden_sizes: Sequence[int] = (64, 64),
+    hidden_sizes: Sequence[int] | None = None,
     activation: Activation | str = nnx.tanh,
     entropy_weight: float | None = None,
 ) -> StatefulModule:
     """The preset network for an environment, chosen from its observation and action spec.
 
     - ``kind="lstm"``, or ``"auto"`` for an env with ``requires_memory`` (the
-      built-in ``memory`` task): :func:`make_lstm_actor_critic` with
-      ``hidden_sizes[0]`` units, on a flat observation;
+      built-in ``memory`` task): :func:`make_lstm_actor_critic`, on a flat
+      observation, its one hidden size (``hidden_sizes`` of one entry; ``[64]``
+      by default) the width of its encoder and its LSTM;
     - dict actions (one entry per agent, e.g. ``two_agent``): one MLP actor and one
       MLP critic per entry, on that entry's observation, so values are per agent;
       each actor samples its entry's kind of action (``discrete_actions`` may be
@@ -452,16 +457,18 @@ def make_default_network(
     one-axis shape ``(n,)``; a tuple of actions, or an action of several axes, is a
     ``TypeError`` (describe it as a dict, or build the network yourself).
 
-    The MLPs use ``hidden_sizes`` for actor and critic alike, and every preset
+    The MLPs use ``hidden_sizes`` (``[64, 64]`` by default) for actor and critic
+    alike, and every preset
     normalises observations. ``entropy_weight`` sets the action sampler's entropy
     bonus; ``None`` keeps each factory's default (``1e-2``; ``1e-3`` for the
     continuous per-agent actors).
     """
     owner = "make_default_network"
+    require_env(owner, env, needs=())
     if kind not in ("auto", "mlp", "lstm"):
         raise ValueError(f"{owner}: kind must be 'auto', 'mlp' or 'lstm', got {kind!r}")
-    hidden = [require_int(owner, "hidden_sizes entry", size) for size in hidden_sizes]
-    if not hidden:
+    hidden = None if hidden_sizes is None else require_sizes(owner, "hidden_sizes", hidden_sizes)
+    if hidden == []:
         raise ValueError(f"{owner}: hidden_sizes is empty")
     flattener = _observation_flattener(env.observation_size)
     network = _preset(owner, env, rngs, kind, hidden, activation, entropy_weight)
@@ -473,11 +480,12 @@ def _preset(
     env: Any,
     rngs: nnx.Rngs,
     kind: str,
-    hidden: list[int],
+    hidden: list[int] | None,
     activation: Activation | str,
     entropy_weight: float | None,
 ) -> StatefulModule:
-    """:func:`make_default_network`'s choice, on observations flattened to ``(B, width)``."""
+    """:func:`make_default_network`'s choice, on observations flattened to ``(B, width)``;
+    ``hidden`` ``None`` for the preset's own sizes."""
     obs_size, action_size = env.observation_size, env.action_size
     flags = discrete_action_flags(env)
     discrete = all(flags)
@@ -498,15 +506,23 @@ def _preset(
                 f"the dict {dict(action_size)!r}: build a recurrent network of your own "
                 "(see the layers page)."
             )
+        if hidden is not None and len(hidden) != 1:
+            raise ValueError(
+                f"{owner}: the LSTM preset ({why}) has one hidden size, the width of its "
+                f"encoder and its LSTM, but hidden_sizes is {hidden}: give one, e.g. "
+                f"[{hidden[0]}], or build a recurrent network of your own (see the layers "
+                "page)."
+            )
         return make_lstm_actor_critic(
             _width(owner, obs_size),
             action_size,
-            hidden[0],
+            _DEFAULT_LSTM_WIDTH if hidden is None else hidden[0],
             rngs,
             discrete=discrete,
             activation=activation,
             entropy_weight=entropy,
         )
+    hidden = list(_DEFAULT_MLP_SIZES) if hidden is None else hidden
     if isinstance(action_size, Mapping):
         for key, size in action_size.items():
             _require_one_action(owner, f"action_size[{key!r}]", size)

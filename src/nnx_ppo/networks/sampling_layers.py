@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.scipy.special import erf
-from jaxtyping import Array, Float, Int, Key, Shaped
+from jaxtyping import Array, Float, Int, Key, PyTree, Shaped
 
 from nnx_ppo.contract import ContractError, describe_module
 from nnx_ppo.contract.arguments import require_int, require_number
@@ -54,17 +54,21 @@ __all__ = [
     "DistributionParameters",
     "NormalSampler",
     "NormalTanhSampler",
+    "ReportedDistribution",
     "SampledAction",
 ]
 
 DistributionParameters = dict[str, Float[Array, "..."]]
-"""A sampler's distribution parameters by name; also its metrics.
+"""A sampler's distribution parameters by name.
 
 ``dict[str, Float[Array, "..."]]``: batched, leaves ``(B, ...)``, as
 :meth:`ActionSampler.distribution_parameters` returns them and every method but
 :meth:`ActionSampler.sample` takes them; ``sample``, vmapped over the envs, receives
 one env's slice, leaves ``(...)`` without ``B``.
 """
+
+ReportedDistribution = dict[str, PyTree[Float[Array, "B ..."]]]
+"""What a sampler's ``metrics`` show of its distribution (:meth:`ActionSampler.reported`)."""
 
 
 class SampledAction(TypedDict):
@@ -138,13 +142,14 @@ class ActionSampler(StatefulModule):
         """The action handed to the environment. The identity unless overridden."""
         return raw_action
 
-    def reported(self, parameters: DistributionParameters) -> DistributionParameters:
+    def reported(self, parameters: DistributionParameters) -> ReportedDistribution:
         """The distribution's description in ``metrics``: the parameters unless overridden.
 
-        Override it where a parameter's mean over the batch says little, or is not
-        finite (a log-probability of ``-inf``).
+        Each leaf is logged as its mean and std over the batch and its own axes.
+        Override it where that mean says little (probabilities over classes, whose
+        mean is ``1/n``), or is not finite (a log-probability of ``-inf``).
         """
-        return parameters
+        return dict(parameters)
 
     # --------------------------------------------------------------- the contract
 
@@ -500,9 +505,10 @@ class CategoricalSampler(ActionSampler):
 
     Input: unnormalised logits, ``(B, n)``. The action is the class index
     (``int32``), emitted as extras too. Deterministic mode takes the most likely
-    class. Entropy: exact, ``-sum_k p_k log p_k``. Metric ``probs``, ``(B, n)``:
-    each class's probability (finite where a masked class's log-probability is
-    ``-inf``, so its mean over the batch is too).
+    class. Entropy: exact, ``-sum_k p_k log p_k``. Metric ``probs``: a tuple of
+    ``n`` leaves ``(B,)``, each class's probability (finite where a masked class's
+    log-probability is ``-inf``, so its mean over the batch is too), logged per
+    class as ``probs/k/mean``.
 
     Args:
       rng: seeds the per-env keys.
@@ -515,8 +521,10 @@ class CategoricalSampler(ActionSampler):
     def sample(self, key: Key[Array, ""], parameters: DistributionParameters) -> Int[Array, ""]:
         return jax.random.categorical(key, parameters["log_probs"]).astype(jnp.int32)
 
-    def reported(self, parameters: DistributionParameters) -> DistributionParameters:
-        return {"probs": jnp.exp(parameters["log_probs"])}
+    def reported(self, parameters: DistributionParameters) -> ReportedDistribution:
+        probs = jnp.exp(parameters["log_probs"])
+        # One leaf per class: pooled over classes, the mean would be 1/n whatever the policy.
+        return {"probs": tuple(probs[:, k] for k in range(probs.shape[-1]))}
 
     def mode(self, parameters: DistributionParameters) -> Int[Array, " B"]:
         return jnp.argmax(parameters["log_probs"], axis=-1).astype(jnp.int32)

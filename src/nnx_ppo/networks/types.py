@@ -109,7 +109,8 @@ class PPONetworkOutput(Replaceable):
 
     Attributes:
       actions: a pytree of actions, leaves ``(B, *action)`` (``(T, B, ...)`` once stacked).
-      loglikelihoods: a pytree like ``actions``, leaves ``(B,)``.
+      loglikelihoods: a pytree like ``actions``, leaves ``(B,)``; or, for a tree of
+        actions, one ``(B,)`` array, their joint log-likelihood (one PPO ratio for all).
       value_estimates: a pytree like the reward tree, leaves ``(B,)``.
     """
 
@@ -121,7 +122,7 @@ class PPONetworkOutput(Replaceable):
 _RULE_PPO_OUTPUT = rule_text(
     "a PPO network's output is PPONetworkOutput: actions a tree of (B, *action) leaves, "
     "loglikelihoods the same tree with (B,) leaves (summed over each action's "
-    "dimensions), value_estimates one (B,) leaf per reward leaf",
+    "dimensions) or one joint (B,) array, value_estimates one (B,) leaf per reward leaf",
     "the-ppo-network-output",
 )
 
@@ -158,12 +159,14 @@ def checked_ppo_output(
         if _leading_size(leaf) != batch:
             _ppo_output_violation(where, name, f"(B, *action) with B={batch}", leaf)
     action_tree = jax.tree.structure(output.actions)
-    if jax.tree.structure(output.loglikelihoods) != action_tree:
+    likelihood_tree = jax.tree.structure(output.loglikelihoods)
+    joint = jax.tree_util.treedef_is_leaf(likelihood_tree) and likelihood_tree.num_leaves == 1
+    if likelihood_tree != action_tree and not joint:
         _ppo_output_violation(
             where,
             "loglikelihoods",
-            f"the tree of actions: {action_tree}",
-            f"tree {jax.tree.structure(output.loglikelihoods)}",
+            f"the tree of actions: {action_tree}, or one joint (B,) array",
+            f"tree {likelihood_tree}",
         )
     for name, leaf in named_leaves("loglikelihoods", output.loglikelihoods):
         if getattr(leaf, "shape", None) != (batch,):
