@@ -22,7 +22,7 @@ from nnx_ppo.networks.sampling_layers import (
     NormalSampler,
     NormalTanhSampler,
     _log1p,
-    _remainder_moments,
+    _remainder_and_derivatives,
 )
 from nnx_ppo.networks.types import StatefulModuleOutput
 
@@ -124,38 +124,63 @@ def test_the_vectorised_log1p_is_float32_accurate():
     np.testing.assert_allclose(_log1p(jnp.asarray(x)), np.log1p(x.astype(np.float64)), rtol=1e-6)
 
 
-def _remainder_moment_reference(mu: float, sigma: float, power: int) -> float:
-    """E[log1p(exp(-2|U|)) Z^power], U ~ N(mu, sigma), Z = (U - mu) / sigma, in float64."""
+def _remainder_reference(mu: float, sigma: float, kind: str) -> float:
+    """E[r(U)], E[r'(U)] or E[r'(U) Z] in float64, r(u) = log1p(exp(-2|u|)),
+    U ~ N(mu, sigma), Z = (U - mu) / sigma (``kind`` "value", "d_mu" or "d_sigma")."""
 
-    def integrand(u: float) -> float:
-        z = (u - mu) / sigma
-        return np.log1p(np.exp(-2 * abs(u))) * z**power * stats.norm.pdf(z) / sigma
+    def integrand(z: float) -> float:
+        u = mu + sigma * z
+        slope = -2.0 * np.sign(u) / (1.0 + np.exp(2.0 * abs(u)))
+        weight = {"value": np.log1p(np.exp(-2 * abs(u))), "d_mu": slope, "d_sigma": slope * z}
+        return weight[kind] * stats.norm.pdf(z)
 
-    lo, hi = mu - 12 * sigma, mu + 12 * sigma
-    points = [0.0] if lo < 0 < hi else None
-    value, _ = integrate.quad(integrand, lo, hi, points=points, limit=200, epsabs=1e-12)
+    # Over Z, with the kink at U = 0 as a break point: fine for any sigma.
+    kink = -mu / sigma
+    points = [kink] if -12 < kink < 12 else None
+    value, _ = integrate.quad(integrand, -12, 12, points=points, limit=400, epsabs=1e-13)
     return value
 
 
-def test_tanh_entropy_remainder_moments_are_float32_accurate():
+def test_tanh_entropy_remainder_and_its_derivatives_are_float32_accurate():
     # Narrow and wide Gaussians, across the kink at 0 and out to where the remainder
-    # vanishes; the derivatives of the entropy are built from these three moments.
+    # vanishes, down to a std of 1e-9 (min_std=0); the entropy's derivatives are these.
     mu = np.array([-9.0, -4.0, -1.0, -0.3, -0.01, 0.0, 0.02, 0.5, 1.5, 3.0, 7.0])
-    sigma = np.array([1e-3, 0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0])
+    sigma = np.array([1e-9, 1e-6, 1e-3, 0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0])
     mu, sigma = (a.ravel() for a in np.meshgrid(mu, sigma))
-    moments = _remainder_moments(
-        jnp.asarray(mu[:, None], jnp.float32), jnp.asarray(sigma[:, None], jnp.float32)
+    computed = jax.jit(_remainder_and_derivatives)(
+        jnp.asarray(mu, jnp.float32), jnp.asarray(sigma, jnp.float32)
     )
-    # The moments are at most about log 2, whose float32 ulp is 6e-8: within a few ulps
-    # (1.2e-7 and 3.6e-7 measured; 2.6e-6 and 1.4e-6 when each moment was reduced on its
-    # own). The second sums a^2 S0 + 2ab S1 + b^2 S2 with |a|, |b| <= 6, terms up to
-    # 36 times the result, so its bound allows that cancellation in another summation
-    # order (another CPU's product kernel): 1.1e-6 measured, 4e-6 allowed.
-    for power, (moment, atol) in enumerate(zip(moments, (5e-7, 1e-6, 4e-6), strict=True)):
-        expected = [
-            _remainder_moment_reference(m, s, power) for m, s in zip(mu, sigma, strict=True)
-        ]
-        np.testing.assert_allclose(moment[:, 0], expected, rtol=0, atol=atol)
+    # Each is at most about 2 (log 2, |r'| <= 1 times E|Z|), float32 ulps 6e-8 to 2.4e-7:
+    # within a few (8e-8, 1.5e-7 and 4e-7 measured).
+    tolerances = (3e-7, 5e-7, 1e-6)
+    for kind, moment, atol in zip(("value", "d_mu", "d_sigma"), computed, tolerances, strict=True):
+        expected = [_remainder_reference(m, s, kind) for m, s in zip(mu, sigma, strict=True)]
+        np.testing.assert_allclose(moment, expected, rtol=0, atol=atol, err_msg=kind)
+
+
+def test_a_tanh_entropy_of_a_tiny_std_and_its_gradient_stay_exact():
+    # With min_std=0 a std can reach 1e-9 and below: the quadrature's interval rounded
+    # to a point and its score-function derivatives divided by sigma (an entropy 0.63
+    # too high, a gradient of 4e4 where it is 0, NaN below 1e-20).
+    sampler = NormalTanhSampler(nnx.Rngs(0), entropy_weight=1.0, min_std=0.0)
+    state = sampler.initialize_state(1)
+
+    @jax.jit
+    def entropy_and_gradient(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jax.value_and_grad(lambda x: sampler(state, x).metrics["entropy"][0])(x)
+
+    for mu, raw_std in [(0.5, -20.0), (0.0, -30.0), (-2.0, -20.0), (0.3, -60.0)]:
+        sigma = float(np.log1p(np.exp(np.float64(raw_std))))  # softplus in float64
+        x = jnp.array([[mu, raw_std]], jnp.float32)
+        entropy, gradient = entropy_and_gradient(x)
+        # For sigma -> 0: H = log(sigma sqrt(2 pi e)) + log(1 - tanh(mu)^2) + O(sigma^2).
+        expected = np.log(sigma * np.sqrt(2 * np.pi * np.e)) - 2 * (
+            np.logaddexp(mu, -mu) - np.log(2.0)
+        )
+        np.testing.assert_allclose(entropy, expected, rtol=1e-6)
+        # dH/dmu -> -2 tanh(mu); dH/d raw = (1/sigma + O(sigma)) * sigmoid(raw) -> 1 - ...
+        np.testing.assert_allclose(gradient[0, 0], -2 * np.tanh(mu), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(gradient[0, 1], 1.0, rtol=1e-4)
 
 
 def test_tanh_entropy_gradient_matches_finite_differences_of_the_reference():

@@ -27,7 +27,8 @@ distribution; the base class does the keys, the extras and the bookkeeping.
 
 import abc
 import math
-from typing import TypedDict
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -337,8 +338,8 @@ def _log_one_minus_tanh_squared(u: Array) -> Array:
 # Gauss-Legendre rule on [-1, 1] for the bounded part of the tanh entropy term; with
 # the kink at 0 split off and the interval mu +- 6 sigma, 20 nodes reach float32 rounding.
 _LEGENDRE_NODES, _LEGENDRE_WEIGHTS = np.polynomial.legendre.leggauss(20)
-# Node sums against these give a half's three moments (see _remainder_moments).
-_LEGENDRE_MOMENT_BASIS = _LEGENDRE_WEIGHTS[:, None] * _LEGENDRE_NODES[:, None] ** np.arange(3)
+# Node sums against these give a half's integral of f and of Z f (see _remainder_nodes).
+_LEGENDRE_MOMENT_BASIS = _LEGENDRE_WEIGHTS[:, None] * _LEGENDRE_NODES[:, None] ** np.arange(2)
 _INTERVAL_HALF_WIDTH_IN_STDS = 6.0
 # log1p(exp(-2|u|)) < 1e-8 beyond this.
 _REMAINDER_SUPPORT = 10.0
@@ -353,69 +354,99 @@ def _log1p(x: Array) -> Array:
     return jnp.where(w == 1.0, x, jnp.log(w) * x / jnp.where(w == 1.0, 1.0, w - 1.0))
 
 
-def _remainder_moments(
-    mu: Float[Array, "B action"], sigma: Float[Array, "B action"]
-) -> tuple[Float[Array, "B action"], Float[Array, "B action"], Float[Array, "B action"]]:
-    """``E[r(U) Z^k]`` for ``k = 0, 1, 2``: ``r(u) = log1p(exp(-2|u|))``, ``Z = (U - mu) / sigma``.
+class _RemainderNodes(NamedTuple):
+    """The quadrature of ``E[f(U)]``, ``U ~ N(mu, sigma)``, over ``Z = (U - mu) / sigma``."""
 
-    Gauss-Legendre on ``[lo, 0]`` and ``[0, hi]`` (``r`` is smooth on each side of
-    its kink at 0), ``[lo, hi] = mu +- 6 sigma`` clipped to where ``r`` is not
-    negligible.
+    middle: Float[Array, "2 M"]  # each half's middle in Z (the lower half's first)
+    half_width: Float[Array, "2 M"]  # each half's half width in Z
+    gauss: Float[Array, "N 2 M"]  # exp(-Z^2 / 2) at each node
+    e: Float[Array, "N 2 M"]  # exp(-2 |U|) at each node
+    scale: Float[Array, "2 M"]  # half_width / sqrt(2 pi): a half's sum to an expectation
 
-    The integrand is evaluated once per node. On each half ``Z`` is affine in
-    the node ``x`` (``Z = a + b x``), so all three moments follow from the node
-    sums against ``w``, ``w x`` and ``w x^2``: one small product instead of a
-    reduction per moment, each of which XLA would evaluate the transcendental
-    functions for again.
+
+def _remainder_nodes(mu: Float[Array, " M"], sigma: Float[Array, " M"]) -> _RemainderNodes:
+    """Gauss-Legendre nodes on ``[lo, kink]`` and ``[kink, hi]`` in ``Z``.
+
+    ``[lo, hi]`` is ``+-6`` stds, clipped to where the remainder ``log1p(exp(-2|u|))``
+    is not negligible; the kink is at ``U = 0``, where the remainder is not smooth.
+    Laid out in ``Z``, the interval stays six stds wide however small ``sigma`` is
+    (laid out in ``U``, it rounded to one point below about ``1e-7 |mu|``), and no
+    sum is divided by ``sigma``.
     """
-    shape = mu.shape
-    # Flat, so that the element-wise work runs along the batch rather than along a
-    # trailing action axis that is often 1 wide.
-    mu, sigma = mu.reshape(-1), sigma.reshape(-1)
-    lo = jnp.clip(
-        mu - _INTERVAL_HALF_WIDTH_IN_STDS * sigma, -_REMAINDER_SUPPORT, _REMAINDER_SUPPORT
+    support = _REMAINDER_SUPPORT
+    lo = jnp.maximum(-_INTERVAL_HALF_WIDTH_IN_STDS, (-support - mu) / sigma)
+    hi = jnp.maximum(jnp.minimum(_INTERVAL_HALF_WIDTH_IN_STDS, (support - mu) / sigma), lo)
+    kink = jnp.clip(-mu / sigma, lo, hi)
+    half_width = jnp.stack([kink - lo, hi - kink]) / 2
+    middle = jnp.stack([lo, kink]) + half_width
+    z = middle + half_width * jnp.asarray(_LEGENDRE_NODES, mu.dtype)[:, None, None]
+    u = mu + sigma * z
+    return _RemainderNodes(
+        middle=middle,
+        half_width=half_width,
+        gauss=jnp.exp(-0.5 * jnp.square(z)),
+        e=jnp.exp(-2.0 * jnp.abs(u)),
+        scale=half_width / math.sqrt(2 * math.pi),
     )
-    hi = jnp.clip(
-        mu + _INTERVAL_HALF_WIDTH_IN_STDS * sigma, -_REMAINDER_SUPPORT, _REMAINDER_SUPPORT
-    )
-    split = jnp.clip(0.0, lo, hi)
-    half_width = jnp.stack([split - lo, hi - split]) / 2
-    middle = jnp.stack([lo, split]) + half_width
-    z_middle = (middle - mu) / sigma
-    z_per_node = half_width / sigma
-    nodes = jnp.asarray(_LEGENDRE_NODES, mu.dtype)[:, None, None]
-    u = middle + half_width * nodes
-    z = z_middle + z_per_node * nodes
-    integrand = jnp.exp(-0.5 * jnp.square(z)) * _log1p(jnp.exp(-2.0 * jnp.abs(u)))
-    basis = jnp.asarray(_LEGENDRE_MOMENT_BASIS, mu.dtype)
-    by_one, by_node, by_node_squared = jnp.tensordot(basis, integrand, axes=((0,), (0,)))
-    scale = half_width / (sigma * math.sqrt(2 * math.pi))
-    zeroth = jnp.sum(scale * by_one, axis=0)
-    first = jnp.sum(scale * (z_middle * by_one + z_per_node * by_node), axis=0)
-    second = jnp.sum(
-        scale
-        * (
-            jnp.square(z_middle) * by_one
-            + 2.0 * z_middle * z_per_node * by_node
-            + jnp.square(z_per_node) * by_node_squared
-        ),
-        axis=0,
-    )
-    return zeroth.reshape(shape), first.reshape(shape), second.reshape(shape)
+
+
+def _flat(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` of flat ``(M,)`` arrays applied to ``(B, action)`` ones: the element-wise
+    work then runs along the batch rather than along a trailing axis often 1 wide."""
+
+    def flat(mu: Array, sigma: Array) -> Any:
+        out = function(mu.reshape(-1), sigma.reshape(-1))
+        return jax.tree.map(lambda leaf: leaf.reshape(mu.shape), out)
+
+    return flat
 
 
 @jax.custom_jvp
 def _expected_remainder(
     mu: Float[Array, "B action"], sigma: Float[Array, "B action"]
 ) -> Float[Array, "B action"]:
-    """``E[log1p(exp(-2|U|))]`` for ``U ~ N(mu, sigma)``, by quadrature.
+    """``E[r(U)]``, ``r(u) = log1p(exp(-2|u|))``, for ``U ~ N(mu, sigma)``, by quadrature.
 
-    Its derivatives are the expectations of the Gaussian's score,
-    ``dE/dmu = E[r(U) Z] / sigma`` and ``dE/dsigma = E[r(U) (Z^2 - 1)] / sigma``,
-    taken with the same nodes: no transcendental function is evaluated, or
-    stored, for the backward pass.
+    Its derivatives are pathwise, ``dE/dmu = E[r'(U)]`` and ``dE/dsigma = E[r'(U) Z]``,
+    taken at the same nodes from the same ``exp`` (:func:`_expected_remainder_jvp`):
+    no transcendental function is evaluated again for the backward pass, and they
+    stay float32-accurate for any ``sigma`` (the Gaussian score's ``E[r Z] / sigma``
+    does not, as ``sigma`` goes to 0).
     """
-    return _remainder_moments(mu, sigma)[0]
+
+    def expected(mu: Array, sigma: Array) -> Array:
+        nodes = _remainder_nodes(mu, sigma)
+        integrand = nodes.gauss * _log1p(nodes.e)
+        sums = jnp.tensordot(jnp.asarray(_LEGENDRE_WEIGHTS, mu.dtype), integrand, axes=1)
+        return jnp.sum(nodes.scale * sums, axis=0)
+
+    return _flat(expected)(mu, sigma)
+
+
+def _remainder_and_derivatives(
+    mu: Float[Array, " M"], sigma: Float[Array, " M"]
+) -> tuple[Float[Array, " M"], Float[Array, " M"], Float[Array, " M"]]:
+    """``E[r(U)]``, ``E[r'(U)]`` and ``E[r'(U) Z]`` from one evaluation per node.
+
+    On each half ``Z`` is affine in the node ``x`` and ``r'`` has one sign, so the three
+    follow from the node sums of ``g r`` and ``g r'`` against ``w`` and ``w x``: one
+    small product instead of a reduction per expectation, each of which XLA would
+    evaluate the transcendental functions for again.
+    """
+    nodes = _remainder_nodes(mu, sigma)
+    side = jnp.asarray([-1.0, 1.0], mu.dtype)[:, None]  # the sign of U on each half
+    slope = -2.0 * side * nodes.e / (1.0 + nodes.e)  # r'(u)
+    # Two products on the leading (node) axis, not one on a concatenation: XLA computes
+    # both integrands in one loop then, each exp once (a concatenation evaluates them
+    # again for each half of its output).
+    weights = jnp.asarray(_LEGENDRE_WEIGHTS, mu.dtype)
+    of_value = jnp.tensordot(weights, nodes.gauss * _log1p(nodes.e), axes=1)
+    basis = jnp.asarray(_LEGENDRE_MOMENT_BASIS, mu.dtype)
+    by_one, by_node = jnp.tensordot(basis, nodes.gauss * slope, axes=((0,), (0,)))
+    value = jnp.sum(nodes.scale * of_value, axis=0)
+    d_mu = jnp.sum(nodes.scale * by_one, axis=0)
+    d_sigma = jnp.sum(nodes.scale * (nodes.middle * by_one + nodes.half_width * by_node), axis=0)
+    return value, d_mu, d_sigma
 
 
 @_expected_remainder.defjvp
@@ -424,8 +455,36 @@ def _expected_remainder_jvp(
 ) -> tuple[Array, Array]:
     mu, sigma = primals
     mu_tangent, sigma_tangent = tangents
-    zeroth, first, second = _remainder_moments(mu, sigma)
-    return zeroth, (first * mu_tangent + (second - zeroth) * sigma_tangent) / sigma
+    value, d_mu, d_sigma = _flat(_remainder_and_derivatives)(mu, sigma)
+    return value, d_mu * mu_tangent + d_sigma * sigma_tangent
+
+
+@jax.custom_jvp
+def _expected_abs(
+    mu: Float[Array, "B action"], sigma: Float[Array, "B action"]
+) -> Float[Array, "B action"]:
+    """``E|U|`` for ``U ~ N(mu, sigma)``, the folded normal's mean.
+
+    Its derivatives are written out, ``erf(t / sqrt 2)`` and ``sqrt(2 / pi) exp(-t^2 / 2)``
+    with ``t = mu / sigma``: differentiated through, two terms in ``t^2`` cancel, and
+    for a tiny ``sigma`` they are ``inf * 0``.
+    """
+    t = mu / sigma
+    return sigma * math.sqrt(2.0 / math.pi) * jnp.exp(-0.5 * jnp.square(t)) + mu * erf(
+        t / math.sqrt(2.0)
+    )
+
+
+@_expected_abs.defjvp
+def _expected_abs_jvp(
+    primals: tuple[Array, Array], tangents: tuple[Array, Array]
+) -> tuple[Array, Array]:
+    mu, sigma = primals
+    mu_tangent, sigma_tangent = tangents
+    t = mu / sigma
+    d_mu = erf(t / math.sqrt(2.0))
+    d_sigma = math.sqrt(2.0 / math.pi) * jnp.exp(-0.5 * jnp.square(t))
+    return _expected_abs(mu, sigma), d_mu * mu_tangent + d_sigma * sigma_tangent
 
 
 def _expected_log_one_minus_tanh_squared(
@@ -437,10 +496,9 @@ def _expected_log_one_minus_tanh_squared(
     normal mean) is closed form; the bounded remainder is integrated by quadrature
     (:func:`_expected_remainder`).
     """
-    expected_abs = sigma * math.sqrt(2.0 / math.pi) * jnp.exp(
-        -0.5 * jnp.square(mu / sigma)
-    ) + mu * erf(mu / (sigma * math.sqrt(2.0)))
-    return 2.0 * math.log(2.0) - 2.0 * expected_abs - 2.0 * _expected_remainder(mu, sigma)
+    return (
+        2.0 * math.log(2.0) - 2.0 * _expected_abs(mu, sigma) - 2.0 * _expected_remainder(mu, sigma)
+    )
 
 
 class NormalTanhSampler(_Normal):
