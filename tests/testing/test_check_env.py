@@ -14,6 +14,7 @@ from nnx_ppo import envs
 from nnx_ppo.envs import State
 from nnx_ppo.testing import ContractPropertyError, EnvProperty, check_env, random_action
 from nnx_ppo.testing.env_properties import ENV_PROPERTIES
+from nnx_ppo.wrappers import EpisodeWrapper, RewardScalingWrapper
 
 
 class Walker:
@@ -288,3 +289,22 @@ def test_an_env_keeping_its_key_on_the_object_is_named() -> None:
     message = str(caught.value)
     assert "property 'single-env step'" in message
     assert "env.step stored a traced value on the env object, at env._key" in message
+
+
+class ObservationsKeptInADict(Walker):
+    """Keeps every observation it steps from in a list in a dict of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.memo: dict[str, list[jax.Array]] = {"seen": []}
+
+    def step(self, state: State, action: jax.Array) -> State:
+        self.memo["seen"].append(state.obs)
+        return super().step(state, action)
+
+
+def test_a_traced_value_kept_by_an_env_wrapped_twice_is_named() -> None:
+    # Five levels down from the outer wrapper; the walk stopped at four.
+    wrapped = RewardScalingWrapper(EpisodeWrapper(ObservationsKeptInADict(), 5), 1.0)
+    with pytest.raises(ContractPropertyError, match=r"at env\.env\.env\.memo\['seen'\]\[0\]"):
+        check_env(wrapped, action_fn=walker_action)

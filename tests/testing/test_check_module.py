@@ -123,6 +123,53 @@ def test_the_tolerance_is_the_callers() -> None:
     check_module(SmallLeak(2), jnp.zeros(2), max_examples=5, rtol=0.0, atol=0.1)
 
 
+class ConstantScale(StatefulModule):
+    """A constant kept as a plain array attribute (Flax NNX state, no Variable), and a
+    Python number as the regularization loss: both allowed."""
+
+    def __init__(self) -> None:
+        self.scale = jnp.array([1.0, 2.0, 3.0])
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput((), x * self.scale, 0.0, {}, None)
+
+
+def test_a_plain_array_attribute_and_a_python_number_loss_pass() -> None:
+    # The kit read every state leaf as a Variable: AttributeError 'get_value'.
+    check_module(ConstantScale, jnp.zeros(3), max_examples=3)
+
+
+class NormalizerEnsemble(StatefulModule):
+    """Three Normalizers made, called and updated through nnx.vmap (contract.rst's
+    ensemble idiom): each transform calls a copy of the members, never the node itself."""
+
+    def __init__(self) -> None:
+        @nnx.vmap(in_axes=None, out_axes=0, axis_size=3)
+        def make() -> Normalizer:
+            return Normalizer(4)
+
+        self.members = make()
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        def one(member: Normalizer, x: Array) -> tuple[Array, Array]:
+            out = member((), x)
+            return out.output, out.rollout_extras
+
+        y, extras = nnx.vmap(one, in_axes=(0, None), out_axes=1)(self.members, x)
+        return StatefulModuleOutput((), y.mean(axis=1), jnp.zeros(()), {}, extras)
+
+    def update_statistics(self, rollout_extras: Any) -> None:  # (T, B, 3, 4)
+        nnx.vmap(lambda member, h: member.update_statistics(h), in_axes=(0, 2))(
+            self.members, rollout_extras
+        )
+
+
+def test_statistics_routed_through_an_nnx_transform_reach_the_members() -> None:
+    # The routing check matched reached modules by identity: "update_statistics never
+    # reached NormalizerEnsemble.members (Normalizer)".
+    check_module(NormalizerEnsemble, jnp.zeros(4), max_examples=2)
+
+
 class HalfPrecisionCarry(RunningSum):
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
         out = super().__call__(state, x, rollout_extras)

@@ -97,6 +97,15 @@ class StartsFromTheBatchSize(Leaky):
         return {"h": jnp.full((batch_size, FEATURES), 1.0 / batch_size)}
 
 
+class SpreadOverTheBatch(Leaky):
+    """Starts the envs spread over [0, 1]: env 0 at 0 whatever the batch size, env 1 at 1
+    of 2 and at 0.5 of 3."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        start = jnp.linspace(0.0, 1.0, batch_size)[:, None]
+        return {"h": jnp.broadcast_to(start, (batch_size, FEATURES))}
+
+
 class RemembersTheBatchSize(Leaky):
     """Stores the batch size it was set up for in a variable: training's compiled
     ``initialize_state`` runs on a copy of the network and loses the write."""
@@ -588,6 +597,12 @@ MODULE_BUGS: dict[
     ),
     "an env's start that depends on the batch size": (
         StartsFromTheBatchSize,
+        {},
+        ModuleProperty.INITIALIZE_STATE,
+        "state['h']",
+    ),
+    "a start spread over the batch, env 0 alone kept": (
+        SpreadOverTheBatch,
         {},
         ModuleProperty.INITIALIZE_STATE,
         "state['h']",

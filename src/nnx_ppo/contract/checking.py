@@ -82,8 +82,8 @@ _RUNNING_METHOD: ContextVar[tuple[int, str, type] | None] = ContextVar(
     "nnx_ppo_method", default=None
 )
 """The innermost checked call: its module's id, the method and the class defining it."""
-_RESET_REACHED: ContextVar[set[int] | None] = ContextVar("nnx_ppo_reset", default=None)
-"""The modules a top-level ``reset_state`` call reached so far."""
+_RESET_REACHED: ContextVar[dict[int, type] | None] = ContextVar("nnx_ppo_reset", default=None)
+"""The modules a top-level ``reset_state`` call reached so far: id to class."""
 _STATISTICS_CALL: ContextVar[_StatisticsCall | None] = ContextVar("nnx_ppo_stats", default=None)
 _CALL_OBSERVERS: ContextVar[tuple[tuple[Callable[[CallRecord], None], Any], ...]] = ContextVar(
     "nnx_ppo_observers", default=()
@@ -961,6 +961,8 @@ _EMISSIONS = _EmissionRecord()
 
 
 def _check_regularization(site: _Site, loss: Any, batch: _Axis) -> None:
+    if isinstance(loss, int | float) and not isinstance(loss, bool):
+        return  # a Python number is a scalar, as in metrics
     shape = getattr(loss, "shape", None)
     if shape is not None and (len(shape) == 0 or (len(shape) == 1 and batch.bind(shape[0], ""))):
         return
@@ -1011,10 +1013,10 @@ def _check_initialize_state(site: _Site, arguments: _Arguments, call: Callable[[
 def _check_reset_state(site: _Site, arguments: _Arguments, call: Callable[[], Any]) -> Any:
     (prev_name, prev), *_ = arguments
     outer = _RESET_REACHED.get()
-    reached = set() if outer is None else outer
+    reached: dict[int, type] = {} if outer is None else outer
     token = _RESET_REACHED.set(reached) if outer is None else None
     try:
-        reached.add(id(site.module))
+        reached[id(site.module)] = type(site.module)
         state = call()
         _check_same_tree(site, prev_name, prev, "returned state", state, _RULE_RESET, None)
         _warn_kept_carry(site, prev_name, prev)
@@ -1079,7 +1081,7 @@ class _StatisticsCall:
 
     time: _Axis
     batch: _Axis
-    reached: set[int]
+    reached: dict[int, type]  # id to class
 
 
 def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[[], Any]) -> Any:
@@ -1087,10 +1089,10 @@ def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[
     shared = _STATISTICS_CALL.get()
     top_level = shared is None
     if shared is None:
-        shared = _StatisticsCall(_Axis("T"), _Axis("B"), set())
+        shared = _StatisticsCall(_Axis("T"), _Axis("B"), {})
     token = _STATISTICS_CALL.set(shared) if top_level else None
     try:
-        shared.reached.add(id(site.module))
+        shared.reached[id(site.module)] = type(site.module)
         what = "argument" if top_level else f"argument (passed by {_caller()})"
         _check_leading(site, (shared.time, shared.batch), extras_name, extras, _RULE_HISTORY, what)
         _check_emitted(site, extras_name, extras, shared)
@@ -1252,8 +1254,12 @@ class _Routing:
     frozen_exempt: bool  # FrozenStatistics holds its modules out of this call
 
 
-def _check_all_reached(site: _Site, root: Any, reached: set[int], routing: _Routing) -> None:
+def _check_all_reached(site: _Site, root: Any, reached: dict[int, type], routing: _Routing) -> None:
     nodes = {tuple(path): node for path, node in nnx.iter_graph(root)}
+    in_graph = {id(node) for node in nodes.values()}
+    # An NNX transform (nnx.vmap over an ensemble's members) calls a copy of a module,
+    # which no node of the graph is: a module of a class reached that way counts as reached.
+    copied = {cls for module, cls in reached.items() if module not in in_graph}
     frozen = [path for path, node in nodes.items() if getattr(node, FROZEN_STATISTICS_MARK, False)]
     method = routing.method
 
@@ -1265,7 +1271,7 @@ def _check_all_reached(site: _Site, root: Any, reached: set[int], routing: _Rout
         )
 
     for path, node in nodes.items():
-        if id(node) in reached or not routing.needs(node):
+        if id(node) in reached or type(node) in copied or not routing.needs(node):
             continue
         if routing.frozen_exempt and any(path[: len(held)] == held for held in frozen):
             continue

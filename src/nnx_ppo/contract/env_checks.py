@@ -399,11 +399,12 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
 
 
 def traced_attribute(
-    value: Any, path: str, seen: frozenset[int] = frozenset(), depth: int = 4
+    value: Any, path: str, seen: frozenset[int] = frozenset(), depth: int = 8
 ) -> str | None:
     """The path of the first JAX tracer among ``value``'s attributes and containers, from
     ``path`` (``"env"``: ``"env._key"``), or ``None``: state an env kept on itself while
-    JAX traced it, instead of in its ``State``."""
+    JAX traced it, instead of in its ``State``. ``depth`` bounds the walk: each wrapper
+    nests the env one level deeper (a dict on an env wrapped twice is at depth 4)."""
     if isinstance(value, Tracer):
         return path
     if depth == 0 or id(value) in seen or isinstance(value, jax.Array | np.ndarray | str):

@@ -352,7 +352,9 @@ def _variable_values(variables: nnx.State) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for path, variable in nnx.to_flat_state(variables):
         name = ".".join(str(part) for part in path)
-        for leaf_path, leaf in jax.tree_util.tree_flatten_with_path(variable.get_value())[0]:
+        # A plain array attribute is state too in Flax NNX (pytree data), held bare.
+        value = variable.get_value() if isinstance(variable, nnx.Variable) else variable
+        for leaf_path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
             values[name + jax.tree_util.keystr(leaf_path)] = leaf
     return values
 
@@ -795,6 +797,8 @@ def _check_initialize_state(case: _Case) -> None:
     with _phase(ModuleProperty.INITIALIZE_STATE, "initialize_state(1)"):
         alone, drawn = kit.initialize(kit.variables, 1)
         again = kit.initialize(drawn, 1)[0]
+    with _phase(ModuleProperty.INITIALIZE_STATE, f"initialize_state({size + 1})"):
+        more = kit.initialize(kit.variables, size + 1)[0]
     # A leaf drawn from the module's nnx.Rngs differs from one call to the next; the rest
     # is decided by batch_size alone, and no env's start may depend on how many there are
     # (training starts n_envs envs, evaluation its own number).
@@ -818,6 +822,22 @@ def _check_initialize_state(case: _Case) -> None:
             "in each; keep the batch size out of the carry's values.",
             f"initialize_state({size}), env 0",
             "initialize_state(1)",
+        ),
+    )
+    # Every env, not env 0 alone: a start spread over the batch (linspace(0, 1, B)).
+    first_envs = named_leaves("state", _rows(more, np.arange(size)))
+    case.compare(
+        ModuleProperty.INITIALIZE_STATE,
+        [[(name, leaf) for name, leaf in first_envs if name in kept]],
+        [[(name, leaf) for name, leaf in named_leaves("state", initial) if name in kept]],
+        lambda m: (
+            f"an env's initial carry depends on the batch size: {m.leaf} of "
+            f"initialize_state({size}) differs from the same env's in "
+            f"initialize_state({size + 1}). Training starts n_envs envs and evaluation its "
+            "own number, so the policy would act otherwise in each; keep the batch size out "
+            "of the carry's values.",
+            f"initialize_state({size + 1}), the first {size} envs",
+            f"initialize_state({size})",
         ),
     )
 
@@ -1381,8 +1401,9 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         ModuleProperty.INITIALIZE_STATE,
         "initialize_state(batch_size) returns a carry whose every leaf leads with batch_size, "
         "and each env's start does not depend on batch_size",
-        "``initialize_state(B)`` passes the contract checks, and its first env's carry equals "
-        "``initialize_state(1)``'s, leaves drawn from the module's ``nnx.Rngs`` aside",
+        "``initialize_state(B)`` passes the contract checks, its first env's carry equals "
+        "``initialize_state(1)``'s and every env's that of the same env in "
+        "``initialize_state(B + 1)``, leaves drawn from the module's ``nnx.Rngs`` aside",
         _check_initialize_state,
     ),
     PropertyCheck(

@@ -65,7 +65,9 @@ class EpisodeWrapper(Wrapper):
         """The wrapped env's reset, with the counter and ``truncated`` in ``info``."""
         if self.random_initial_step:
             rng, counter_rng = jax.random.split(rng)
-            counter = jax.random.randint(counter_rng, (), 0, max(self.max_len // 2, 1))
+            counter = jax.random.randint(
+                counter_rng, (), 0, max(self.max_len // 2, 1), dtype=jnp.int32
+            )
         else:
             counter = jnp.zeros((), jnp.int32)
         state = self.env.reset(rng)
