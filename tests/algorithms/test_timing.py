@@ -40,8 +40,11 @@ def test_calls_queued_together_are_each_timed_alone(operands) -> None:
     both = time.perf_counter() - dispatched  # after both fetches, which end the calls
     assert first_seconds > 0 and second_seconds > 0
     assert first_seconds + second_seconds <= both
-    assert second_seconds < 0.75 * both
-    assert first_seconds < 0.75 * both
+    # Each did half the work. Timed from its dispatch, the second would get nearly all
+    # of both (0.98 or more); the bounds leave room for one call slowed by a busy machine
+    # (the first took 75% of both once, on CI's two cores).
+    assert second_seconds < 0.9 * both
+    assert first_seconds < 0.9 * both
 
 
 def test_a_call_ends_when_fetched_if_its_stamp_comes_later(operands, monkeypatch) -> None:
