@@ -6,7 +6,8 @@ program on the same state (best of ``--repeats`` after a warm-up call):
 
 - ``env only``: the vmapped env stepped ``rollout_length`` times with random
   actions, ended episodes reset (``train_throughput.random_rollout``; no network);
-- ``rollout``: ``rollout.unroll_env``, the env with the network acting;
+- ``rollout``: the step's rollout (``_step._collect``: ``rollout.unroll_env``
+  keeping only the metrics the config logs), the env with the network acting;
 - ``advantages``: GAE over the rollout;
 - ``learn``: every epoch's minibatch updates (``_learn``);
 - ``whole step``: the compiled PPO step as training runs it (one iteration,
@@ -157,9 +158,7 @@ def main() -> None:
 
     def collect(split: Any, carry: Any) -> Any:
         networks, _ = nnx.merge(graphdef, split)
-        return rollout.unroll_env(
-            env, carry.env_states, networks, carry.network_states, config.rollout_length, key
-        )[2]
+        return _step._collect(env, config, networks, carry, None).transitions
 
     def advantages(transitions: Any) -> Any:
         return compute_advantages(transitions, config.gae_lambda, config.discounting_factor)
