@@ -24,8 +24,16 @@ EXPECTED_OUTPUT = {
     ],
     "nnx_idioms.py": [
         f"{name} passes every property."
-        for name in ("Sequential", "Ensemble", "PerEnvDropout", "FoldedBatchNorm", "Rematerialised")
+        for name in (
+            "Sequential",
+            "Ensemble",
+            "RecurrentEnsemble",
+            "PerEnvDropout",
+            "FoldedBatchNorm",
+            "Rematerialised",
+        )
     ],
+    "custom_container_entities.py": ["PerEntity passes every property."],
     "custom_container.py": [
         "update_statistics never reached",
         "(Normalizer)",

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from nnx_ppo.networks import Sequential, Stateless
+from nnx_ppo.networks.recurrent import GRU
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import new_env_keys, split_env_keys
 from nnx_ppo.testing import check_module
@@ -28,6 +29,38 @@ class Ensemble(StatefulModule):
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
         each = nnx.vmap(lambda head, x: head(x), in_axes=(0, None))(self.heads, x)
         return StatefulModuleOutput(state, each.mean(axis=0), jnp.zeros(()), {})
+
+
+class RecurrentEnsemble(StatefulModule):
+    """Three GRU cells made with nnx.vmap; carry, call and reset routed through it.
+
+    The carry is ``(B, 3, WIDTH)``: the member axis second to last, so that
+    ``reset_state`` finds it both in the batch and in one env's ``(3, WIDTH)`` slice.
+    """
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        @nnx.split_rngs(splits=3)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def members(rngs: nnx.Rngs) -> GRU:
+            return GRU(WIDTH, WIDTH, rngs)
+
+        self.members = members(rngs)
+
+    def initialize_state(self, batch_size: int) -> jax.Array:
+        start = nnx.vmap(lambda member: member.initialize_state(batch_size), out_axes=1)
+        return start(self.members)
+
+    def reset_state(self, prev_state: jax.Array) -> jax.Array:
+        reset = nnx.vmap(lambda member, h: member.reset_state(h), in_axes=(0, -2), out_axes=-2)
+        return reset(self.members, prev_state)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        def step(member: GRU, h: jax.Array) -> tuple[jax.Array, jax.Array]:
+            out = member(h, x)
+            return out.next_state, out.output
+
+        next_state, each = nnx.vmap(step, in_axes=(0, 1), out_axes=1)(self.members, state)
+        return StatefulModuleOutput(next_state, each.mean(axis=1), jnp.zeros(()), {})
 
 
 class PerEnvDropout(StatefulModule):
@@ -80,6 +113,7 @@ trunk = Sequential([Stateless(layers), Ensemble(rngs)])
 for module, stochastic in [
     (trunk, False),
     (Ensemble(nnx.Rngs(0)), False),
+    (RecurrentEnsemble(nnx.Rngs(5)), False),
     (PerEnvDropout(0.5, nnx.Rngs(1)), True),
     (FoldedBatchNorm(nnx.Rngs(2)), False),
     (Rematerialised(nnx.Rngs(3)), False),

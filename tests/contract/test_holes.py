@@ -24,9 +24,11 @@ import nnx_ppo
 from nnx_ppo import ContractError
 from nnx_ppo.contract.checking import CallRecord, observe_calls, typechecked
 from nnx_ppo.networks.containers import FrozenStatistics, Parallel, Sequential
+from nnx_ppo.networks.delay import Delay
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.recording import extract_activations, with_recording
+from nnx_ppo.networks.recurrent import GRU
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.testing import check_module
 from nnx_ppo.testing.modules import StatsRecorder
@@ -171,6 +173,42 @@ def test_a_history_with_another_feature_size_is_caught() -> None:
     assert error.found == "shape (5, 2, 4) float32"
 
 
+class _PerEntity(StatefulModule):
+    """One Normalizer on each env's 3 entities, folded into its batch; ``rows`` picks
+    how the history is handed on: all of them, or half the envs'."""
+
+    def __init__(self, rows: str = "all") -> None:
+        self.norm = Normalizer(2)
+        self.rows = rows
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        out = self.norm((), x.reshape(-1, 2))
+        extras = out.rollout_extras.reshape(x.shape)
+        return StatefulModuleOutput((), out.output.reshape(x.shape), jnp.zeros(()), {}, extras)
+
+    def update_statistics(self, rollout_extras: jax.Array) -> None:
+        steps, envs = rollout_extras.shape[:2]
+        kept = envs if self.rows == "all" else envs // 2
+        self.norm.update_statistics(rollout_extras[:, :kept].reshape(steps, -1, 2))
+
+
+def test_a_child_on_entities_folded_into_the_batch_gets_its_folded_history() -> None:
+    network = _PerEntity()
+    network.update_statistics(history_of(network, jnp.ones((4, 3, 2))))  # (5, 12, 2)
+    assert float(network.norm.counter[...]) == 5 * 4 * 3
+    check_module(network, jnp.zeros((3, 2)), max_examples=3)
+
+
+def test_a_nested_history_of_fewer_rows_than_envs_is_caught() -> None:
+    network = _PerEntity(rows="half")  # B=4: the child gets 2 envs x 3 entities = 6 rows
+    with pytest.raises(ContractError) as caught:
+        network.update_statistics(history_of(network, jnp.ones((4, 3, 2))))
+    error = caught.value
+    assert error.where == "_PerEntity.norm (Normalizer).update_statistics"
+    assert "B=6 on axis 1, which is not a multiple of the top-level call's B=4" in str(error)
+    assert error.found == "shape (5, 6, 2) float32"
+
+
 def test_without_a_checked_call_update_statistics_falls_back_to_the_axis_checks() -> None:
     class NeverCalled(StatefulModule):
         def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
@@ -185,6 +223,35 @@ def test_without_a_checked_call_update_statistics_falls_back_to_the_axis_checks(
     module.update_statistics(jnp.ones((5, 2, 7)))  # nothing recorded: any (T, B, *feat)
     with pytest.raises(ContractError, match="no leading"):
         module.update_statistics(jnp.ones(()))
+
+
+class _ResetsCrosswise(Parallel):
+    """Resets each child's slot through the other child's reset_state."""
+
+    def reset_state(self, prev_state: dict[str, Any]) -> dict[str, Any]:
+        a, b = self.components["a"], self.components["b"]
+        return {"a": b.reset_state(prev_state["a"]), "b": a.reset_state(prev_state["b"])}
+
+
+def test_a_child_reset_with_another_childs_carry_is_caught() -> None:
+    network = _ResetsCrosswise(a=GRU(2, 2, nnx.Rngs(0)), b=Delay(jnp.zeros(2), 3))
+    carry = network.initialize_state(4)
+    with pytest.raises(ContractError) as caught:
+        network.reset_state(carry)
+    error = caught.value
+    assert error.where == "_ResetsCrosswise.components['b'] (Delay).reset_state"
+    assert "was given a carry that is not the one its initialize_state builds" in str(error)
+    assert "called by _ResetsCrosswise" in str(error)
+    assert "prev_state['buffer'] (..., 3, 2) float32" in str(error.expected)
+    assert error.found == "prev_state shape (4, 2) float32"
+
+
+def test_a_childs_own_carry_is_accepted_with_any_leading_axes() -> None:
+    network = Parallel(a=GRU(2, 2, nnx.Rngs(0)), b=Delay(jnp.zeros(2), 3))
+    carry = network.initialize_state(4)
+    network.reset_state(carry)
+    jax.vmap(network.reset_state)(carry)  # one env's slice
+    network.reset_state(jax.tree.map(lambda leaf: leaf.reshape(2, 2, *leaf.shape[1:]), carry))
 
 
 # ------------------------------------------------------------------------ frozen stats
@@ -249,6 +316,34 @@ def test_a_statistic_written_in_call_under_a_transform_is_named() -> None:
     assert error.where == "_WritesStatisticsInCall.__call__"
     assert error.leaf == "_WritesStatisticsInCall.mean (BatchStat)"
     assert "inside a JAX transform" in str(error)
+
+
+class _CountsInAnArrayAttribute(StatefulModule):
+    """A statistic held as a plain array attribute (no nnx.Variable), written in __call__."""
+
+    def __init__(self) -> None:
+        self.seen = jnp.zeros(())
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        self.seen = self.seen + x.shape[0]
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {}, None)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_an_array_attribute_written_in_call_is_named(compiled: bool) -> None:
+    network = Sequential([Dense(3, 3, nnx.Rngs(0)), _CountsInAnArrayAttribute()])
+    graphdef, variables = nnx.split(network)
+
+    def call(variables: nnx.State, x: jax.Array) -> jax.Array:
+        module = nnx.merge(graphdef, variables)
+        return module(module.initialize_state(2), x).output
+
+    with pytest.raises(ContractError) as caught:
+        (jax.jit(call) if compiled else call)(variables, jnp.ones((2, 3)))
+    error = caught.value
+    assert error.where == "Sequential.layers[1] (_CountsInAnArrayAttribute).__call__"
+    assert error.leaf == "Sequential.layers[1].seen (an array attribute)"
+    assert "in a compiled call the write is lost" in str(error)
 
 
 class _RemembersItsBatchSize(StatefulModule):

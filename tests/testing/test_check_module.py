@@ -20,7 +20,8 @@ from flax import nnx
 from jaxtyping import Array
 
 import nnx_ppo
-from nnx_ppo.networks.containers import Sequential
+from nnx_ppo.networks.containers import Parallel, Sequential
+from nnx_ppo.networks.delay import Delay
 from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.sampling_layers import CategoricalSampler
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
@@ -551,3 +552,74 @@ def test_a_low_precision_module_s_float_mismatch_says_its_rounding_scale() -> No
     # Eager ops and the fused program round a bfloat16 carry differently; at its scale
     # the two agree.
     check_module(BFloat16Cell(), jnp.linspace(-1.0, 1.0, 4), max_examples=3, rtol=0.02, atol=0.02)
+
+
+class SharedNormalizer(StatefulModule):
+    """One Normalizer applied to two inputs; ``fold`` says how its histories go back."""
+
+    def __init__(self, fold: str) -> None:
+        self.norm = Normalizer(2)
+        self.fold = fold
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> Any:
+        a, b = self.norm((), x["a"]), self.norm((), x["b"])
+        extras = {"a": a.rollout_extras, "b": b.rollout_extras}
+        return StatefulModuleOutput((), a.output - b.output, jnp.zeros(()), {}, extras)
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        a, b = rollout_extras["a"], rollout_extras["b"]
+        histories = {
+            "each": [a, b],
+            "joined": [jnp.concatenate([a, b], axis=1)],  # (T, 2B, 2): B twice over
+            "a twice": [a, a],
+            "a only": [a],
+        }[self.fold]
+        for history in histories:
+            self.norm.update_statistics(history)
+
+
+_TWO_INPUTS = {"a": jnp.zeros(2), "b": jnp.zeros(2)}
+
+
+@pytest.mark.parametrize("fold", ["each", "joined"])
+def test_a_module_shared_by_two_inputs_folds_both_histories(fold: str) -> None:
+    check_module(SharedNormalizer(fold), _TWO_INPUTS, max_examples=3)
+
+
+@pytest.mark.parametrize(
+    ("fold", "found"),
+    [("a twice", "the samples it was given, sorted"), ("a only", "samples: ")],
+)
+def test_a_module_shared_by_two_inputs_given_one_history_twice_or_once_fails(
+    fold: str, found: str
+) -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(SharedNormalizer(fold), _TWO_INPUTS, max_examples=3)
+    error = caught.value
+    assert error.property == ModuleProperty.STATISTICS
+    assert "SharedNormalizer.norm" in str(error)
+    assert found in str(error)
+
+
+class DelaysResetCrosswise(Parallel):
+    """Two delay lines of one shape, each reset through the other's reset_state."""
+
+    def reset_state(self, prev_state: dict[str, Any]) -> dict[str, Any]:
+        a, b = self.components["a"], self.components["b"]
+        return {"a": b.reset_state(prev_state["a"]), "b": a.reset_state(prev_state["b"])}
+
+
+@pytest.mark.parametrize("container", [Parallel, DelaysResetCrosswise])
+def test_children_of_one_kind_reset_each_through_the_other_fail(container: type) -> None:
+    # The trace-time checks compare trees and shapes, alike here; the kit compares values.
+    network = container(
+        a=Delay(jnp.zeros(2), 3, initial_value=0.0), b=Delay(jnp.zeros(2), 3, initial_value=-1.0)
+    )
+    if container is Parallel:
+        check_module(network, jnp.zeros(2), max_examples=3)
+        return
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(network, jnp.zeros(2), max_examples=3)
+    error = caught.value
+    assert error.property == ModuleProperty.RESET_STATE
+    assert "reset_state gave DelaysResetCrosswise.components['a'] a carry that is not" in str(error)

@@ -266,13 +266,12 @@ def _new_training_state(
             "new_training_state: networks must be a StatefulModule (the PPO network), "
             f"got a {type(networks).__name__}"
         )
+    _require_seed(seed)
+    _require_float_parameters(networks)
     if optimizer is None:
         _require_optimizer_options(
             "new_training_state", learning_rate, gradient_clipping, weight_decay
         )
-    _require_seed(seed)
-    _require_float_parameters(networks)
-    if optimizer is None:
         optimizer = _default_optimizer(learning_rate, gradient_clipping, weight_decay)
     graphdef, network_state = nnx.split(networks)
     static = (graphdef, n_envs)

@@ -66,6 +66,7 @@ __all__ = [
     "key_data_or_leaf",
     "named_leaves",
     "observe_calls",
+    "resets_its_carry",
     "structure_difference",
     "typechecked",
 ]
@@ -118,7 +119,9 @@ _RULE_INIT = rule_text(
 )
 _RULE_HISTORY = rule_text(
     "update_statistics receives the rollout's stacked emissions: every leaf is "
-    "(T, B, *feat) with one T and one B across the whole top-level call",
+    "(T, B, *feat) with one T across the whole top-level call and one B per call (a "
+    "nested call's B is the top-level B, or K times it where K entities per env are "
+    "folded into the batch)",
     "statistics",
 )
 _RULE_EMITTED = rule_text(
@@ -314,6 +317,9 @@ class _Axis:
     label: str
     size: int | None = None
     source: str | None = None
+    usual_size: int | None = None
+    """A size the axis usually has, for hints only: a nested history's ``B`` may be a
+    multiple of the top-level call's, but most often it is that very size."""
 
     def bind(self, size: int, source: str) -> bool:
         if self.size is None:
@@ -346,7 +352,7 @@ def _check_leading(
             )
         for index, (axis, size) in enumerate(zip(axes, shape, strict=False)):
             if not axis.bind(int(size), leaf_name):
-                later = [a for a in axes[index + 1 :] if a.size == size]
+                later = [a for a in axes[index + 1 :] if size in (a.size, a.usual_size)]
                 hint = (
                     f" Its axis {index} has the size of {later[0].label}: did it lose its "
                     f"{axis.label} axis?"
@@ -660,7 +666,9 @@ def _check_call(
     _check_leading(site, (batch,), state_name, state, _RULE_ONE_B, "argument")
     _check_leading(site, (batch,), given_extras_name, given_extras, _RULE_ONE_B, "argument")
     top_level = len(_ACTIVE_MODULES.get()) == 1
-    before = _variable_values(site.module, _is_forward_state) if top_level else {}
+    before = (
+        _variable_values(site.module, _is_forward_state, array_attributes=True) if top_level else {}
+    )
     try:
         result = call()
     except TraceContextError as error:
@@ -697,7 +705,9 @@ def _check_call(
         )
     _check_regularization(site, result.regularization_loss, batch)
     _check_metrics(site, result.metrics, batch)
-    _EMISSIONS.remember(site.module, result.rollout_extras)
+    structure = _structure_key(site.module)
+    _EMISSIONS.remember(structure, result.rollout_extras)
+    _CARRIES.remember(structure, state)
     return result
 
 
@@ -717,18 +727,42 @@ def _is_written_only_by_training(variable: nnx.Variable[Any]) -> bool:
     return _is_forward_state(variable) and not isinstance(variable, nnx.RngState)
 
 
+@dataclass(frozen=True)
+class _ArrayAttribute:
+    """An array a module holds as a plain attribute: Flax NNX state without a Variable,
+    read where it lives (a write replaces the attribute, not a Variable's value)."""
+
+    owner: nnx.Module
+    name: str
+
+    def get_raw_value(self) -> Any:
+        return getattr(self.owner, self.name)
+
+
+_Held = nnx.Variable[Any] | _ArrayAttribute
+
+
 def _variable_values(
-    root: Any, include: Callable[[nnx.Variable[Any]], bool]
-) -> dict[tuple[Any, ...], tuple[nnx.Variable[Any], Any]]:
-    """Each included variable under ``root`` by path, with the value it holds now.
+    root: Any, include: Callable[[nnx.Variable[Any]], bool], *, array_attributes: bool = False
+) -> dict[tuple[Any, ...], tuple[_Held, Any]]:
+    """Each included variable under ``root`` by path, with the value it holds now; with
+    ``array_attributes``, each array a module holds as a plain attribute too.
 
     The value's containers are copied (its leaves are not), so a dict value changed in
     place still shows what it held.
     """
+    nodes = dict(nnx.iter_graph(root))
+    held: dict[tuple[Any, ...], _Held] = {}
+    for path, node in nodes.items():
+        if isinstance(node, nnx.Variable) and include(node):
+            held[tuple(path)] = node
+        elif array_attributes and isinstance(node, jax.Array) and path:
+            owner = nodes.get(path[:-1])
+            if isinstance(owner, nnx.Module) and isinstance(path[-1], str):
+                held[tuple(path)] = _ArrayAttribute(owner, path[-1])
     return {
-        tuple(path): (node, jax.tree.map(lambda leaf: leaf, node.get_raw_value()))
-        for path, node in nnx.iter_graph(root)
-        if isinstance(node, nnx.Variable) and include(node)
+        path: (holder, jax.tree.map(lambda leaf: leaf, holder.get_raw_value()))
+        for path, holder in held.items()
     }
 
 
@@ -756,7 +790,9 @@ def _equal_concrete(a: Any, b: Any) -> bool:
 
 
 def _describe_variable(root: Any, path: tuple[Any, ...] | None, variable: Any) -> str:
-    kind = type(variable).__name__
+    kind = (
+        "an array attribute" if isinstance(variable, _ArrayAttribute) else type(variable).__name__
+    )
     if path is None:
         return f"a {kind} variable"
     return f"{type(root).__name__}{format_graph_path(root, path)} ({kind})"
@@ -764,7 +800,7 @@ def _describe_variable(root: Any, path: tuple[Any, ...] | None, variable: Any) -
 
 def _check_unwritten(
     site: _Site,
-    before: dict[tuple[Any, ...], tuple[nnx.Variable[Any], Any]],
+    before: dict[tuple[Any, ...], tuple[_Held, Any]],
     method: str,
     rule: str,
 ) -> None:
@@ -784,6 +820,12 @@ def _check_unwritten(
         if isinstance(variable, nnx.RngState):
             raise _rng_draw_violation(site, name)
         problem = f"{method} wrote the variable {name}."
+        if isinstance(variable, _ArrayAttribute):
+            problem += (
+                " An array held as a plain attribute is module state too: in a compiled "
+                "call the write is lost. Keep a statistic in an nnx.BatchStat written by "
+                "update_statistics, and what changes per step in the carry."
+            )
         if written_back and _rewritten_in_kind(now, value):
             problem += (
                 " Each of its arrays was replaced by a traced one of the same shape and "
@@ -941,8 +983,8 @@ class _EmissionRecord:
     def __init__(self) -> None:
         self._specs: dict[Any, dict[_Spec, None]] = {}
 
-    def remember(self, module: Any, extras: Any) -> None:
-        key = _structure_key(module)
+    def remember(self, key: Any, extras: Any) -> None:
+        """Record ``extras`` for the structure ``key`` (:func:`_structure_key`)."""
         specs = self._specs.pop(key, {})
         specs.pop(spec := _emission_spec(extras), None)
         specs[spec] = None
@@ -958,6 +1000,51 @@ class _EmissionRecord:
 
 
 _EMISSIONS = _EmissionRecord()
+_CARRIES = _EmissionRecord()
+"""The carry each module structure's checked ``initialize_state`` built and its checked
+``__call__`` was given: what its ``reset_state`` must be given (with any leading axes:
+the batch, none under ``vmap``, or a container's entity axis besides)."""
+
+
+def _is_carry_of(spec: _Spec, carry: Any) -> bool:
+    """``carry`` has ``spec``'s leaves, dtypes and per-env shapes, after any leading axes."""
+    given = _emission_spec(carry, leading=0)
+    if [path for path, _, _ in given] != [path for path, _, _ in spec]:
+        return False
+    for (_, shape, dtype), (_, given_shape, given_dtype) in zip(spec, given, strict=True):
+        if shape is None or given_shape is None:
+            continue
+        trailing = given_shape[len(given_shape) - len(shape) :] if shape else ()
+        if dtype != given_dtype or len(given_shape) < len(shape) or trailing != shape:
+            return False
+    return True
+
+
+def _check_own_carry(site: _Site, name: str, carry: Any) -> None:
+    """``carry`` is what ``site.module``'s ``initialize_state`` builds; unchecked when
+    nothing was recorded for its structure."""
+    built = _CARRIES.emitted(site.module)
+    if not built or any(_is_carry_of(spec, carry) for spec in built):
+        return
+    leaves = ", ".join(
+        f"{name}{path} (..., {', '.join(map(str, shape or ()))}) {dtype}".replace(
+            "(..., )", "(...)"
+        )
+        for path, shape, dtype in built[0]
+    )
+    raise _violation(
+        site,
+        f"was given a carry that is not the one its initialize_state builds (called by "
+        f"{_caller()}): a container routed it another module's slice of the carry.",
+        leaf=name,
+        expected=f"the leaves its initialize_state returns: {leaves or 'none (an empty carry)'}",
+        found=", ".join(
+            f"{leaf_name} {describe_leaf(leaf)}"
+            for leaf_name, leaf in named_leaves(name, carry)[:4]
+        )
+        or "no leaves",
+        rule=_RESET_ROUTING.rule,
+    )
 
 
 def _check_regularization(site: _Site, loss: Any, batch: _Axis) -> None:
@@ -1001,12 +1088,17 @@ def _check_initialize_state(site: _Site, arguments: _Arguments, call: Callable[[
             site, f"{size_name} must be a positive int.", leaf=size_name, found=repr(batch_size)
         ) from None
     top_level = len(_ACTIVE_MODULES.get()) == 1
-    before = _variable_values(site.module, _is_written_only_by_training) if top_level else {}
+    before = (
+        _variable_values(site.module, _is_written_only_by_training, array_attributes=True)
+        if top_level
+        else {}
+    )
     state = call()
     if top_level:
         _check_unwritten(site, before, "initialize_state", _RULE_INIT_NO_WRITES)
     batch = _Axis("B", batch_size, size_name)
     _check_leading(site, (batch,), "state", state, _RULE_INIT, "returned")
+    _CARRIES.remember(_structure_key(site.module), state)
     return state
 
 
@@ -1017,6 +1109,8 @@ def _check_reset_state(site: _Site, arguments: _Arguments, call: Callable[[], An
     token = _RESET_REACHED.set(reached) if outer is None else None
     try:
         reached[id(site.module)] = type(site.module)
+        if outer is not None:
+            _check_own_carry(site, prev_name, prev)
         state = call()
         _check_same_tree(site, prev_name, prev, "returned state", state, _RULE_RESET, None)
         _warn_kept_carry(site, prev_name, prev)
@@ -1094,8 +1188,11 @@ def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[
     try:
         shared.reached[id(site.module)] = type(site.module)
         what = "argument" if top_level else f"argument (passed by {_caller()})"
-        _check_leading(site, (shared.time, shared.batch), extras_name, extras, _RULE_HISTORY, what)
-        _check_emitted(site, extras_name, extras, shared)
+        batch = shared.batch if top_level else _Axis("B", usual_size=shared.batch.size)
+        _check_leading(site, (shared.time, batch), extras_name, extras, _RULE_HISTORY, what)
+        if not top_level:
+            _check_folded_batch(site, extras_name, extras, batch, shared.batch)
+        _check_emitted(site, extras_name, extras, shared.time, batch)
         params = _variable_values(site.module, _is_param) if top_level else {}
         statistics = _variable_values(site.module, _is_statistic) if top_level else {}
         result = call()
@@ -1117,9 +1214,7 @@ def _is_statistic(variable: nnx.Variable[Any]) -> bool:
     return not isinstance(variable, nnx.Param | nnx.RngState)
 
 
-def _check_kept_shapes(
-    site: _Site, before: dict[tuple[Any, ...], tuple[nnx.Variable[Any], Any]]
-) -> None:
+def _check_kept_shapes(site: _Site, before: dict[tuple[Any, ...], tuple[_Held, Any]]) -> None:
     """Every statistic holds the tree, shapes and dtypes it held before ``update_statistics``."""
     for path, (variable, value) in before.items():
         name = _describe_variable(site.module, path, variable)
@@ -1142,7 +1237,27 @@ def _caller() -> str:
     return describe_module(stack[-2])
 
 
-def _check_emitted(site: _Site, name: str, history: Any, shared: _StatisticsCall) -> None:
+def _check_folded_batch(site: _Site, name: str, history: Any, batch: _Axis, top: _Axis) -> None:
+    """A nested call's ``B`` is the top-level call's or a multiple of it: a container may
+    fold ``K`` entities per env into its child's batch (``(B * K, *feat)`` calls), so
+    the child's history is ``(T, B * K, *feat)``; fewer rows leave envs out."""
+    if batch.size is None or top.size is None or batch.size % top.size == 0:
+        return
+    leaf_name, leaf = named_leaves(name, history)[0]
+    raise _violation(
+        site,
+        f"argument (passed by {_caller()}) {leaf_name} has B={batch.size} on axis 1, which "
+        f"is not a multiple of the top-level call's {top}: a nested history holds every "
+        "env's steps, its B that of the top-level call or, where a container folds K "
+        "entities per env into the batch, K times it.",
+        leaf=leaf_name,
+        expected=f"(T, B, *feat) or (T, B * K, *feat) with {top}",
+        found=describe_leaf(leaf),
+        rule=_RULE_HISTORY,
+    )
+
+
+def _check_emitted(site: _Site, name: str, history: Any, time: _Axis, batch: _Axis) -> None:
     """``history`` is what ``site.module`` emitted, stacked; unchecked when nothing was recorded."""
     emitted = _EMISSIONS.emitted(site.module)
     given = _emission_spec(history, leading=2)
@@ -1172,7 +1287,7 @@ def _check_emitted(site: _Site, name: str, history: Any, shared: _StatisticsCall
             found=found or f"the leaves in another order: {', '.join(given_paths)}",
             rule=_RULE_EMITTED,
         )
-    axes = f"T={shared.time.size}, B={shared.batch.size}"
+    axes = f"T={time.size}, B={batch.size}"
     for (path, shape, dtype), (_, given_shape, given_dtype) in zip(expected, given, strict=True):
         if shape is None or (shape, dtype) == (given_shape, given_dtype):
             continue
@@ -1336,6 +1451,12 @@ _RESET_ROUTING = _Routing(
     ),
     frozen_exempt=False,
 )
+
+
+def resets_its_carry(node: Any) -> bool:
+    """Whether ``node`` is a contract module that keeps a carry and defines its own
+    ``reset_state``: one a top-level ``reset_state`` must reach."""
+    return _RESET_ROUTING.needs(node)
 
 
 # ----------------------------------------------------------------------- installation

@@ -59,6 +59,7 @@ from nnx_ppo.contract.checking import (
     is_stats_bearing,
     named_leaves,
     observe_calls,
+    resets_its_carry,
 )
 from nnx_ppo.networks.adapter import is_sampled_action
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule, StatefulModuleOutput
@@ -458,7 +459,9 @@ class _Trajectory:
     states: list[Any]
     outputs: list[StatefulModuleOutput]
     writes: list[_Write]
-    emitted: list[dict[str, Any]]
+    emitted: list[dict[str, tuple[Any, ...]]]
+    carried: list[dict[str, tuple[Any, ...]]]
+    """By step, the carry each module with its own ``reset_state`` returned (by path)."""
 
     def extras(self) -> Any:
         """The emitted rollout_extras stacked over steps: leaves ``(T, B, *feat)``."""
@@ -466,42 +469,53 @@ class _Trajectory:
 
 
 class _PerModule:
-    """What the modules below a root that keep statistics were given or returned, by
-    path, from the checked calls of one method."""
+    """What the modules below a root that a predicate picks (by default, those that keep
+    statistics) were given or returned, by path, from the checked calls of one method."""
 
-    def __init__(self, root: StatefulModule, method: str) -> None:
+    def __init__(
+        self,
+        root: StatefulModule,
+        method: str,
+        selects: Callable[[Any], bool] = is_stats_bearing,
+        read: Callable[[CallRecord], Any] | None = None,
+    ) -> None:
+        """Observe the calls of ``method`` of the modules ``selects`` picks below ``root``,
+        keeping ``read(record)``: by default a call's ``rollout_extras``, or the first
+        argument of another method."""
         self.method = method
         self.paths = {
             id(node): format_graph_path(root, tuple(path))
             for path, node in nnx.iter_graph(root)
-            if is_stats_bearing(node)
+            if selects(node)
         }
+        self.read = read or (
+            (lambda r: r.result.rollout_extras)
+            if method == "__call__"
+            else (lambda r: r.arguments[0][1])
+        )
         self.seen: dict[str, list[tuple[Any, bool]]] = {}
 
     def __call__(self, record: CallRecord) -> None:
         path = self.paths.get(id(record.module))
         if path is None or record.method != self.method or record.error is not None:
             return
-        if self.method == "__call__":
-            value = record.result.rollout_extras
-        else:
-            value = record.arguments[0][1]
-        self.seen.setdefault(path, []).append((value, not record.in_transform))
+        self.seen.setdefault(path, []).append((self.read(record), not record.in_transform))
 
     def calls(self) -> dict[str, int]:
         """How many calls each module had."""
         return {path: len(values) for path, values in self.seen.items()}
 
-    def once(self) -> dict[str, Any]:
-        """The value of each module called once, at the top of the compiled call: one
-        called inside a transform of it (``jax.checkpoint``, ``vmap``, a scan) holds
-        that transform's tracers, which cannot leave it, and is left out. Values the
-        module's callers computed (a container's arithmetic, packing and unpacking)
-        are kept: they are what the module was given or returned."""
+    def at_top(self) -> dict[str, tuple[Any, ...]]:
+        """Each module's values, one per call, where every call was at the top of the
+        compiled call: one called inside a transform of it (``jax.checkpoint``,
+        ``vmap``, a scan) holds that transform's tracers, which cannot leave it, and is
+        left out. Values the module's callers computed (a container's arithmetic,
+        packing and unpacking) are kept: they are what the module was given or
+        returned. A module shared by two inputs has two values."""
         return {
-            path: values[0][0]
+            path: tuple(value for value, _ in values)
             for path, values in self.seen.items()
-            if len(values) == 1 and values[0][1]
+            if all(top for _, top in values)
         }
 
 
@@ -545,40 +559,59 @@ class _ModuleKit:
 
     def _step(
         self, variables: nnx.State, state: Any, x: Any, rollout_extras: Any
-    ) -> tuple[StatefulModuleOutput, dict[str, Bool[Array, ""]], dict[str, Any]]:
+    ) -> tuple[StatefulModuleOutput, dict[str, Bool[Array, ""]], dict[str, Any], dict[str, Any]]:
+        """The call's output, its writes, and by module path what each module that keeps
+        statistics emitted and the carry each module with its own reset returned."""
         # The intermediates sow and nnx.capture keep are the one kind a forward pass
         # may write: no forward pass reads them.
         before = _variable_values(nnx.filter_state(variables, _FORWARD_STATE))
         module = nnx.merge(self.graphdef, variables)
         emitted = _PerModule(module, "__call__")
-        with observe_calls(emitted):
+        carried = _PerModule(module, "__call__", resets_its_carry, lambda r: r.result.next_state)
+        with observe_calls(emitted), observe_calls(carried):
             out = module(state, x, rollout_extras)
         writes = _writes(before, _variable_values(nnx.state(module, _FORWARD_STATE)))
-        return out, writes, emitted.once()
+        return out, writes, emitted.at_top(), carried.at_top()
 
     def _reset(
         self, variables: nnx.State, state: Any
-    ) -> tuple[Any, Any, dict[str, Bool[Array, ""]]]:
+    ) -> tuple[Any, Any, dict[str, Bool[Array, ""]], dict[str, Any]]:
+        """``reset_state`` of the batch and of each env's slice, its writes, and by module
+        path the carry each module with its own reset was given in the batched call."""
         before = _variable_values(variables)
         module = nnx.merge(self.graphdef, variables)
-        with _phase(ModuleProperty.RESET_STATE, "reset_state on the batched carry"):
+        given = _PerModule(module, "reset_state", resets_its_carry)
+        with (
+            _phase(ModuleProperty.RESET_STATE, "reset_state on the batched carry"),
+            observe_calls(given),
+        ):
             batched = module.reset_state(state)
         per_env = batched
         if jax.tree.leaves(state):  # vmap needs an axis to map over
             with _phase(ModuleProperty.RESET_STATE, "reset_state on one env's slice, under vmap"):
-                per_env = jax.vmap(module.reset_state)(state)
-        return batched, per_env, _writes(before, _variable_values(nnx.state(module)))
+                # nnx.vmap, the module unmapped: an NNX transform inside reset_state (an
+                # ensemble's nnx.vmap over its members) refuses variables that a plain
+                # jax.vmap closed over from its outer trace.
+                per_env = nnx.vmap(
+                    lambda module, slice_: module.reset_state(slice_), in_axes=(None, 0)
+                )(module, state)
+        return (
+            batched,
+            per_env,
+            _writes(before, _variable_values(nnx.state(module))),
+            given.at_top(),
+        )
 
     def _fold(
         self, variables: nnx.State, history: Any
-    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
-        """The variables after ``update_statistics``; the history each module that keeps
-        statistics was given, and how many times it was called."""
+    ) -> tuple[dict[str, Any], dict[str, tuple[Any, ...]], dict[str, int]]:
+        """The variables after ``update_statistics``; the histories each module that
+        keeps statistics was given, and how many times it was called."""
         module = nnx.merge(self.graphdef, variables)
         given = _PerModule(module, "update_statistics")
         with observe_calls(given):
             module.update_statistics(history)
-        return _variable_values(nnx.state(module, _FORWARD_STATE)), given.once(), given.calls()
+        return _variable_values(nnx.state(module, _FORWARD_STATE)), given.at_top(), given.calls()
 
     # -------------------------------------------------------------------- eager calls
 
@@ -608,15 +641,18 @@ class _ModuleKit:
         After a step where ``ends`` marks an env, that env's carry is reset with
         ``reset_state`` of the batch, as the library does on an episode end.
         """
-        states, outputs, writes, emitted = [], [], [], []
+        states, outputs, writes, emitted, carried = [], [], [], [], []
         for t in range(len(ends)):
             states.append(state)
             extras = None if stored is None else _at_step(stored, t)
             with _phase(prop, what):
-                out, flags, by_module = self.step(variables, state, _at_step(inputs, t), extras)
+                out, flags, by_module, carries = self.step(
+                    variables, state, _at_step(inputs, t), extras
+                )
             out = host(out)
             outputs.append(out)
             emitted.append(host(by_module))
+            carried.append(host(carries))
             if names := _written(flags):
                 call = "__call__" if stored is None else "__call__ in replay"
                 writes.append(_Write(call, t, names))
@@ -624,11 +660,11 @@ class _ModuleKit:
             if ends[t].any():
                 where = f"reset_state of the envs whose episode ended at step {t}"
                 with _phase(ModuleProperty.RESET_STATE, where):
-                    fresh, _, flags = host(self.reset(variables, state))
+                    fresh, _, flags, _ = host(self.reset(variables, state))
                 if names := _written(flags):
                     writes.append(_Write("reset_state", t, names))
                 state = _where_rows(ends[t], fresh, state)
-        return _Trajectory(states, outputs, writes, emitted)
+        return _Trajectory(states, outputs, writes, emitted, carried)
 
 
 class _Case:
@@ -698,13 +734,14 @@ class _Case:
         )
 
     @functools.cached_property
-    def reset(self) -> tuple[Any, Any, dict[str, Any]]:
-        """``reset_state`` of the rollout's final carry: batched, per env, and its writes."""
+    def reset(self) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+        """``reset_state`` of the rollout's final carry: batched, per env, its writes, and
+        the carry each module with its own reset was given."""
         with _phase(ModuleProperty.RESET_STATE, "reset_state"):
             return host(self.kit.reset(self.variables, self.rollout.outputs[-1].next_state))
 
     @functools.cached_property
-    def folded(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
+    def folded(self) -> tuple[dict[str, Any], dict[str, tuple[Any, ...]], dict[str, int]]:
         """``update_statistics`` of the rollout's history: the variables after it, the
         history each module below that keeps statistics was given, and its calls."""
         with _phase(ModuleProperty.STATISTICS, "update_statistics"):
@@ -942,7 +979,8 @@ def _check_scalar_loss_is_a_mean(case: _Case, alone: Shaped[np.ndarray, "B T ...
 
 
 def _check_reset_state(case: _Case) -> None:
-    batched, per_env, _ = case.reset
+    batched, per_env, _, given = case.reset
+    _check_reset_routing(case, given)
     case.compare(
         ModuleProperty.RESET_STATE,
         [named_leaves("reset_state(state)", batched)],
@@ -954,6 +992,37 @@ def _check_reset_state(case: _Case) -> None:
             "reset_state vmapped over the envs",
         ),
     )
+
+
+def _check_reset_routing(case: _Case, given: dict[str, tuple[Any, ...]]) -> None:
+    """Each module with its own ``reset_state`` is given the carry it returned at the
+    rollout's last step, the one the reset was called on: the contract checks compare
+    trees and shapes, so two children of one kind (two delay lines) could be reset
+    each through the other's ``reset_state``."""
+    name, last = case.kit.name, case.rollout.carried[-1]
+    for path, prevs in given.items():
+        returned = last.get(path, ())
+        if len(prevs) != 1 or len(returned) != 1:
+            continue
+        want = named_leaves(f"{name}{path} carry", returned[0])
+        got = named_leaves(f"{name}{path} carry", prevs[0])
+        if [n for n, _ in want] != [n for n, _ in got] or any(
+            np.size(a) != np.size(b) for (_, a), (_, b) in zip(want, got, strict=True)
+        ):
+            continue  # another tree or size: the trace-time checks named it, if wrong
+        # A container may keep a child's carry reshaped (entities folded into the batch).
+        got = [(n, np.reshape(b, np.shape(a))) for (n, a), (_, b) in zip(want, got, strict=True)]
+        case.compare(
+            ModuleProperty.RESET_STATE,
+            [want],
+            [got],
+            lambda m, path=path: (
+                f"reset_state gave {name}{path} a carry that is not the one it returned at "
+                "the last step: a container routed it another module's slice of the carry.",
+                "the carry it returned at the rollout's last step",
+                "the carry its reset_state was given",
+            ),
+        )
 
 
 def _check_episodes_independent(case: _Case) -> None:
@@ -1121,8 +1190,14 @@ def _check_statistics(case: _Case) -> None:
     # here: two children emitting the same shapes could be given each other's.
     name = case.kit.name
     _, given, calls = case.folded
-    every_step = [p for p in case.rollout.emitted[0] if all(p in e for e in case.rollout.emitted)]
+    emitted = case.rollout.emitted
+    every_step = [
+        p for p in emitted[0] if all(len(e.get(p, ())) == len(emitted[0][p]) for e in emitted)
+    ]
     for path in every_step:  # in the order of the calls
+        if len(emitted[0][path]) > 1:
+            _check_shared_statistics(case, path, given.get(path))
+            continue
         # Emitted once a step: folded once a call, its own history and nothing else.
         count = int(calls.get(path, 0))
         if count > 1:
@@ -1134,22 +1209,76 @@ def _check_statistics(case: _Case) -> None:
                 expected="one update_statistics call with the history it emitted",
                 found=f"{count} calls",
             )
-        steps = [emitted[path] for emitted in case.rollout.emitted]
-        if path not in given or any(step is None for step in steps):
+        steps = [step[path][0] for step in emitted]
+        if len(given.get(path, ())) != 1 or any(step is None for step in steps):
             continue
-        history = given[path]
+        history = given[path][0]
         case.compare(
             ModuleProperty.STATISTICS,
             [named_leaves(f"{name}{path} history", _stacked(steps))],
             [named_leaves(f"{name}{path} history", history)],
             lambda m, path=path: (
                 f"update_statistics gave {name}{path} a history that is not what it "
-                "emitted: a container routed it another module's rollout_extras.",
+                "emitted: a container routed it another module's rollout_extras, or left "
+                "out, repeated or reordered some of its rows.",
                 f"what {name}{path} emitted in the rollout",
                 "the history it was given",
             ),
             lambda row: f"step {row}",
         )
+
+
+def _sorted_rows(histories: Sequence[Any], leading: int) -> list[Any]:
+    """Per leaf, every sample of ``histories`` (leaves ``(*leading axes, *feat)``) as
+    one row, in lexicographic order: a multiset of the samples, whatever their order."""
+    per_leaf = zip(*(jax.tree.leaves(as_numpy(h)) for h in histories), strict=True)
+    sorted_leaves = []
+    for leaves in per_leaf:
+        rows = np.concatenate([np.reshape(leaf, (-1, *leaf.shape[leading:])) for leaf in leaves])
+        flat = rows.reshape(len(rows), -1)
+        sorted_leaves.append(rows[np.lexsort(flat.T[::-1])] if flat.shape[1] else rows)
+    return sorted_leaves
+
+
+def _check_shared_statistics(case: _Case, path: str, given: tuple[Any, ...] | None) -> None:
+    """A module called more than once a step (one normaliser on two inputs) must fold
+    every sample it emitted, each once: in one call per input or in one call of the
+    histories joined along ``B``. Compared as multisets of samples (the statistics
+    property makes their order free)."""
+    name = case.kit.name
+    calls = [step[path] for step in case.rollout.emitted]
+    if given is None or any(value is None for step in calls for value in step):
+        return
+    emitted = _sorted_rows([value for step in calls for value in step], leading=1)
+    folded = _sorted_rows(given, leading=2)
+    module = f"{name}{path}"
+    for index, (want, got) in enumerate(zip(emitted, folded, strict=True)):
+        leaf = f"{module} history" + (f" leaf {index}" if len(emitted) > 1 else "")
+        if want.shape != got.shape:
+            per_step = len(calls[0])
+            raise case.fail(
+                ModuleProperty.STATISTICS,
+                f"update_statistics gave {module}, called {per_step} times a step, "
+                f"{len(got)} samples where it emitted {len(want)}: a container folded in "
+                "some of its histories twice or left some out.",
+                leaf=leaf,
+                expected=f"samples: {len(want)} ({per_step} calls a step, "
+                f"T={case.ex.time_length}, B={case.ex.batch_size})",
+                found=f"samples: {len(got)}, in update_statistics calls: {len(given)}",
+            )
+    case.compare(
+        ModuleProperty.STATISTICS,
+        [[(f"{module} samples", leaf) for leaf in emitted]],
+        [[(f"{module} samples", leaf) for leaf in folded]],
+        lambda m: (
+            f"update_statistics gave {module}, called more than once a step, samples that "
+            "are not the ones it emitted: a container folded in one of its histories "
+            "twice, or another module's.",
+            f"what {module} emitted in the rollout, sorted",
+            "the samples it was given, sorted",
+        ),
+        lambda row: f"sorted sample {row}",
+    )
 
 
 def _check_statistics_order(case: _Case) -> None:
@@ -1445,9 +1574,11 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
     PropertyCheck(
         ModuleProperty.RESET_STATE,
         "reset_state returns the carry's tree, shapes and dtypes, on a batched carry and, "
-        "under vmap, on one env's slice, and resets each env on its own",
-        "``reset_state`` of the rollout's final carry, batched and ``jax.vmap``-ed over "
-        "each env's slice, gives the same carry",
+        "under vmap, on one env's slice, and resets each env on its own; containers route "
+        "each child its own carry",
+        "``reset_state`` of the rollout's final carry, batched and ``nnx.vmap``-ed over "
+        "each env's slice, gives the same carry; each module below with its own "
+        "``reset_state`` is given the carry it returned at the last step",
         _check_reset_state,
     ),
     PropertyCheck(
@@ -1492,7 +1623,8 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         "every module that keeps statistics",
         "``update_statistics`` of the rollout's ``(T, B, *feat)`` history passes the "
         "contract checks, which include that every module holding statistics was reached; "
-        "each of them is given exactly what it emitted in the rollout",
+        "each of them is given exactly what it emitted in the rollout (one called more "
+        "than once a step, one normaliser on two inputs, every sample it emitted, each once)",
         _check_statistics,
     ),
     PropertyCheck(
