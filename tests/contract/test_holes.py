@@ -344,6 +344,8 @@ def test_an_array_attribute_written_in_call_is_named(compiled: bool) -> None:
     assert error.where == "Sequential.layers[1] (_CountsInAnArrayAttribute).__call__"
     assert error.leaf == "Sequential.layers[1].seen (an array attribute)"
     assert "in a compiled call the write is lost" in str(error)
+    # Unchanged parameters are the very tracers they were: no transform wrote them back.
+    assert "NNX transform inside the call" not in str(error)
 
 
 class _RemembersItsBatchSize(StatefulModule):

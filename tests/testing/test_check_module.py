@@ -23,6 +23,7 @@ import nnx_ppo
 from nnx_ppo.networks.containers import Parallel, Sequential
 from nnx_ppo.networks.delay import Delay
 from nnx_ppo.networks.normalizer import Normalizer
+from nnx_ppo.networks.recurrent import GRU
 from nnx_ppo.networks.sampling_layers import CategoricalSampler
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.testing import ContractPropertyError, ModuleProperty, check_module
@@ -622,4 +623,127 @@ def test_children_of_one_kind_reset_each_through_the_other_fail(container: type)
         check_module(network, jnp.zeros(2), max_examples=3)
     error = caught.value
     assert error.property == ModuleProperty.RESET_STATE
-    assert "reset_state gave DelaysResetCrosswise.components['a'] a carry that is not" in str(error)
+    assert (
+        "reset_state gave DelaysResetCrosswise.components['a'] the carry "
+        "DelaysResetCrosswise.components['b'] returned at the rollout's last step"
+    ) in str(error)
+
+
+class ManagerEveryTwoSteps(StatefulModule):
+    """A GRU acting every other step, its carry kept in between: the carry its reset is
+    given is not always the one it returned last, and that is right."""
+
+    def __init__(self) -> None:
+        self.manager = GRU(2, 3, nnx.Rngs(0))
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> Any:
+        out = self.manager(state["manager"], x)
+        acts = (state["count"] % 2 == 0)[:, None]
+        manager = jnp.where(acts, out.next_state, state["manager"])
+        next_state = {"manager": manager, "count": state["count"] + 1}
+        return StatefulModuleOutput(next_state, manager, jnp.zeros(()), {})
+
+    def initialize_state(self, batch_size: int) -> Any:
+        count = jnp.zeros((batch_size,), jnp.int32)
+        return {"manager": self.manager.initialize_state(batch_size), "count": count}
+
+    def reset_state(self, prev_state: Any) -> Any:
+        manager = self.manager.reset_state(prev_state["manager"])
+        return {"manager": manager, "count": jnp.zeros_like(prev_state["count"])}
+
+
+def test_a_child_whose_carry_the_container_keeps_between_calls_passes() -> None:
+    check_module(ManagerEveryTwoSteps(), jnp.zeros(2), max_examples=10)
+
+
+def test_many_delay_lines_of_different_lengths_reset_and_pass() -> None:
+    # Modules without variables share one structure; the record of their carries is
+    # bounded, and a forgotten one must not make a correct network fail.
+    lines = {f"d{k}": Delay(jnp.zeros(2), k) for k in range(1, 20)}
+    network = Parallel(**lines)
+    network.reset_state(network.initialize_state(2))
+    check_module(network, jnp.zeros(2), max_examples=2)
+
+
+class PairStatistics(StatefulModule):
+    """Emits two leaves a sample; its statistic needs each sample's leaves together."""
+
+    def __init__(self) -> None:
+        self.products = nnx.BatchStat(jnp.zeros(()))
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> Any:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {}, (x[:, 0], x[:, 1]))
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        first, second = rollout_extras
+        self.products[...] += (first * second).sum()
+
+
+class SharedPairStatistics(StatefulModule):
+    def __init__(self, crossed: bool) -> None:
+        self.pairs = PairStatistics()
+        self.crossed = crossed
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> Any:
+        a, b = self.pairs((), x["a"]), self.pairs((), x["b"])
+        extras = {"a": a.rollout_extras, "b": b.rollout_extras}
+        return StatefulModuleOutput((), a.output - b.output, jnp.zeros(()), {}, extras)
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        a, b = rollout_extras["a"], rollout_extras["b"]
+        if self.crossed:  # every leaf is there once, but paired with the other input's
+            a, b = (a[0], b[1]), (b[0], a[1])
+        self.pairs.update_statistics(a)
+        self.pairs.update_statistics(b)
+
+
+@pytest.mark.parametrize("crossed", [False, True])
+def test_a_shared_module_given_its_samples_leaves_mixed_fails(crossed: bool) -> None:
+    module = SharedPairStatistics(crossed)
+    if not crossed:
+        check_module(module, _TWO_INPUTS, max_examples=3)
+        return
+    with pytest.raises(ContractPropertyError, match="mixed the leaves of its samples"):
+        check_module(module, _TWO_INPUTS, max_examples=3)
+
+
+class EntityByEntity(StatefulModule):
+    """A Normalizer on 3 entities folded into its batch, given one history per entity."""
+
+    def __init__(self) -> None:
+        self.norm = Normalizer(2)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> Any:
+        out = self.norm((), x.reshape(-1, 2))
+        extras = out.rollout_extras.reshape(x.shape)
+        return StatefulModuleOutput((), out.output.reshape(x.shape), jnp.zeros(()), {}, extras)
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        for entity in range(3):
+            self.norm.update_statistics(rollout_extras[:, :, entity])
+
+
+def test_a_folded_child_given_its_samples_in_several_calls_passes() -> None:
+    check_module(EntityByEntity(), jnp.zeros((3, 2)), max_examples=3)
+
+
+class SharedDictNormalizer(StatefulModule):
+    """One Normalizer of a dict applied to two inputs (its emissions are dicts)."""
+
+    def __init__(self) -> None:
+        self.norm = Normalizer({"pos": 2, "vel": 1})
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> Any:
+        a, b = self.norm((), x["a"]), self.norm((), x["b"])
+        extras = {"a": a.rollout_extras, "b": b.rollout_extras}
+        output = a.output["pos"] - b.output["pos"]
+        return StatefulModuleOutput((), output, jnp.zeros(()), {}, extras)
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        self.norm.update_statistics(rollout_extras["a"])
+        self.norm.update_statistics(rollout_extras["b"])
+
+
+def test_a_shared_normalizer_of_a_dict_passes() -> None:
+    one = {"pos": jnp.zeros(2), "vel": jnp.zeros(1)}
+    check_module(SharedDictNormalizer(), {"a": one, "b": one}, max_examples=3)

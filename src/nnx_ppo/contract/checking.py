@@ -867,6 +867,7 @@ def _rewritten_in_kind(now: Any, before: Any) -> bool:
         and bool(leaves_now)
         and all(
             isinstance(a, Tracer)
+            and a is not b
             and getattr(b, "shape", None) == a.shape
             and getattr(b, "dtype", None) == a.dtype
             for a, b in zip(leaves_now, leaves_before, strict=True)
@@ -942,7 +943,8 @@ def _emission_spec(extras: Any, leading: int = 1) -> _Spec:
 
 
 def _structure_key(module: Any) -> Any:
-    """What identifies a module across copies: its graph definition and variable shapes.
+    """What identifies a module across copies: its graph definition, variable shapes and
+    plain settings.
 
     Under ``nnx.jit``, a scan or ``split``/``merge`` a module is a new Python object
     each trace; the rollout's copy and the one ``update_statistics`` runs on share this.
@@ -961,9 +963,16 @@ def _structure_key(module: Any) -> Any:
                 for leaf in jax.tree.leaves(value)
             ]
             key.append((tuple(path), type(node), tuple(leaves)))
+        elif isinstance(node, _SETTINGS):
+            key.append((tuple(path), type(node), node))
         else:
             key.append((tuple(path), type(node)))
     return tuple(key)
+
+
+_SETTINGS = (bool, int, float, str, type(None))
+"""Plain attributes held in a structure's key by value: a module's settings (a delay
+line's length), which tell modules without variables apart."""
 
 
 _CAPTURES = "__captures__"
@@ -974,14 +983,18 @@ class _EmissionRecord:
     """The ``rollout_extras`` each module structure emitted in its checked calls.
 
     Bounded: the oldest structures are forgotten first, and a few specs are kept per
-    structure (a module whose emissions follow its input's shape may emit several).
+    structure (a module whose emissions follow its input's shape may emit several;
+    modules without variables, delay lines of every length, share one structure). A
+    structure that had a spec forgotten is no longer checked: what it holds now may
+    not be what a module of it was given.
     """
 
     _MAX_STRUCTURES = 512
-    _MAX_SPECS = 8
+    _MAX_SPECS = 16
 
     def __init__(self) -> None:
         self._specs: dict[Any, dict[_Spec, None]] = {}
+        self._incomplete: set[Any] = set()
 
     def remember(self, key: Any, extras: Any) -> None:
         """Record ``extras`` for the structure ``key`` (:func:`_structure_key`)."""
@@ -990,13 +1003,19 @@ class _EmissionRecord:
         specs[spec] = None
         while len(specs) > self._MAX_SPECS:
             del specs[next(iter(specs))]
+            self._incomplete.add(key)
         self._specs[key] = specs
         while len(self._specs) > self._MAX_STRUCTURES:
-            del self._specs[next(iter(self._specs))]
+            self._incomplete.discard(forgotten := next(iter(self._specs)))
+            del self._specs[forgotten]
 
     def emitted(self, module: Any) -> list[_Spec]:
-        """What ``module``'s structure emitted, newest first; empty when never recorded."""
-        return list(reversed(self._specs.get(_structure_key(module), {})))
+        """What ``module``'s structure emitted, newest first; empty when never recorded
+        or when a spec of it was forgotten."""
+        key = _structure_key(module)
+        if key in self._incomplete:
+            return []
+        return list(reversed(self._specs.get(key, {})))
 
 
 _EMISSIONS = _EmissionRecord()

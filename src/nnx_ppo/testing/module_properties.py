@@ -36,7 +36,7 @@ import numpy as np
 from flax import nnx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from jaxtyping import Array, Bool, PyTree, Shaped
+from jaxtyping import Array, Bool, Float, PyTree, Shaped
 
 from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import ContractError, checks
@@ -994,35 +994,44 @@ def _check_reset_state(case: _Case) -> None:
     )
 
 
+def _sorted_values(tree: Any) -> Float[np.ndarray, " N"]:
+    """Every value of ``tree``'s leaves, sorted: equal for a carry however a container
+    reshaped or reordered it."""
+    leaves = [as_numpy(leaf).astype(np.float64).ravel() for leaf in jax.tree.leaves(tree)]
+    return np.sort(np.concatenate(leaves)) if leaves else np.zeros(0)
+
+
 def _check_reset_routing(case: _Case, given: dict[str, tuple[Any, ...]]) -> None:
-    """Each module with its own ``reset_state`` is given the carry it returned at the
-    rollout's last step, the one the reset was called on: the contract checks compare
-    trees and shapes, so two children of one kind (two delay lines) could be reset
-    each through the other's ``reset_state``."""
+    """No two modules with their own ``reset_state`` are reset each with the carry the
+    other returned at the rollout's last step. The contract checks compare trees and
+    shapes, so two children of one kind (two delay lines) reset crosswise pass them.
+    Only a swap both ways counts: a container may keep a child's carry otherwise than
+    returned (a child run every K steps, a carry restarted, reshaped or synced from
+    another module's), and one carry may equal another's by chance (both still zero)."""
     name, last = case.kit.name, case.rollout.carried[-1]
-    for path, prevs in given.items():
-        returned = last.get(path, ())
-        if len(prevs) != 1 or len(returned) != 1:
-            continue
-        want = named_leaves(f"{name}{path} carry", returned[0])
-        got = named_leaves(f"{name}{path} carry", prevs[0])
-        if [n for n, _ in want] != [n for n, _ in got] or any(
-            np.size(a) != np.size(b) for (_, a), (_, b) in zip(want, got, strict=True)
-        ):
-            continue  # another tree or size: the trace-time checks named it, if wrong
-        # A container may keep a child's carry reshaped (entities folded into the batch).
-        got = [(n, np.reshape(b, np.shape(a))) for (n, a), (_, b) in zip(want, got, strict=True)]
-        case.compare(
-            ModuleProperty.RESET_STATE,
-            [want],
-            [got],
-            lambda m, path=path: (
-                f"reset_state gave {name}{path} a carry that is not the one it returned at "
-                "the last step: a container routed it another module's slice of the carry.",
-                "the carry it returned at the rollout's last step",
-                "the carry its reset_state was given",
-            ),
-        )
+    returned = {
+        path: _sorted_values(values[0]) for path, values in last.items() if len(values) == 1
+    }
+    reset = {path: _sorted_values(prevs[0]) for path, prevs in given.items() if len(prevs) == 1}
+    paths = [path for path in reset if path in returned]
+
+    def alike(a: np.ndarray, b: np.ndarray) -> bool:
+        return a.shape == b.shape and np.allclose(a, b, case.kit.rtol, case.kit.atol)
+
+    for index, first in enumerate(paths):
+        for second in paths[index + 1 :]:
+            if alike(reset[first], returned[first]) or alike(reset[second], returned[second]):
+                continue
+            if alike(reset[first], returned[second]) and alike(reset[second], returned[first]):
+                raise case.fail(
+                    ModuleProperty.RESET_STATE,
+                    f"reset_state gave {name}{first} the carry {name}{second} returned at the "
+                    "rollout's last step, and the other way round: a container routed each "
+                    "the other's slice of the carry.",
+                    leaf=f"{name}{first}",
+                    expected=f"the carry {name}{first} returned (its own slice)",
+                    found=f"the values of the carry {name}{second} returned",
+                )
 
 
 def _check_episodes_independent(case: _Case) -> None:
@@ -1188,93 +1197,84 @@ def _check_statistics(case: _Case) -> None:
     # The contract checks of update_statistics see every module that keeps statistics
     # and the tree, shapes and dtypes of what each was given; the values are compared
     # here: two children emitting the same shapes could be given each other's.
-    name = case.kit.name
-    _, given, calls = case.folded
     emitted = case.rollout.emitted
     every_step = [
         p for p in emitted[0] if all(len(e.get(p, ())) == len(emitted[0][p]) for e in emitted)
     ]
+    _, given, _ = case.folded
     for path in every_step:  # in the order of the calls
-        if len(emitted[0][path]) > 1:
-            _check_shared_statistics(case, path, given.get(path))
-            continue
-        # Emitted once a step: folded once a call, its own history and nothing else.
-        count = int(calls.get(path, 0))
-        if count > 1:
-            raise case.fail(
-                ModuleProperty.STATISTICS,
-                f"update_statistics reached {name}{path} {count} times in one call: it was "
-                "given more than its own history.",
-                leaf=f"{name}{path}",
-                expected="one update_statistics call with the history it emitted",
-                found=f"{count} calls",
-            )
-        steps = [step[path][0] for step in emitted]
-        if len(given.get(path, ())) != 1 or any(step is None for step in steps):
-            continue
-        history = given[path][0]
-        case.compare(
-            ModuleProperty.STATISTICS,
-            [named_leaves(f"{name}{path} history", _stacked(steps))],
-            [named_leaves(f"{name}{path} history", history)],
-            lambda m, path=path: (
-                f"update_statistics gave {name}{path} a history that is not what it "
-                "emitted: a container routed it another module's rollout_extras, or left "
-                "out, repeated or reordered some of its rows.",
-                f"what {name}{path} emitted in the rollout",
-                "the history it was given",
-            ),
-            lambda row: f"step {row}",
-        )
+        _check_samples_folded(case, path, given.get(path))
 
 
-def _sorted_rows(histories: Sequence[Any], leading: int) -> list[Any]:
-    """Per leaf, every sample of ``histories`` (leaves ``(*leading axes, *feat)``) as
-    one row, in lexicographic order: a multiset of the samples, whatever their order."""
-    per_leaf = zip(*(jax.tree.leaves(as_numpy(h)) for h in histories), strict=True)
-    sorted_leaves = []
-    for leaves in per_leaf:
-        rows = np.concatenate([np.reshape(leaf, (-1, *leaf.shape[leading:])) for leaf in leaves])
-        flat = rows.reshape(len(rows), -1)
-        sorted_leaves.append(rows[np.lexsort(flat.T[::-1])] if flat.shape[1] else rows)
-    return sorted_leaves
+def _sort_key(leaf: Shaped[np.ndarray, "N ..."], atol: float) -> Float[np.ndarray, "N K"]:
+    """Columns that order ``leaf``'s rows alike for values equal within the kit's
+    tolerances: floats as exponent and a 10-bit mantissa (and 0 below ``atol``), so a
+    last-place difference from a container's arithmetic does not reorder near ties."""
+    values = leaf.reshape(len(leaf), math.prod(leaf.shape[1:])).astype(np.float64)
+    if not np.issubdtype(leaf.dtype, np.inexact):
+        return values
+    mantissa, exponent = np.frexp(np.where(np.abs(values) < atol, 0.0, values))
+    return np.concatenate([exponent, np.round(mantissa * 1024)], axis=1)
 
 
-def _check_shared_statistics(case: _Case, path: str, given: tuple[Any, ...] | None) -> None:
-    """A module called more than once a step (one normaliser on two inputs) must fold
-    every sample it emitted, each once: in one call per input or in one call of the
-    histories joined along ``B``. Compared as multisets of samples (the statistics
-    property makes their order free)."""
-    name = case.kit.name
+def _sorted_samples(
+    name: str, histories: Sequence[Any], leading: int, atol: float
+) -> list[tuple[str, Any]]:
+    """Every sample of ``histories`` (leaves ``(*leading axes, *feat)``), per named leaf,
+    the samples in one order for all leaves (sorted on :func:`_sort_key`): the multiset
+    of samples, whatever their order and however they were split into calls."""
+    calls = [named_leaves(name, history) for history in histories]
+    names = [leaf_name for leaf_name, _ in calls[0]]
+
+    def rows(leaf: Any) -> Shaped[np.ndarray, "N ..."]:
+        data = as_numpy(leaf)  # a key as its raw data: one more trailing axis
+        return data.reshape((math.prod(data.shape[:leading]), *data.shape[leading:]))
+
+    leaves = [
+        np.concatenate([rows(call[index][1]) for call in calls]) for index in range(len(names))
+    ]
+    if not leaves:
+        return []
+    keys = np.concatenate([_sort_key(leaf, atol) for leaf in leaves], axis=1)
+    order = np.lexsort(keys.T[::-1]) if keys.shape[1] else np.arange(len(keys))
+    return [(leaf_name, leaf[order]) for leaf_name, leaf in zip(names, leaves, strict=True)]
+
+
+def _check_samples_folded(case: _Case, path: str, given: tuple[Any, ...] | None) -> None:
+    """The module at ``path`` is given every sample it emitted in the rollout, each once:
+    in one call or several (one per input of a module applied to two, one per entity of
+    a child on entities folded into the batch), in any order (the statistics property
+    makes the order free). Compared as multisets of samples, each sample's leaves
+    together."""
+    module = f"{case.kit.name}{path}"
     calls = [step[path] for step in case.rollout.emitted]
-    if given is None or any(value is None for step in calls for value in step):
-        return
-    emitted = _sorted_rows([value for step in calls for value in step], leading=1)
-    folded = _sorted_rows(given, leading=2)
-    module = f"{name}{path}"
-    for index, (want, got) in enumerate(zip(emitted, folded, strict=True)):
-        leaf = f"{module} history" + (f" leaf {index}" if len(emitted) > 1 else "")
-        if want.shape != got.shape:
-            per_step = len(calls[0])
-            raise case.fail(
-                ModuleProperty.STATISTICS,
-                f"update_statistics gave {module}, called {per_step} times a step, "
-                f"{len(got)} samples where it emitted {len(want)}: a container folded in "
-                "some of its histories twice or left some out.",
-                leaf=leaf,
-                expected=f"samples: {len(want)} ({per_step} calls a step, "
-                f"T={case.ex.time_length}, B={case.ex.batch_size})",
-                found=f"samples: {len(got)}, in update_statistics calls: {len(given)}",
-            )
+    if not given or any(value is None for step in calls for value in step):
+        return  # reached only inside a transform, or nothing emitted
+    name, atol = f"{module} history", case.kit.atol
+    emitted = _sorted_samples(name, [value for step in calls for value in step], 1, atol)
+    folded = _sorted_samples(name, given, 2, atol)
+    counts = [len(leaf) for _, leaf in emitted[:1]], [len(leaf) for _, leaf in folded[:1]]
+    if counts[0] != counts[1]:
+        emitted_count, folded_count = counts[0][0], counts[1][0]
+        raise case.fail(
+            ModuleProperty.STATISTICS,
+            f"update_statistics gave {module} {folded_count} samples where it emitted "
+            f"{emitted_count}: a container folded in some of its history twice, left some "
+            "out, or routed it another module's.",
+            leaf=name,
+            expected=f"samples: {emitted_count} (calls a step: {len(calls[0])}, "
+            f"T={case.ex.time_length}, B={case.ex.batch_size})",
+            found=f"samples: {folded_count}, in update_statistics calls: {len(given)}",
+        )
     case.compare(
         ModuleProperty.STATISTICS,
-        [[(f"{module} samples", leaf) for leaf in emitted]],
-        [[(f"{module} samples", leaf) for leaf in folded]],
+        [emitted],
+        [folded],
         lambda m: (
-            f"update_statistics gave {module}, called more than once a step, samples that "
-            "are not the ones it emitted: a container folded in one of its histories "
-            "twice, or another module's.",
-            f"what {module} emitted in the rollout, sorted",
+            f"update_statistics gave {module} samples that are not the ones it emitted: a "
+            "container routed it another module's rollout_extras, folded in some of its "
+            "history twice, or mixed the leaves of its samples.",
+            f"what {module} emitted in the rollout, its samples sorted",
             "the samples it was given, sorted",
         ),
         lambda row: f"sorted sample {row}",
@@ -1577,8 +1577,8 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         "under vmap, on one env's slice, and resets each env on its own; containers route "
         "each child its own carry",
         "``reset_state`` of the rollout's final carry, batched and ``nnx.vmap``-ed over "
-        "each env's slice, gives the same carry; each module below with its own "
-        "``reset_state`` is given the carry it returned at the last step",
+        "each env's slice, gives the same carry; no two modules below with their own "
+        "``reset_state`` are reset each with the carry the other returned",
         _check_reset_state,
     ),
     PropertyCheck(
@@ -1623,8 +1623,8 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         "every module that keeps statistics",
         "``update_statistics`` of the rollout's ``(T, B, *feat)`` history passes the "
         "contract checks, which include that every module holding statistics was reached; "
-        "each of them is given exactly what it emitted in the rollout (one called more "
-        "than once a step, one normaliser on two inputs, every sample it emitted, each once)",
+        "each of them is given every sample it emitted in the rollout, each once, in one "
+        "call or several and in any order",
         _check_statistics,
     ),
     PropertyCheck(
