@@ -980,13 +980,14 @@ _CAPTURES = "__captures__"
 
 
 class _EmissionRecord:
-    """The ``rollout_extras`` each module structure emitted in its checked calls.
+    """Per module structure, the tree specs its checked calls produced: the
+    ``rollout_extras`` it emitted, or the carry it built and was given.
 
     Bounded: the oldest structures are forgotten first, and a few specs are kept per
     structure (a module whose emissions follow its input's shape may emit several;
-    modules without variables, delay lines of every length, share one structure). A
-    structure that had a spec forgotten is no longer checked: what it holds now may
-    not be what a module of it was given.
+    modules of one structure differ only in what their keys leave out). A structure
+    that had a spec forgotten is no longer checked: what it holds now may not be what
+    a module of it was given.
     """
 
     _MAX_STRUCTURES = 512
@@ -1009,9 +1010,9 @@ class _EmissionRecord:
             self._incomplete.discard(forgotten := next(iter(self._specs)))
             del self._specs[forgotten]
 
-    def emitted(self, module: Any) -> list[_Spec]:
-        """What ``module``'s structure emitted, newest first; empty when never recorded
-        or when a spec of it was forgotten."""
+    def recorded(self, module: Any) -> list[_Spec]:
+        """What was recorded for ``module``'s structure, newest first; empty when nothing
+        was or when a spec of it was forgotten."""
         key = _structure_key(module)
         if key in self._incomplete:
             return []
@@ -1042,7 +1043,7 @@ def _is_carry_of(spec: _Spec, carry: Any) -> bool:
 def _check_own_carry(site: _Site, name: str, carry: Any) -> None:
     """``carry`` is what ``site.module``'s ``initialize_state`` builds; unchecked when
     nothing was recorded for its structure."""
-    built = _CARRIES.emitted(site.module)
+    built = _CARRIES.recorded(site.module)
     if not built or any(_is_carry_of(spec, carry) for spec in built):
         return
     leaves = ", ".join(
@@ -1278,7 +1279,7 @@ def _check_folded_batch(site: _Site, name: str, history: Any, batch: _Axis, top:
 
 def _check_emitted(site: _Site, name: str, history: Any, time: _Axis, batch: _Axis) -> None:
     """``history`` is what ``site.module`` emitted, stacked; unchecked when nothing was recorded."""
-    emitted = _EMISSIONS.emitted(site.module)
+    emitted = _EMISSIONS.recorded(site.module)
     given = _emission_spec(history, leading=2)
     if not emitted or given in emitted:
         return

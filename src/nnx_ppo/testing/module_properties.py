@@ -460,8 +460,9 @@ class _Trajectory:
     outputs: list[StatefulModuleOutput]
     writes: list[_Write]
     emitted: list[dict[str, tuple[Any, ...]]]
-    carried: list[dict[str, tuple[Any, ...]]]
-    """By step, the carry each module with its own ``reset_state`` returned (by path)."""
+    last_carried: dict[str, tuple[Any, ...]]
+    """At the last step, the carry each module with its own ``reset_state`` returned (by
+    path)."""
 
     def extras(self) -> Any:
         """The emitted rollout_extras stacked over steps: leaves ``(T, B, *feat)``."""
@@ -641,7 +642,8 @@ class _ModuleKit:
         After a step where ``ends`` marks an env, that env's carry is reset with
         ``reset_state`` of the batch, as the library does on an episode end.
         """
-        states, outputs, writes, emitted, carried = [], [], [], [], []
+        states, outputs, writes, emitted = [], [], [], []
+        carries: dict[str, tuple[Any, ...]] = {}
         for t in range(len(ends)):
             states.append(state)
             extras = None if stored is None else _at_step(stored, t)
@@ -652,7 +654,6 @@ class _ModuleKit:
             out = host(out)
             outputs.append(out)
             emitted.append(host(by_module))
-            carried.append(host(carries))
             if names := _written(flags):
                 call = "__call__" if stored is None else "__call__ in replay"
                 writes.append(_Write(call, t, names))
@@ -664,7 +665,7 @@ class _ModuleKit:
                 if names := _written(flags):
                     writes.append(_Write("reset_state", t, names))
                 state = _where_rows(ends[t], fresh, state)
-        return _Trajectory(states, outputs, writes, emitted, carried)
+        return _Trajectory(states, outputs, writes, emitted, host(carries))
 
 
 class _Case:
@@ -1008,7 +1009,7 @@ def _check_reset_routing(case: _Case, given: dict[str, tuple[Any, ...]]) -> None
     Only a swap both ways counts: a container may keep a child's carry otherwise than
     returned (a child run every K steps, a carry restarted, reshaped or synced from
     another module's), and one carry may equal another's by chance (both still zero)."""
-    name, last = case.kit.name, case.rollout.carried[-1]
+    name, last = case.kit.name, case.rollout.last_carried
     returned = {
         path: _sorted_values(values[0]) for path, values in last.items() if len(values) == 1
     }
@@ -1253,9 +1254,9 @@ def _check_samples_folded(case: _Case, path: str, given: tuple[Any, ...] | None)
     name, atol = f"{module} history", case.kit.atol
     emitted = _sorted_samples(name, [value for step in calls for value in step], 1, atol)
     folded = _sorted_samples(name, given, 2, atol)
-    counts = [len(leaf) for _, leaf in emitted[:1]], [len(leaf) for _, leaf in folded[:1]]
-    if counts[0] != counts[1]:
-        emitted_count, folded_count = counts[0][0], counts[1][0]
+    emitted_count = len(emitted[0][1]) if emitted else 0
+    folded_count = len(folded[0][1]) if folded else 0
+    if emitted_count != folded_count:
         raise case.fail(
             ModuleProperty.STATISTICS,
             f"update_statistics gave {module} {folded_count} samples where it emitted "
