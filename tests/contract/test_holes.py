@@ -348,6 +348,67 @@ def test_an_array_attribute_written_in_call_is_named(compiled: bool) -> None:
     assert "NNX transform inside the call" not in str(error)
 
 
+class _CountsEpisodes(StatefulModule):
+    """Counts episodes in ``reset_state``: in a BatchStat, a plain array attribute, or
+    by a draw from an nnx.Rngs stream."""
+
+    def __init__(self, held: str) -> None:
+        self.held = held
+        self.episodes = nnx.BatchStat(jnp.zeros(()))
+        self.plain = jnp.zeros(())
+        self.rngs = nnx.Rngs(0)
+
+    def initialize_state(self, batch_size: int) -> Any:
+        return jnp.zeros((batch_size, 2))
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        return StatefulModuleOutput(state + 1.0, x, jnp.zeros(()), {}, None)
+
+    def reset_state(self, prev: Any) -> Any:
+        if self.held == "BatchStat":
+            self.episodes[...] = self.episodes[...] + 1.0
+        elif self.held == "array attribute":
+            self.plain = self.plain + 1.0
+        else:
+            return jax.random.normal(self.rngs(), prev.shape)
+        return jnp.zeros_like(prev)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize(
+    ("held", "leaf", "said"),
+    [
+        ("BatchStat", "episodes (BatchStat)", "reset_state wrote the variable"),
+        ("array attribute", "plain (an array attribute)", "in a compiled call the write is lost"),
+        ("Rngs", "rngs.default.count (RngCount)", "reset_state drew from an nnx.Rngs stream"),
+    ],
+)
+def test_a_variable_written_in_reset_state_is_named(
+    compiled: bool, held: str, leaf: str, said: str
+) -> None:
+    network = Sequential([Dense(3, 3, nnx.Rngs(0)), _CountsEpisodes(held)])
+    graphdef, variables = nnx.split(network)
+
+    def reset(variables: nnx.State, carry: Any) -> Any:
+        return nnx.merge(graphdef, variables).reset_state(carry)
+
+    carry = network.initialize_state(2)
+    with pytest.raises(ContractError) as caught:
+        (jax.jit(reset) if compiled else reset)(variables, carry)
+    error = caught.value
+    assert error.where == "Sequential.layers[1] (_CountsEpisodes).reset_state"
+    assert error.leaf == f"Sequential.layers[1].{leaf}"
+    assert said in str(error)
+
+
+def test_a_variable_written_in_reset_state_under_vmap_is_named() -> None:
+    module = _CountsEpisodes("BatchStat")
+    with pytest.raises(ContractError) as caught:
+        jax.vmap(module.reset_state)(module.initialize_state(2))
+    assert "reset_state wrote the variable" in str(caught.value)
+    assert "inside a JAX transform" in str(caught.value)
+
+
 class _RemembersItsBatchSize(StatefulModule):
     def __init__(self) -> None:
         self.batch_size = nnx.Variable(jnp.zeros(()))

@@ -162,6 +162,11 @@ _RULE_KEPT_SHAPES = rule_text(
     "had: the (T, B) samples fold into it, so no per-step or per-env axis stays behind",
     "variables",
 )
+_RULE_RESET_NO_WRITES = rule_text(
+    "reset_state returns the fresh carry and writes no variable: it is called on a "
+    "batched carry and, under vmap, on one env's slice, where Flax refuses the write",
+    "variables",
+)
 _RULE_INIT_NO_WRITES = rule_text(
     "initialize_state returns the carry and writes no variable but an nnx.Rngs stream: "
     "training runs it in a compiled program on a copy of the network, where a write is "
@@ -672,7 +677,7 @@ def _check_call(
     try:
         result = call()
     except TraceContextError as error:
-        raise _write_in_call_violation(site, _variable_written_in(error)) from error
+        raise _write_in_transform_violation(site, _variable_written_in(error)) from error
     if top_level:
         _check_unwritten(site, before, "__call__", RULE_NO_WRITES)
     if not isinstance(result, output_type):
@@ -818,7 +823,7 @@ def _check_unwritten(
         name = _describe_variable(site.module, path, variable)
         site = _Site(_owner(site.module, path), site.method)
         if isinstance(variable, nnx.RngState):
-            raise _rng_draw_violation(site, name)
+            raise _rng_draw_violation(site, name, method)
         problem = f"{method} wrote the variable {name}."
         if isinstance(variable, _ArrayAttribute):
             problem += (
@@ -887,35 +892,38 @@ def _variable_written_in(error: BaseException) -> Any:
     return written
 
 
-def _write_in_call_violation(site: _Site, variable: Any) -> ContractError:
+def _write_in_transform_violation(site: _Site, variable: Any) -> ContractError:
+    """``site.method`` (``__call__`` or ``reset_state``) wrote ``variable`` inside a JAX
+    transform, where Flax raised ``TraceContextError``."""
     stack = _ACTIVE_MODULES.get()
     root = stack[0] if stack else site.module
     path = None if variable is None else _graph_path(root, variable)
     name = _describe_variable(root, path, variable)
+    method = site.method
     if isinstance(variable, nnx.RngState):
-        return _rng_draw_violation(site, name)
+        return _rng_draw_violation(site, name, method)
     return _violation(
         site,
-        f"__call__ wrote the variable {name} inside a JAX transform (Flax refuses the "
+        f"{method} wrote the variable {name} inside a JAX transform (Flax refuses the "
         "write: it belongs to an outer trace).",
         leaf=name,
-        expected="no variable written in __call__",
-        found="a write to it during __call__",
-        rule=RULE_NO_WRITES,
+        expected=f"no variable written in {method}",
+        found=f"a write to it during {method}",
+        rule=RULE_NO_WRITES if method == "__call__" else _RULE_RESET_NO_WRITES,
     )
 
 
-def _rng_draw_violation(site: _Site, name: str) -> ContractError:
+def _rng_draw_violation(site: _Site, name: str, method: str) -> ContractError:
     return _violation(
         site,
-        f"__call__ drew from an nnx.Rngs stream ({name} advanced). Its draws would "
+        f"{method} drew from an nnx.Rngs stream ({name} advanced). Its draws would "
         "differ between the rollout and the loss's replay, and follow each env's row in "
         "the batch: keep per-env keys in the carry instead (new_env_keys in "
-        "initialize_state, split_env_keys in __call__; for nnx.Dropout, pass "
-        "rngs=nnx.Rngs(dropout=key) per env under jax.vmap).",
+        "initialize_state, split_env_keys in __call__ and reset_state; for nnx.Dropout, "
+        "pass rngs=nnx.Rngs(dropout=key) per env under jax.vmap).",
         leaf=name,
-        expected="no nnx.Rngs stream advanced in __call__",
-        found="a draw from it during __call__",
+        expected=f"no nnx.Rngs stream advanced in {method}",
+        found=f"a draw from it during {method}",
         rule=RULE_RANDOMNESS,
     )
 
@@ -1131,7 +1139,17 @@ def _check_reset_state(site: _Site, arguments: _Arguments, call: Callable[[], An
         reached[id(site.module)] = type(site.module)
         if outer is not None:
             _check_own_carry(site, prev_name, prev)
-        state = call()
+        before = (
+            _variable_values(site.module, _is_forward_state, array_attributes=True)
+            if token is not None
+            else {}
+        )
+        try:
+            state = call()
+        except TraceContextError as error:
+            raise _write_in_transform_violation(site, _variable_written_in(error)) from error
+        if token is not None:
+            _check_unwritten(site, before, "reset_state", _RULE_RESET_NO_WRITES)
         _check_same_tree(site, prev_name, prev, "returned state", state, _RULE_RESET, None)
         _warn_kept_carry(site, prev_name, prev)
         if token is not None:  # the top-level call: every module below it was reached
