@@ -409,6 +409,69 @@ def test_a_variable_written_in_reset_state_under_vmap_is_named() -> None:
     assert "inside a JAX transform" in str(caught.value)
 
 
+class _CountsOutsideVariables(StatefulModule):
+    """A count held outside any nnx.Variable, written in __call__: an element of an
+    nnx.List or nnx.Dict, or a NumPy array changed in place; and a NumPy constant read
+    only, which is no write."""
+
+    def __init__(self, held: str) -> None:
+        self.held = held
+        self.counts = nnx.List([jnp.zeros(()), jnp.zeros(())])
+        self.named = nnx.Dict(seen=jnp.zeros(()))
+        self.host_count = np.zeros(())
+        self.scale = np.full((3,), 2.0, np.float32)
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        if self.held == "nnx.List":
+            self.counts[1] = self.counts[1] + x.shape[0]
+        elif self.held == "nnx.Dict":
+            self.named["seen"] = self.named["seen"] + x.shape[0]
+        elif self.held == "NumPy":
+            self.host_count += x.shape[0]
+        return StatefulModuleOutput(state, x * self.scale, jnp.zeros(()), {}, None)
+
+
+@pytest.mark.parametrize(
+    ("held", "leaf", "compiled"),
+    [
+        ("nnx.List", "counts[1]", False),
+        ("nnx.List", "counts[1]", True),
+        ("nnx.Dict", "named['seen']", False),
+        ("nnx.Dict", "named['seen']", True),
+        ("NumPy", "host_count", False),  # compiled, NumPy refuses the traced count itself
+    ],
+)
+def test_an_array_outside_variables_written_in_call_is_named(
+    held: str, leaf: str, compiled: bool
+) -> None:
+    network = Sequential([Dense(3, 3, nnx.Rngs(0)), _CountsOutsideVariables(held)])
+    graphdef, variables = nnx.split(network)
+
+    def call(variables: nnx.State, x: jax.Array) -> jax.Array:
+        module = nnx.merge(graphdef, variables)
+        return module(module.initialize_state(2), x).output
+
+    with pytest.raises(ContractError) as caught:
+        (jax.jit(call) if compiled else call)(variables, jnp.ones((2, 3)))
+    error = caught.value
+    assert error.where == "Sequential.layers[1] (_CountsOutsideVariables).__call__"
+    assert error.leaf.startswith(f"Sequential.layers[1].{leaf}")
+    assert "(an array attribute)" in error.leaf
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_arrays_outside_variables_read_only_pass(compiled: bool) -> None:
+    network = Sequential([Dense(3, 3, nnx.Rngs(0)), _CountsOutsideVariables("none")])
+    graphdef, variables = nnx.split(network)
+
+    def call(variables: nnx.State, x: jax.Array) -> jax.Array:
+        module = nnx.merge(graphdef, variables)
+        return module(module.initialize_state(2), x).output
+
+    out = (jax.jit(call) if compiled else call)(variables, jnp.ones((2, 3)))
+    assert out.shape == (2, 3)
+
+
 class _RemembersItsBatchSize(StatefulModule):
     def __init__(self) -> None:
         self.batch_size = nnx.Variable(jnp.zeros(()))

@@ -734,14 +734,25 @@ def _is_written_only_by_training(variable: nnx.Variable[Any]) -> bool:
 
 @dataclass(frozen=True)
 class _ArrayAttribute:
-    """An array a module holds as a plain attribute: Flax NNX state without a Variable,
-    read where it lives (a write replaces the attribute, not a Variable's value)."""
+    """An array a module holds outside a Variable (a plain attribute, an element of an
+    ``nnx.List``, ``nnx.Dict`` or tuple, a NumPy array): Flax NNX state too, read at its
+    path from the root each time, since a write replaces it where it lives."""
 
-    owner: nnx.Module
-    name: str
+    root: Any
+    path: tuple[Any, ...]
 
     def get_raw_value(self) -> Any:
-        return getattr(self.owner, self.name)
+        node = self.root
+        for key in self.path:
+            try:
+                node = getattr(node, key) if isinstance(key, str) else node[key]
+            except (AttributeError, IndexError, KeyError, TypeError):
+                return _REMOVED
+        return node
+
+
+_REMOVED = object()
+"""What an :class:`_ArrayAttribute` reads where its array was deleted: a change."""
 
 
 _Held = nnx.Variable[Any] | _ArrayAttribute
@@ -761,14 +772,18 @@ def _variable_values(
     for path, node in nodes.items():
         if isinstance(node, nnx.Variable) and include(node):
             held[tuple(path)] = node
-        elif array_attributes and isinstance(node, jax.Array) and path:
-            owner = nodes.get(path[:-1])
-            if isinstance(owner, nnx.Module) and isinstance(path[-1], str):
-                held[tuple(path)] = _ArrayAttribute(owner, path[-1])
+        elif array_attributes and isinstance(node, jax.Array | np.ndarray) and path:
+            held[tuple(path)] = _ArrayAttribute(root, tuple(path))
     return {
-        path: (holder, jax.tree.map(lambda leaf: leaf, holder.get_raw_value()))
+        path: (holder, jax.tree.map(_snapshot, holder.get_raw_value()))
         for path, holder in held.items()
     }
+
+
+def _snapshot(leaf: Any) -> Any:
+    """``leaf`` as it is now: a NumPy array copied (it may be changed in place), any
+    other leaf itself (JAX arrays are immutable)."""
+    return np.copy(leaf) if isinstance(leaf, np.ndarray) else leaf
 
 
 def _same_value(now: Any, before: Any) -> bool:
@@ -785,9 +800,10 @@ def _same_value(now: Any, before: Any) -> bool:
 def _equal_concrete(a: Any, b: Any) -> bool:
     if isinstance(a, Tracer) or isinstance(b, Tracer):
         return False
-    if not (isinstance(a, jax.Array) and isinstance(b, jax.Array)):
+    arrays = jax.Array | np.ndarray
+    if not (isinstance(a, arrays) and isinstance(b, arrays)):
         return False
-    if a.shape != b.shape or a.dtype != b.dtype:
+    if type(a) is not type(b) or a.shape != b.shape or a.dtype != b.dtype:
         return False
     if is_key(a):
         a, b = jax.random.key_data(a), jax.random.key_data(b)
