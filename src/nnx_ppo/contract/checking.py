@@ -25,7 +25,7 @@ import inspect
 import os
 import typing
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -679,7 +679,9 @@ def _check_call(
     except TraceContextError as error:
         raise _write_in_transform_violation(site, _variable_written_in(error)) from error
     if top_level:
-        _check_unwritten(site, before, "__call__", RULE_NO_WRITES)
+        _check_unwritten(
+            site, before, "__call__", RULE_NO_WRITES, _is_forward_state, array_attributes=True
+        )
     if not isinstance(result, output_type):
         raise _violation(
             site,
@@ -745,7 +747,8 @@ class _ArrayAttribute:
         node = self.root
         for key in self.path:
             try:
-                node = getattr(node, key) if isinstance(key, str) else node[key]
+                read_item = isinstance(node, Mapping) or not isinstance(key, str)
+                node = node[key] if read_item else getattr(node, key)
             except (AttributeError, IndexError, KeyError, TypeError):
                 return _REMOVED
         return node
@@ -758,32 +761,47 @@ _REMOVED = object()
 _Held = nnx.Variable[Any] | _ArrayAttribute
 
 
+_Include = Callable[[nnx.Variable[Any]], bool]
+
+
 def _variable_values(
-    root: Any, include: Callable[[nnx.Variable[Any]], bool], *, array_attributes: bool = False
+    root: Any, include: _Include, *, array_attributes: bool = False
 ) -> dict[tuple[Any, ...], tuple[_Held, Any]]:
     """Each included variable under ``root`` by path, with the value it holds now; with
-    ``array_attributes``, each array a module holds as a plain attribute too.
+    ``array_attributes``, each array held outside a variable too.
 
-    The value's containers are copied (its leaves are not), so a dict value changed in
-    place still shows what it held.
+    The value's containers are copied (its leaves are not, but writeable NumPy arrays),
+    so a dict value changed in place still shows what it held.
     """
-    nodes = dict(nnx.iter_graph(root))
-    held: dict[tuple[Any, ...], _Held] = {}
-    for path, node in nodes.items():
-        if isinstance(node, nnx.Variable) and include(node):
-            held[tuple(path)] = node
-        elif array_attributes and isinstance(node, jax.Array | np.ndarray) and path:
-            held[tuple(path)] = _ArrayAttribute(root, tuple(path))
     return {
         path: (holder, jax.tree.map(_snapshot, holder.get_raw_value()))
-        for path, holder in held.items()
+        for path, holder in _holders(root, include, array_attributes=array_attributes).items()
     }
 
 
+def _holders(
+    root: Any, include: _Include, *, array_attributes: bool
+) -> dict[tuple[Any, ...], _Held]:
+    """:func:`_variable_values`'s holders by path, without their values; ``nnx.capture``'s
+    intermediates left out."""
+    held: dict[tuple[Any, ...], _Held] = {}
+    for path, node in nnx.iter_graph(root):
+        if isinstance(node, nnx.Variable) and include(node) and _CAPTURES not in path:
+            held[tuple(path)] = node
+        elif (
+            array_attributes
+            and isinstance(node, jax.Array | np.ndarray)
+            and path
+            and _CAPTURES not in path
+        ):
+            held[tuple(path)] = _ArrayAttribute(root, tuple(path))
+    return held
+
+
 def _snapshot(leaf: Any) -> Any:
-    """``leaf`` as it is now: a NumPy array copied (it may be changed in place), any
-    other leaf itself (JAX arrays are immutable)."""
-    return np.copy(leaf) if isinstance(leaf, np.ndarray) else leaf
+    """``leaf`` as it is now: a writeable NumPy array copied (it may be changed in
+    place), any other leaf itself (JAX arrays are immutable)."""
+    return np.copy(leaf) if isinstance(leaf, np.ndarray) and leaf.flags.writeable else leaf
 
 
 def _same_value(now: Any, before: Any) -> bool:
@@ -803,19 +821,22 @@ def _equal_concrete(a: Any, b: Any) -> bool:
     arrays = jax.Array | np.ndarray
     if not (isinstance(a, arrays) and isinstance(b, arrays)):
         return False
-    if type(a) is not type(b) or a.shape != b.shape or a.dtype != b.dtype:
+    if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if is_key(a):
         a, b = jax.random.key_data(a), jax.random.key_data(b)
-    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+    # Bytes, not values: a NaN held and handed back unchanged is equal to itself.
+    return np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
 def _describe_variable(root: Any, path: tuple[Any, ...] | None, variable: Any) -> str:
+    if variable is None:
+        return "a variable or attribute"
     kind = (
         "an array attribute" if isinstance(variable, _ArrayAttribute) else type(variable).__name__
     )
     if path is None:
-        return f"a {kind} variable"
+        return kind if isinstance(variable, _ArrayAttribute) else f"a {kind} variable"
     return f"{type(root).__name__}{format_graph_path(root, path)} ({kind})"
 
 
@@ -824,7 +845,12 @@ def _check_unwritten(
     before: dict[tuple[Any, ...], tuple[_Held, Any]],
     method: str,
     rule: str,
+    include: _Include,
+    *,
+    array_attributes: bool = False,
 ) -> None:
+    """Nothing ``before`` holds was written during ``site``'s call, and nothing of its
+    kinds was added (a new array attribute, an element appended to an ``nnx.List``)."""
     # While JAX traces, a write of a new value and an NNX transform's write-back of the
     # same value look alike: a tracer of the same shape and dtype. A transform hands back
     # every variable it ran with, parameters too, which no module writes on purpose.
@@ -842,11 +868,7 @@ def _check_unwritten(
             raise _rng_draw_violation(site, name, method)
         problem = f"{method} wrote the variable {name}."
         if isinstance(variable, _ArrayAttribute):
-            problem += (
-                " An array held as a plain attribute is module state too: in a compiled "
-                "call the write is lost. Keep a statistic in an nnx.BatchStat written by "
-                "update_statistics, and what changes per step in the carry."
-            )
+            problem += _HELD_OUTSIDE
         if written_back and _rewritten_in_kind(now, value):
             problem += (
                 " Each of its arrays was replaced by a traced one of the same shape and "
@@ -863,6 +885,25 @@ def _check_unwritten(
             found="a new value written during the call",
             rule=rule,
         )
+    now = _holders(site.module, include, array_attributes=array_attributes)
+    for path in now.keys() - before.keys():
+        name = _describe_variable(site.module, path, now[path])
+        outside = isinstance(now[path], _ArrayAttribute)
+        raise _violation(
+            _Site(_owner(site.module, path), site.method),
+            f"{method} added {name}.{_HELD_OUTSIDE if outside else ''}",
+            leaf=name,
+            expected="only what the module held before the call",
+            found="added during the call",
+            rule=rule,
+        )
+
+
+_HELD_OUTSIDE = (
+    " An array held outside an nnx.Variable is module state too: in a compiled call "
+    "the write is lost. Keep a statistic in an nnx.BatchStat written by "
+    "update_statistics, and what changes per step in the carry."
+)
 
 
 def _owner(root: Any, path: tuple[Any, ...]) -> Any:
@@ -896,14 +937,23 @@ def _rewritten_in_kind(now: Any, before: Any) -> bool:
     )
 
 
-def _variable_written_in(error: BaseException) -> Any:
-    """The ``nnx.Variable`` whose write raised ``error``, from its traceback, or ``None``."""
+def _variable_written_in(error: BaseException) -> nnx.Variable[Any] | _ArrayAttribute | None:
+    """What the write that raised ``error`` wrote, from its traceback: an
+    ``nnx.Variable``, an attribute of a module (as an :class:`_ArrayAttribute` of that
+    module), or ``None``."""
     written = None
     frame = error.__traceback__
     while frame is not None:
-        candidate = frame.tb_frame.f_locals.get("self")
+        local = frame.tb_frame.f_locals
+        candidate = local.get("self")
         if isinstance(candidate, nnx.Variable):
             written = candidate
+        elif (
+            frame.tb_frame.f_code.co_name == "__setattr__"
+            and isinstance(candidate, nnx.Pytree)
+            and isinstance(local.get("name"), str)
+        ):
+            written = _ArrayAttribute(candidate, (local["name"],))
         frame = frame.tb_next
     return written
 
@@ -913,7 +963,11 @@ def _write_in_transform_violation(site: _Site, variable: Any) -> ContractError:
     transform, where Flax raised ``TraceContextError``."""
     stack = _ACTIVE_MODULES.get()
     root = stack[0] if stack else site.module
-    path = None if variable is None else _graph_path(root, variable)
+    if isinstance(variable, _ArrayAttribute):  # an attribute assigned: its owner's path
+        owner_path = _graph_path(root, variable.root)
+        path = None if owner_path is None else (*owner_path, *variable.path)
+    else:
+        path = None if variable is None else _graph_path(root, variable)
     name = _describe_variable(root, path, variable)
     method = site.method
     if isinstance(variable, nnx.RngState):
@@ -1139,7 +1193,14 @@ def _check_initialize_state(site: _Site, arguments: _Arguments, call: Callable[[
     )
     state = call()
     if top_level:
-        _check_unwritten(site, before, "initialize_state", _RULE_INIT_NO_WRITES)
+        _check_unwritten(
+            site,
+            before,
+            "initialize_state",
+            _RULE_INIT_NO_WRITES,
+            _is_written_only_by_training,
+            array_attributes=True,
+        )
     batch = _Axis("B", batch_size, size_name)
     _check_leading(site, (batch,), "state", state, _RULE_INIT, "returned")
     _CARRIES.remember(_structure_key(site.module), state)
@@ -1165,7 +1226,14 @@ def _check_reset_state(site: _Site, arguments: _Arguments, call: Callable[[], An
         except TraceContextError as error:
             raise _write_in_transform_violation(site, _variable_written_in(error)) from error
         if token is not None:
-            _check_unwritten(site, before, "reset_state", _RULE_RESET_NO_WRITES)
+            _check_unwritten(
+                site,
+                before,
+                "reset_state",
+                _RULE_RESET_NO_WRITES,
+                _is_forward_state,
+                array_attributes=True,
+            )
         _check_same_tree(site, prev_name, prev, "returned state", state, _RULE_RESET, None)
         _warn_kept_carry(site, prev_name, prev)
         if token is not None:  # the top-level call: every module below it was reached
@@ -1251,7 +1319,7 @@ def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[
         statistics = _variable_values(site.module, _is_statistic) if top_level else {}
         result = call()
         if top_level:
-            _check_unwritten(site, params, "update_statistics", RULE_STATISTICS_KIND)
+            _check_unwritten(site, params, "update_statistics", RULE_STATISTICS_KIND, _is_param)
             _check_kept_shapes(site, statistics)
             _check_all_reached(site, site.module, shared.reached, _STATISTICS_ROUTING)
     finally:
