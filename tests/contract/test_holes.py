@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -343,7 +343,7 @@ def test_an_array_attribute_written_in_call_is_named(compiled: bool) -> None:
     error = caught.value
     assert error.where == "Sequential.layers[1] (_CountsInAnArrayAttribute).__call__"
     assert error.leaf == "Sequential.layers[1].seen (an array attribute)"
-    assert "in a compiled call the write is lost" in str(error)
+    assert "in a compiled call the change is lost" in str(error)
     # Unchanged parameters are the very tracers they were: no transform wrote them back.
     assert "NNX transform inside the call" not in str(error)
 
@@ -379,7 +379,7 @@ class _CountsEpisodes(StatefulModule):
     ("held", "leaf", "said"),
     [
         ("BatchStat", "episodes (BatchStat)", "reset_state wrote the variable"),
-        ("array attribute", "plain (an array attribute)", "in a compiled call the write is lost"),
+        ("array attribute", "plain (an array attribute)", "in a compiled call the change is lost"),
         ("Rngs", "rngs.default.count (RngCount)", "reset_state drew from an nnx.Rngs stream"),
     ],
 )
@@ -606,7 +606,131 @@ def test_an_attribute_written_under_a_transform_closing_over_the_module_is_named
         jax.jit(network.reset_state)(network.initialize_state(2))
     error = caught.value
     assert error.leaf == "Sequential.layers[1].count (an array attribute)"
-    assert "reset_state wrote the variable Sequential.layers[1].count" in str(error)
+    assert "reset_state wrote Sequential.layers[1].count" in str(error)
+
+
+class _ChangesItsHolders(StatefulModule):
+    """Changes what it holds in __call__ other than by writing a value in place."""
+
+    class Pair(NamedTuple):
+        low: jax.Array
+        high: jax.Array
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.mean = nnx.BatchStat(jnp.zeros(2))
+        self.table = jnp.zeros(2)
+        self.items = nnx.List([jnp.zeros(2)])
+        self.pair = nnx.data(self.Pair(jnp.zeros(2), jnp.ones(2)))
+
+    def initialize_state(self, batch_size: int) -> Any:
+        return jnp.zeros((batch_size, 2))
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        if self.kind == "Variable replaced":
+            self.mean = nnx.BatchStat(self.mean[...] + x.mean(0))
+        elif self.kind == "array removed":
+            del self.table
+        elif self.kind == "element removed":
+            self.items.pop()
+        elif self.kind == "named tuple field":
+            self.pair = nnx.data(self.Pair(x[0], self.pair.high))
+        elif self.kind == "element written under vmap":
+
+            def write(row: jax.Array) -> jax.Array:
+                self.items[0] = row
+                return row
+
+            jax.vmap(write)(x)
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {}, None)
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("Variable replaced", "__call__ replaced the variable _ChangesItsHolders.mean (BatchStat)"),
+        ("array removed", "__call__ removed _ChangesItsHolders.table (an array attribute)"),
+        ("element removed", "__call__ removed _ChangesItsHolders.items[0] (an array attribute)"),
+        ("named tuple field", "__call__ wrote _ChangesItsHolders.pair.low (an array attribute)"),
+        (
+            "element written under vmap",
+            "__call__ wrote _ChangesItsHolders.items[0] (an array attribute) inside a JAX "
+            "transform",
+        ),
+    ],
+)
+def test_holders_changed_in_a_call_are_named(kind: str, said: str) -> None:
+    module = _ChangesItsHolders(kind)
+    with pytest.raises(ContractError) as caught:
+        module(module.initialize_state(2), jnp.ones((2, 2)))
+    assert said in str(caught.value)
+
+
+class _WritesItsMean(StatefulModule):
+    def __init__(self) -> None:
+        self.mean = nnx.BatchStat(jnp.zeros(2))
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        self.mean[...] = self.mean[...] + x.mean(0)
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {}, None)
+
+
+class _RunsItsChildSplit(StatefulModule):
+    """Calls its child on the child's nnx.split state inside jax.checkpoint, as the
+    documented rematerialisation does: the merged copy is outside the parent's graph."""
+
+    def __init__(self) -> None:
+        self.child = _WritesItsMean()
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        graphdef, child_state = nnx.split(self.child)
+
+        def run(child_state: nnx.State, x: jax.Array) -> jax.Array:
+            return nnx.merge(graphdef, child_state)((), x).output
+
+        return StatefulModuleOutput(
+            state, jax.checkpoint(run)(child_state, x), jnp.zeros(()), {}, None
+        )
+
+
+def test_a_write_by_a_child_merged_inside_a_transform_is_named() -> None:
+    module = _RunsItsChildSplit()
+    with pytest.raises(ContractError) as caught:
+        module((), jnp.ones((2, 2)))
+    assert "__call__ wrote the variable _WritesItsMean.mean (BatchStat)" in str(caught.value)
+
+
+class _ConstantsOfEveryKind(StatefulModule):
+    """A child holding a float64 NumPy constant and Python-number variables, called
+    through an eager NNX transform, which hands them back as float32 JAX arrays."""
+
+    def __init__(self, transform: str) -> None:
+        self.transform = transform
+        self.child = _HoldsHostConstants()
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        if self.transform == "nnx.jit":
+            y = nnx.jit(lambda child, x: child(x))(self.child, x)
+        else:
+            y = nnx.cond(True, lambda c, x: c(x), lambda c, x: -c(x), self.child, x)
+        return StatefulModuleOutput(state, y, jnp.zeros(()), {}, None)
+
+
+class _HoldsHostConstants(nnx.Module):
+    def __init__(self) -> None:
+        self.scale = np.array([0.5, 0.5])  # float64
+        self.offset = nnx.Variable(0.5)
+        self.flag = nnx.Variable(True)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x * self.scale + self.offset[...] * self.flag[...]
+
+
+@pytest.mark.parametrize("transform", ["nnx.jit", "nnx.cond"])
+def test_host_constants_handed_back_by_an_eager_transform_are_no_writes(transform: str) -> None:
+    module = _ConstantsOfEveryKind(transform)
+    out = module((), jnp.ones((2, 2)))
+    np.testing.assert_allclose(out.output, np.ones((2, 2)))
 
 
 class _RemembersItsBatchSize(StatefulModule):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.errors import TraceContextError
@@ -213,20 +214,43 @@ def checks(enabled: bool) -> Iterator[None]:
 
 
 def format_graph_path(root: Any, path: tuple[Any, ...]) -> str:
-    """``path`` (from ``nnx.iter_graph(root)``) as Python would write it: ``.layers[2]``."""
-    node = root
+    """``path`` (from ``nnx.iter_graph(root)``) as Python would write it: ``.layers[2]``.
+    Keys past a node that no longer holds them (removed during a call) are written
+    out as they are."""
+    node: Any = root
     parts: list[str] = []
     for key in path:
-        if isinstance(node, nnx.List | list | tuple):
-            parts.append(f"[{key}]")
-            node = node[key]
-        elif isinstance(node, nnx.Dict | dict):
+        if isinstance(node, Mapping):
             parts.append(f"[{key!r}]")
-            node = node[key]
-        else:
+        elif _is_attribute_key(node, key):
             parts.append(f".{key}")
-            node = getattr(node, key)
+        else:
+            parts.append(f"[{key}]")
+        try:
+            node = _graph_child(node, key)
+        except _MISSING:
+            node = None
     return "".join(parts)
+
+
+_MISSING = (AttributeError, LookupError, TypeError, ValueError)
+"""What :func:`_graph_child` raises for a key its node does not hold."""
+
+
+def _is_attribute_key(node: Any, key: Any) -> bool:
+    # nnx.List names its elements "0", "1", ... where an attribute write reports them.
+    return isinstance(key, str) and not (isinstance(node, nnx.List) and key.isdigit())
+
+
+def _graph_child(node: Any, key: Any) -> Any:
+    """``node``'s child at the graph key ``key`` (a path element of ``nnx.iter_graph``):
+    an item of a mapping or a sequence, else an attribute (a module's, a named
+    tuple's field)."""
+    if isinstance(node, Mapping):
+        return node[key]
+    if _is_attribute_key(node, key):
+        return getattr(node, key)
+    return node[int(key)]
 
 
 def _graph_path(root: Any, target: Any) -> tuple[Any, ...] | None:
@@ -670,15 +694,17 @@ def _check_call(
     _check_leading(site, (batch,), x_name, x, _RULE_ONE_B, "argument")
     _check_leading(site, (batch,), state_name, state, _RULE_ONE_B, "argument")
     _check_leading(site, (batch,), given_extras_name, given_extras, _RULE_ONE_B, "argument")
-    top_level = len(_ACTIVE_MODULES.get()) == 1
+    checks_writes = _checks_writes_here(site.module)
     before = (
-        _variable_values(site.module, _is_forward_state, array_attributes=True) if top_level else {}
+        _variable_values(site.module, _is_forward_state, array_attributes=True)
+        if checks_writes
+        else {}
     )
     try:
         result = call()
     except TraceContextError as error:
         raise _write_in_transform_violation(site, _variable_written_in(error)) from error
-    if top_level:
+    if checks_writes:
         _check_unwritten(
             site, before, "__call__", RULE_NO_WRITES, _is_forward_state, array_attributes=True
         )
@@ -747,9 +773,8 @@ class _ArrayAttribute:
         node = self.root
         for key in self.path:
             try:
-                read_item = isinstance(node, Mapping) or not isinstance(key, str)
-                node = node[key] if read_item else getattr(node, key)
-            except (AttributeError, IndexError, KeyError, TypeError):
+                node = _graph_child(node, key)
+            except _MISSING:
                 return _REMOVED
         return node
 
@@ -816,8 +841,16 @@ def _same_value(now: Any, before: Any) -> bool:
 
 
 def _equal_concrete(a: Any, b: Any) -> bool:
+    """``a`` (a leaf now) holds what ``b`` (the leaf before the call) held."""
     if isinstance(a, Tracer) or isinstance(b, Tracer):
         return False
+    if isinstance(a, jax.Array) and not isinstance(b, jax.Array):
+        # An eager NNX transform hands a NumPy array or a Python number back as a JAX
+        # array, in JAX's dtype for it (float32 for a float64 without x64).
+        try:
+            b = jnp.asarray(b)
+        except (TypeError, ValueError):
+            return False
     arrays = jax.Array | np.ndarray
     if not (isinstance(a, arrays) and isinstance(b, arrays)):
         return False
@@ -849,8 +882,9 @@ def _check_unwritten(
     *,
     array_attributes: bool = False,
 ) -> None:
-    """Nothing ``before`` holds was written during ``site``'s call, and nothing of its
-    kinds was added (a new array attribute, an element appended to an ``nnx.List``)."""
+    """Nothing ``before`` holds was written, replaced or removed during ``site``'s call,
+    and nothing of its kinds was added (a new array attribute, an element appended to an
+    ``nnx.List``, a variable made in the call)."""
     # While JAX traces, a write of a new value and an NNX transform's write-back of the
     # same value look alike: a tracer of the same shape and dtype. A transform hands back
     # every variable it ran with, parameters too, which no module writes on purpose.
@@ -858,18 +892,21 @@ def _check_unwritten(
         isinstance(variable, nnx.Param) and _rewritten_in_kind(variable.get_raw_value(), value)
         for variable, value in before.values()
     )
-    for path, (variable, value) in before.items():
-        now = variable.get_raw_value()
-        if _same_value(now, value):
+    held = _holders(site.module, include, array_attributes=array_attributes)
+    for path, (holder, value) in before.items():
+        now = holder.get_raw_value()
+        if isinstance(holder, nnx.Variable) and held.get(path) is not holder:
+            change = "removed" if path not in held else "replaced"
+        elif _same_value(now, value):
             continue
-        name = _describe_variable(site.module, path, variable)
-        site = _Site(_owner(site.module, path), site.method)
-        if isinstance(variable, nnx.RngState):
-            raise _rng_draw_violation(site, name, method)
-        problem = f"{method} wrote the variable {name}."
-        if isinstance(variable, _ArrayAttribute):
-            problem += _HELD_OUTSIDE
-        if written_back and _rewritten_in_kind(now, value):
+        else:
+            change = "removed" if now is _REMOVED else "wrote"
+        name = _describe_variable(site.module, path, holder)
+        owner = _Site(_owner(site.module, path), site.method)
+        if change == "wrote" and isinstance(holder, nnx.RngState):
+            raise _rng_draw_violation(owner, name, method)
+        problem = f"{method} {change} {_the(holder)}{name}." + _why(holder, change)
+        if change == "wrote" and written_back and _rewritten_in_kind(now, value):
             problem += (
                 " Each of its arrays was replaced by a traced one of the same shape and "
                 "dtype. If your code does not assign it, an NNX transform inside the call "
@@ -878,20 +915,18 @@ def _check_unwritten(
                 "nnx.split state and nnx.merge it inside instead."
             )
         raise _violation(
-            site,
+            owner,
             problem,
             leaf=name,
             expected="the value it held before the call",
-            found="a new value written during the call",
+            found=f"{change} during the call",
             rule=rule,
         )
-    now = _holders(site.module, include, array_attributes=array_attributes)
-    for path in now.keys() - before.keys():
-        name = _describe_variable(site.module, path, now[path])
-        outside = isinstance(now[path], _ArrayAttribute)
+    for path in held.keys() - before.keys():
+        name = _describe_variable(site.module, path, held[path])
         raise _violation(
             _Site(_owner(site.module, path), site.method),
-            f"{method} added {name}.{_HELD_OUTSIDE if outside else ''}",
+            f"{method} added {_the(held[path])}{name}." + _why(held[path], "added"),
             leaf=name,
             expected="only what the module held before the call",
             found="added during the call",
@@ -899,11 +934,33 @@ def _check_unwritten(
         )
 
 
-_HELD_OUTSIDE = (
-    " An array held outside an nnx.Variable is module state too: in a compiled call "
-    "the write is lost. Keep a statistic in an nnx.BatchStat written by "
-    "update_statistics, and what changes per step in the carry."
-)
+def _the(holder: _Held | None) -> str:
+    return "the variable " if isinstance(holder, nnx.Variable) else ""
+
+
+def _why(holder: _Held, change: str) -> str:
+    """Why a change of ``holder`` in a call is one, where its kind does not say it."""
+    if isinstance(holder, _ArrayAttribute):
+        return (
+            " An array held outside an nnx.Variable is module state too: in a compiled "
+            "call the change is lost. Keep a statistic in an nnx.BatchStat written by "
+            "update_statistics, and what changes per step in the carry."
+        )
+    if change == "replaced":
+        return " A new Variable object in its place is a write too, lost in a compiled call."
+    if change == "added":
+        return " State made in a call is lost in a compiled one: make it in __init__."
+    return ""
+
+
+def _checks_writes_here(module: Any) -> bool:
+    """Whether a call of ``module`` takes the snapshot the write checks compare: the
+    top-level call does, for everything under it, and so does a call of a module
+    outside the top-level module's graph (a child's ``nnx.split`` state merged inside
+    ``jax.checkpoint`` or ``jax.jit``, an ``nnx.vmap``'s copy of its members), whose
+    state no outer snapshot holds."""
+    stack = _ACTIVE_MODULES.get()
+    return len(stack) <= 1 or _graph_path(stack[0], module) is None
 
 
 def _owner(root: Any, path: tuple[Any, ...]) -> Any:
@@ -968,13 +1025,17 @@ def _write_in_transform_violation(site: _Site, variable: Any) -> ContractError:
         path = None if owner_path is None else (*owner_path, *variable.path)
     else:
         path = None if variable is None else _graph_path(root, variable)
-    name = _describe_variable(root, path, variable)
+    if isinstance(variable, _ArrayAttribute) and path is None:
+        owner = type(variable.root).__name__
+        name = f"{owner}.{variable.path[-1]} (an attribute of a {owner} outside the module)"
+    else:
+        name = _describe_variable(root, path, variable)
     method = site.method
     if isinstance(variable, nnx.RngState):
         return _rng_draw_violation(site, name, method)
     return _violation(
         site,
-        f"{method} wrote the variable {name} inside a JAX transform (Flax refuses the "
+        f"{method} wrote {_the(variable)}{name} inside a JAX transform (Flax refuses the "
         "write: it belongs to an outer trace).",
         leaf=name,
         expected=f"no variable written in {method}",
@@ -1185,14 +1246,14 @@ def _check_initialize_state(site: _Site, arguments: _Arguments, call: Callable[[
         raise _violation(
             site, f"{size_name} must be a positive int.", leaf=size_name, found=repr(batch_size)
         ) from None
-    top_level = len(_ACTIVE_MODULES.get()) == 1
+    checks_writes = _checks_writes_here(site.module)
     before = (
         _variable_values(site.module, _is_written_only_by_training, array_attributes=True)
-        if top_level
+        if checks_writes
         else {}
     )
     state = call()
-    if top_level:
+    if checks_writes:
         _check_unwritten(
             site,
             before,
@@ -1216,16 +1277,17 @@ def _check_reset_state(site: _Site, arguments: _Arguments, call: Callable[[], An
         reached[id(site.module)] = type(site.module)
         if outer is not None:
             _check_own_carry(site, prev_name, prev)
+        checks_writes = token is not None or _checks_writes_here(site.module)
         before = (
             _variable_values(site.module, _is_forward_state, array_attributes=True)
-            if token is not None
+            if checks_writes
             else {}
         )
         try:
             state = call()
         except TraceContextError as error:
             raise _write_in_transform_violation(site, _variable_written_in(error)) from error
-        if token is not None:
+        if checks_writes:
             _check_unwritten(
                 site,
                 before,
