@@ -733,6 +733,79 @@ def test_host_constants_handed_back_by_an_eager_transform_are_no_writes(transfor
     np.testing.assert_allclose(out.output, np.ones((2, 2)))
 
 
+class _Holder:
+    """A pytree whose graph key (its flattening index) names no attribute of it."""
+
+    def __init__(self, array: jax.Array) -> None:
+        self.array = array
+
+
+jax.tree_util.register_pytree_node(
+    _Holder, lambda holder: ((holder.array,), None), lambda _, leaves: _Holder(*leaves)
+)
+
+
+class _WritesOddHolders(StatefulModule):
+    """Writes in __call__ what only the graph walk finds (a pytree of its own kind), a
+    large Python integer, or an int64 NumPy count wrapped into int32."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.holder = nnx.data(_Holder(jnp.zeros(2)))
+        self.big = nnx.Variable(2**40)
+        self.count = np.array([2**32 + 7])
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        if self.kind == "pytree":
+            self.holder.array = self.holder.array + 1.0
+        elif self.kind == "large integer":
+            self.big.set_value(jnp.asarray(3))
+        elif self.kind == "wrapped integer":
+            self.count = jnp.asarray([7])
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {}, None)
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("pytree", "__call__ wrote _WritesOddHolders.holder[0] (an array attribute)"),
+        ("large integer", "__call__ wrote the variable _WritesOddHolders.big (Variable)"),
+        ("wrapped integer", "__call__ wrote _WritesOddHolders.count (an array attribute)"),
+    ],
+)
+def test_writes_only_the_graph_walk_or_the_exact_numbers_show_are_named(
+    kind: str, said: str
+) -> None:
+    module = _WritesOddHolders(kind)
+    with pytest.raises(ContractError) as caught:
+        module((), jnp.ones((2, 2)))
+    assert said in str(caught.value)
+
+
+class _ReadsAHijaxParameter(StatefulModule):
+    def __init__(self) -> None:
+        self.weight = nnx.Param(jnp.ones(2), hijax=True)
+
+    def initialize_state(self, batch_size: int) -> Any:
+        return jnp.zeros((batch_size, 2))
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        return StatefulModuleOutput(state, x * self.weight[...], jnp.zeros(()), {}, None)
+
+    def reset_state(self, prev: Any) -> Any:
+        return prev * 0.0 * self.weight[...]
+
+
+def test_a_hijax_parameter_read_in_a_compiled_call_is_no_write() -> None:
+    # Each read of a hijax variable while traced is a new tracer: nothing to compare.
+    module = _ReadsAHijaxParameter()
+    carry = module.initialize_state(2)
+    output = jax.jit(lambda x: module(carry, x).output)(jnp.ones((2, 2)))
+    reset = jax.jit(module.reset_state)(carry)
+    np.testing.assert_array_equal(output, np.ones((2, 2)))
+    np.testing.assert_array_equal(reset, np.zeros((2, 2)))
+
+
 class _RemembersItsBatchSize(StatefulModule):
     def __init__(self) -> None:
         self.batch_size = nnx.Variable(jnp.zeros(()))

@@ -289,11 +289,22 @@ class _Site:
 
 @contextlib.contextmanager
 def _entered(module: Any) -> Iterator[None]:
+    outermost = not _ACTIVE_MODULES.get()
     token = _ACTIVE_MODULES.set((*_ACTIVE_MODULES.get(), module))
+    graph = _TOP_LEVEL_GRAPH.set(None) if outermost else None
     try:
         yield
     finally:
+        if graph is not None:
+            _TOP_LEVEL_GRAPH.reset(graph)
         _ACTIVE_MODULES.reset(token)
+
+
+_TOP_LEVEL_GRAPH: ContextVar[frozenset[int] | None] = ContextVar(
+    "nnx_ppo_top_level_graph", default=None
+)
+"""The ids of the nodes in the graph of the running top-level call's module, walked when
+first needed."""
 
 
 def _violation(site: _Site | str, problem: str, **details: str | None) -> ContractError:
@@ -763,24 +774,11 @@ def _is_written_only_by_training(variable: nnx.Variable[Any]) -> bool:
 @dataclass(frozen=True)
 class _ArrayAttribute:
     """An array a module holds outside a Variable (a plain attribute, an element of an
-    ``nnx.List``, ``nnx.Dict`` or tuple, a NumPy array): Flax NNX state too, read at its
-    path from the root each time, since a write replaces it where it lives."""
+    ``nnx.List``, ``nnx.Dict`` or tuple, a NumPy array): Flax NNX state too, found at
+    ``path`` by the graph walk, since a write replaces it where it lives."""
 
     root: Any
     path: tuple[Any, ...]
-
-    def get_raw_value(self) -> Any:
-        node = self.root
-        for key in self.path:
-            try:
-                node = _graph_child(node, key)
-            except _MISSING:
-                return _REMOVED
-        return node
-
-
-_REMOVED = object()
-"""What an :class:`_ArrayAttribute` reads where its array was deleted: a change."""
 
 
 _Held = nnx.Variable[Any] | _ArrayAttribute
@@ -799,28 +797,34 @@ def _variable_values(
     so a dict value changed in place still shows what it held.
     """
     return {
-        path: (holder, jax.tree.map(_snapshot, holder.get_raw_value()))
-        for path, holder in _holders(root, include, array_attributes=array_attributes).items()
+        path: (holder, jax.tree.map(_snapshot, value))
+        for path, (holder, value) in _holders(
+            root, include, array_attributes=array_attributes
+        ).items()
     }
 
 
 def _holders(
     root: Any, include: _Include, *, array_attributes: bool
-) -> dict[tuple[Any, ...], _Held]:
-    """:func:`_variable_values`'s holders by path, without their values; ``nnx.capture``'s
-    intermediates left out."""
-    held: dict[tuple[Any, ...], _Held] = {}
+) -> dict[tuple[Any, ...], tuple[_Held, Any]]:
+    """:func:`_variable_values`'s holders by path with their values as they are (not
+    copied); ``nnx.capture``'s intermediates left out, and hijax variables while
+    traced (each read of one is a new tracer: nothing to compare)."""
+    held: dict[tuple[Any, ...], tuple[_Held, Any]] = {}
     for path, node in nnx.iter_graph(root):
-        if isinstance(node, nnx.Variable) and include(node) and _CAPTURES not in path:
-            held[tuple(path)] = node
-        elif (
-            array_attributes
-            and isinstance(node, jax.Array | np.ndarray)
-            and path
-            and _CAPTURES not in path
-        ):
-            held[tuple(path)] = _ArrayAttribute(root, tuple(path))
+        if _CAPTURES in path:
+            continue
+        if isinstance(node, nnx.Variable) and include(node):
+            value = node.get_raw_value()
+            if not (getattr(node, "hijax", False) and _traced(value)):
+                held[tuple(path)] = (node, value)
+        elif array_attributes and isinstance(node, jax.Array | np.ndarray) and path:
+            held[tuple(path)] = (_ArrayAttribute(root, tuple(path)), node)
     return held
+
+
+def _traced(tree: Any) -> bool:
+    return any(isinstance(leaf, Tracer) for leaf in jax.tree.leaves(tree))
 
 
 def _snapshot(leaf: Any) -> Any:
@@ -846,10 +850,13 @@ def _equal_concrete(a: Any, b: Any) -> bool:
         return False
     if isinstance(a, jax.Array) and not isinstance(b, jax.Array):
         # An eager NNX transform hands a NumPy array or a Python number back as a JAX
-        # array, in JAX's dtype for it (float32 for a float64 without x64).
+        # array, in JAX's dtype for it (float32 for a float64 without x64). Integers
+        # must hold the same numbers: int64 wrapped into int32 is another value.
         try:
-            b = jnp.asarray(b)
-        except (TypeError, ValueError):
+            held, b = np.asarray(b), jnp.asarray(b)
+            if held.dtype.kind in "iub" and not np.array_equal(np.asarray(b), held):
+                return False
+        except (TypeError, ValueError, OverflowError):
             return False
     arrays = jax.Array | np.ndarray
     if not (isinstance(a, arrays) and isinstance(b, arrays)):
@@ -888,19 +895,22 @@ def _check_unwritten(
     # While JAX traces, a write of a new value and an NNX transform's write-back of the
     # same value look alike: a tracer of the same shape and dtype. A transform hands back
     # every variable it ran with, parameters too, which no module writes on purpose.
-    written_back = any(
-        isinstance(variable, nnx.Param) and _rewritten_in_kind(variable.get_raw_value(), value)
-        for variable, value in before.values()
-    )
     held = _holders(site.module, include, array_attributes=array_attributes)
+    written_back = any(
+        isinstance(holder, nnx.Param) and _rewritten_in_kind(held[path][1], value)
+        for path, (holder, value) in before.items()
+        if path in held
+    )
     for path, (holder, value) in before.items():
-        now = holder.get_raw_value()
-        if isinstance(holder, nnx.Variable) and held.get(path) is not holder:
-            change = "removed" if path not in held else "replaced"
+        now = held[path][1] if path in held else None
+        if path not in held:
+            change = "removed"
+        elif isinstance(holder, nnx.Variable) and held[path][0] is not holder:
+            change = "replaced"
         elif _same_value(now, value):
             continue
         else:
-            change = "removed" if now is _REMOVED else "wrote"
+            change = "wrote"
         name = _describe_variable(site.module, path, holder)
         owner = _Site(_owner(site.module, path), site.method)
         if change == "wrote" and isinstance(holder, nnx.RngState):
@@ -923,10 +933,11 @@ def _check_unwritten(
             rule=rule,
         )
     for path in held.keys() - before.keys():
-        name = _describe_variable(site.module, path, held[path])
+        added = held[path][0]
+        name = _describe_variable(site.module, path, added)
         raise _violation(
             _Site(_owner(site.module, path), site.method),
-            f"{method} added {_the(held[path])}{name}." + _why(held[path], "added"),
+            f"{method} added {_the(added)}{name}." + _why(added, "added"),
             leaf=name,
             expected="only what the module held before the call",
             found="added during the call",
@@ -960,7 +971,13 @@ def _checks_writes_here(module: Any) -> bool:
     ``jax.checkpoint`` or ``jax.jit``, an ``nnx.vmap``'s copy of its members), whose
     state no outer snapshot holds."""
     stack = _ACTIVE_MODULES.get()
-    return len(stack) <= 1 or _graph_path(stack[0], module) is None
+    if len(stack) <= 1:
+        return True
+    graph = _TOP_LEVEL_GRAPH.get()
+    if graph is None:
+        graph = frozenset(id(node) for _, node in nnx.iter_graph(stack[0]))
+        _TOP_LEVEL_GRAPH.set(graph)
+    return id(module) not in graph
 
 
 def _owner(root: Any, path: tuple[Any, ...]) -> Any:
@@ -1399,7 +1416,9 @@ def _is_statistic(variable: nnx.Variable[Any]) -> bool:
 
 
 def _check_kept_shapes(site: _Site, before: dict[tuple[Any, ...], tuple[_Held, Any]]) -> None:
-    """Every statistic holds the tree, shapes and dtypes it held before ``update_statistics``."""
+    """Every statistic holds the tree, shapes and dtypes it held before ``update_statistics``
+    (one removed holds nothing)."""
+    held = _holders(site.module, _is_statistic, array_attributes=False)
     for path, (variable, value) in before.items():
         name = _describe_variable(site.module, path, variable)
         _check_same_tree(
@@ -1407,7 +1426,7 @@ def _check_kept_shapes(site: _Site, before: dict[tuple[Any, ...], tuple[_Held, A
             "its value before the call",
             value,
             name,
-            variable.get_raw_value(),
+            held[path][1] if path in held else None,
             _RULE_KEPT_SHAPES,
             batch=None,
         )
