@@ -76,8 +76,9 @@ def test_work_dispatched_behind_a_call_is_timed_from_the_calls_end(operands) -> 
     jax.block_until_ready(running)
     ended = time.perf_counter()
     idle = clock.idle_from(since)
-    # The clock's stamp may come a thread switch after this thread's reading.
-    assert ended - 0.5 * (ended - since) < idle <= ended + sys.getswitchinterval()
+    # The clock's stamp comes from its own thread, which a busy machine may run some
+    # switch intervals after this thread's reading (7 ms late once on CI's two cores).
+    assert ended - 0.5 * (ended - since) < idle <= ended + 10 * sys.getswitchinterval()
 
 
 def test_a_clock_that_watched_nothing_waits_for_nothing() -> None:
