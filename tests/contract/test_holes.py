@@ -34,6 +34,18 @@ from nnx_ppo.testing import check_module
 from nnx_ppo.testing.modules import StatsRecorder
 
 
+def call_split(network: StatefulModule, x: jax.Array, *, compiled: bool) -> Any:
+    """``network``'s output for ``x``, called as training calls it: on its ``nnx.split``
+    state merged inside the call (under ``jax.jit`` when ``compiled``)."""
+    graphdef, variables = nnx.split(network)
+
+    def call(variables: nnx.State, x: jax.Array) -> Any:
+        module = nnx.merge(graphdef, variables)
+        return module(module.initialize_state(x.shape[0]), x).output
+
+    return (jax.jit(call) if compiled else call)(variables, x)
+
+
 def history_of(module: StatefulModule, x: jax.Array, steps: int = 5) -> Any:
     """The module's emissions for input ``x``, stacked ``steps`` times: ``(T, B, *feat)``."""
     out = module(module.initialize_state(x.shape[0]), x)
@@ -332,14 +344,9 @@ class _CountsInAnArrayAttribute(StatefulModule):
 @pytest.mark.parametrize("compiled", [False, True])
 def test_an_array_attribute_written_in_call_is_named(compiled: bool) -> None:
     network = Sequential([Dense(3, 3, nnx.Rngs(0)), _CountsInAnArrayAttribute()])
-    graphdef, variables = nnx.split(network)
-
-    def call(variables: nnx.State, x: jax.Array) -> jax.Array:
-        module = nnx.merge(graphdef, variables)
-        return module(module.initialize_state(2), x).output
 
     with pytest.raises(ContractError) as caught:
-        (jax.jit(call) if compiled else call)(variables, jnp.ones((2, 3)))
+        call_split(network, jnp.ones((2, 3)), compiled=compiled)
     error = caught.value
     assert error.where == "Sequential.layers[1] (_CountsInAnArrayAttribute).__call__"
     assert error.leaf == "Sequential.layers[1].seen (an array attribute)"
@@ -445,14 +452,9 @@ def test_an_array_outside_variables_written_in_call_is_named(
     held: str, leaf: str, compiled: bool
 ) -> None:
     network = Sequential([Dense(3, 3, nnx.Rngs(0)), _CountsOutsideVariables(held)])
-    graphdef, variables = nnx.split(network)
-
-    def call(variables: nnx.State, x: jax.Array) -> jax.Array:
-        module = nnx.merge(graphdef, variables)
-        return module(module.initialize_state(2), x).output
 
     with pytest.raises(ContractError) as caught:
-        (jax.jit(call) if compiled else call)(variables, jnp.ones((2, 3)))
+        call_split(network, jnp.ones((2, 3)), compiled=compiled)
     error = caught.value
     assert error.where == "Sequential.layers[1] (_CountsOutsideVariables).__call__"
     assert error.leaf.startswith(f"Sequential.layers[1].{leaf}")
@@ -462,13 +464,8 @@ def test_an_array_outside_variables_written_in_call_is_named(
 @pytest.mark.parametrize("compiled", [False, True])
 def test_arrays_outside_variables_read_only_pass(compiled: bool) -> None:
     network = Sequential([Dense(3, 3, nnx.Rngs(0)), _CountsOutsideVariables("none")])
-    graphdef, variables = nnx.split(network)
 
-    def call(variables: nnx.State, x: jax.Array) -> jax.Array:
-        module = nnx.merge(graphdef, variables)
-        return module(module.initialize_state(2), x).output
-
-    out = (jax.jit(call) if compiled else call)(variables, jnp.ones((2, 3)))
+    out = call_split(network, jnp.ones((2, 3)), compiled=compiled)
     assert out.shape == (2, 3)
 
 
