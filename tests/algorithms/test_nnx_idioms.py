@@ -13,6 +13,7 @@ from flax import nnx
 from nnx_ppo import ContractError
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.ppo import new_training_state, ppo_step, ppo_steps
+from nnx_ppo.algorithms.rollout import eval_rollout
 from nnx_ppo.envs import make
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
@@ -100,6 +101,20 @@ def test_a_module_using_an_nnx_transform_or_sow_passes_the_kit_and_trains(trunk)
     assert np.isfinite(metrics["losses/total/mean"])
     pairs = zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True)
     assert not all(np.array_equal(a, b) for a, b in pairs)
+
+
+@pytest.mark.filterwarnings("ignore:Using 'Module.sow\\(\\)' outside")
+def test_a_network_that_sowed_in_an_eager_call_evaluates_and_trains() -> None:
+    # An eager sanity call left the sown tuple in the network: the rollout's scan carried
+    # it, a sow inside lengthened it, and the carry changed structure (a raw TypeError).
+    network = _policy(Sows(nnx.Rngs(1)), nnx.Rngs(2))
+    network(network.initialize_state(2), jnp.zeros((2, WIDTH)))
+    env = make("cartpole")
+    returns = eval_rollout(env, network, 2, 8, jax.random.key(0))
+    assert np.isfinite(returns["eval/episode_reward/mean"])
+    state = new_training_state(env, network, CONFIG.n_envs, seed=0, learning_rate=1e-2)
+    state, (_, metrics) = ppo_steps(env, state, CONFIG, 2)
+    assert np.isfinite(metrics["losses/total/mean"])
 
 
 def test_training_runs_under_x64() -> None:

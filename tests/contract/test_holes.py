@@ -8,6 +8,7 @@ message a user needs: the module and its path, the leaf, expected and found.
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections import OrderedDict
 from typing import Any, NamedTuple
@@ -22,7 +23,9 @@ from jaxtyping import Array, Float, PyTree, TypeCheckError, jaxtyped
 
 import nnx_ppo
 from nnx_ppo import ContractError
+from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.contract.checking import CallRecord, observe_calls, typechecked
+from nnx_ppo.envs import make
 from nnx_ppo.networks.containers import FrozenStatistics, Parallel, Sequential
 from nnx_ppo.networks.delay import Delay
 from nnx_ppo.networks.feedforward import Dense
@@ -522,6 +525,138 @@ def test_state_added_in_a_call_is_named(method: str, kind: str, leaf: str) -> No
     assert f"{method} added {leaf} (an array attribute)" in str(caught.value)
 
 
+class _PythonValues(StatefulModule):
+    """Python numbers and strings, which NNX keeps static, set in a method: the count of
+    calls a researcher might keep, a float, a string, a value added; a NaN fill kept."""
+
+    def __init__(self, kind: str, method: str) -> None:
+        self.kind = kind
+        self.method = method
+        self.calls = 0
+        self.temperature = 1.0
+        self.mode = "explore"
+        self.fill = float("nan")
+
+    def _set(self, method: str) -> None:
+        if method != self.method:
+            return
+        if self.kind == "int":
+            self.calls += 1
+        elif self.kind == "float":
+            self.temperature *= 0.5
+        elif self.kind == "str":
+            self.mode = "exploit"
+        elif self.kind == "added":
+            self.seen_batch = 2
+        elif self.kind == "bool for int":
+            self.calls = False
+
+    def initialize_state(self, batch_size: int) -> Any:
+        self._set("initialize_state")
+        return jnp.zeros((batch_size, 2))
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        self._set("__call__")
+        return StatefulModuleOutput(state, x * self.temperature, jnp.zeros(()), {}, None)
+
+    def reset_state(self, prev: Any) -> Any:
+        self._set("reset_state")
+        return jnp.zeros_like(prev)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("method", ["__call__", "reset_state", "initialize_state"])
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("int", "wrote _PythonValues.calls (a Python int attribute)"),
+        ("float", "wrote _PythonValues.temperature (a Python float attribute)"),
+        ("str", "wrote _PythonValues.mode (a Python str attribute)"),
+        ("added", "added _PythonValues.seen_batch (a Python int attribute)"),
+        ("bool for int", "wrote _PythonValues.calls (a Python int attribute)"),
+    ],
+)
+def test_python_values_set_in_a_call_are_named(
+    method: str, kind: str, message: str, compiled: bool
+) -> None:
+    module = _PythonValues(kind, method)
+    graphdef, variables = nnx.split(module)
+
+    def run(variables: nnx.State, x: jax.Array) -> Any:
+        module = nnx.merge(graphdef, variables)
+        carry = module.initialize_state(2)
+        return module(carry, x).output, module.reset_state(carry)
+
+    with pytest.raises(ContractError) as caught:
+        (jax.jit(run) if compiled else run)(variables, jnp.ones((2, 2)))
+    assert f"{method} {message}" in str(caught.value)
+    assert "once per compilation" in str(caught.value)
+
+
+def test_python_values_read_only_pass() -> None:
+    module = _PythonValues("none", "__call__")
+    carry = module.initialize_state(2)
+    output = module(carry, jnp.ones((2, 2))).output
+    np.testing.assert_array_equal(output, np.ones((2, 2)))
+    assert module.reset_state(carry).shape == (2, 2)
+
+
+class _StatisticsOutsideBatchStat(StatefulModule):
+    """A running mean updated by update_statistics, with one mistake by ``kind``: a
+    Python flag set there, a BatchStat made there, a per-env axis kept in an array
+    attribute; or none, the mean held as a plain array."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.mean = jnp.zeros(2)
+        self.warmed_up = False
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        return StatefulModuleOutput(state, x - self.mean, jnp.zeros(()), {}, x)
+
+    def update_statistics(self, rollout_extras: jax.Array) -> None:
+        if self.kind == "per-env axis kept":
+            self.mean = rollout_extras.mean(0)
+        else:
+            self.mean = rollout_extras.mean((0, 1))
+        if self.kind == "Python flag":
+            self.warmed_up = True
+        elif self.kind == "BatchStat made":
+            self.count = nnx.BatchStat(jnp.ones(()))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("Python flag", "update_statistics wrote _StatisticsOutsideBatchStat.warmed_up (a Python"),
+        (
+            "BatchStat made",
+            "update_statistics added the variable _StatisticsOutsideBatchStat.count",
+        ),
+        ("per-env axis kept", "_StatisticsOutsideBatchStat.mean (an array attribute)"),
+    ],
+)
+def test_update_statistics_state_beyond_its_statistics_is_named(
+    kind: str, message: str, compiled: bool
+) -> None:
+    module = _StatisticsOutsideBatchStat(kind)
+    history = history_of(module, jnp.arange(6.0).reshape(3, 2), steps=4)
+    graphdef, variables = nnx.split(module)
+
+    def update(variables: nnx.State, history: jax.Array) -> None:
+        nnx.merge(graphdef, variables).update_statistics(history)
+
+    with pytest.raises(ContractError, match=re.escape(message)):
+        (jax.jit(update) if compiled else update)(variables, history)
+
+
+def test_a_statistic_held_as_a_plain_array_is_updated() -> None:
+    module = _StatisticsOutsideBatchStat("none")
+    module.update_statistics(history_of(module, jnp.arange(6.0).reshape(3, 2), steps=4))
+    np.testing.assert_array_equal(module.mean, [2.0, 3.0])
+
+
 class _Constants(StatefulModule):
     """Read-only state held outside variables: a NumPy table with a NaN (missing
     entries), a dict whose keys are named like dict methods, and a child holding a NumPy
@@ -803,6 +938,17 @@ def test_a_hijax_parameter_read_in_a_compiled_call_is_no_write() -> None:
     np.testing.assert_array_equal(reset, np.zeros((2, 2)))
 
 
+def test_a_hijax_variable_is_refused_by_training_and_the_kit_with_its_path() -> None:
+    # Flax's split and merge inside JAX's transforms do not carry one: the kit failed
+    # with a raw TypeError blamed on initialize_state, training with a leaf count.
+    module = _ReadsAHijaxParameter()
+    with pytest.raises(TypeError, match=r"check_module: _ReadsAHijaxParameter.weight is a hijax"):
+        check_module(module, jnp.zeros(2), max_examples=1)
+    network = Sequential([Dense(4, 2, nnx.Rngs(0)), _ReadsAHijaxParameter()])
+    with pytest.raises(TypeError, match=r"new_training_state: Sequential.layers\[1\].weight"):
+        new_training_state(make("cartpole"), network, 2, seed=0)
+
+
 class _RemembersItsBatchSize(StatefulModule):
     def __init__(self) -> None:
         self.batch_size = nnx.Variable(jnp.zeros(()))
@@ -829,6 +975,23 @@ def test_a_variable_written_by_initialize_state_is_named_eagerly_and_compiled() 
         assert error.leaf == "Sequential.layers[1].batch_size (Variable)"
         assert "initialize_state wrote the variable" in str(error)
         assert "a write is lost" in str(error.rule)
+
+
+class _MakesItsRngs(StatefulModule):
+    """Makes an nnx.Rngs in initialize_state: state added there, though drawing from a
+    stream made in __init__ is allowed."""
+
+    def initialize_state(self, batch_size: int) -> Any:
+        self.rngs = nnx.Rngs(batch_size)
+        return {"keys": jax.random.split(self.rngs(), batch_size)}
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {}, None)
+
+
+def test_an_rngs_made_in_initialize_state_is_named() -> None:
+    with pytest.raises(ContractError, match=r"initialize_state added the variable _MakesItsRngs"):
+        _MakesItsRngs().initialize_state(3)
 
 
 class _StatisticsAsParam(StatefulModule):

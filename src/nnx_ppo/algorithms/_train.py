@@ -54,7 +54,7 @@ from nnx_ppo.algorithms.types import (
     TrainingState,
 )
 from nnx_ppo.contract.arguments import is_int, require_callable, require_int
-from nnx_ppo.contract.checking import format_graph_path
+from nnx_ppo.contract.checking import format_graph_path, require_no_hijax
 from nnx_ppo.contract.env_checks import require_env
 from nnx_ppo.networks.types import (
     ModuleState,
@@ -268,6 +268,10 @@ def _new_training_state(
         )
     _require_seed(seed)
     _require_float_parameters(networks)
+    require_no_hijax("new_training_state", networks)
+    # What an eager call sowed (nnx.Intermediate) is no training state: the step's
+    # programs keep none, so their state in and out must hold none either.
+    nnx.pop(networks, nnx.Intermediate)
     if optimizer is None:
         _require_optimizer_options(
             "new_training_state", learning_rate, gradient_clipping, weight_decay

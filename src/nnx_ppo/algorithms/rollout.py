@@ -155,13 +155,17 @@ def scan_module(
     ``__call__`` (``nnx.vmap``, ``nnx.scan``, ``nnx.cond``) refuses variables of an
     outer trace.
     """
-    graphdef, state = nnx.split(module)
+    # What the module sowed before (an eager call's nnx.Intermediate) is not carried:
+    # a sow inside the scan would lengthen it, and the carry must keep its structure.
+    graphdef, state, sown = nnx.split(module, nnx.Not(nnx.Intermediate), nnx.Intermediate)
 
     def step(
         carried: tuple[nnx.State, ScanCarry], x: _ScanSlice
     ) -> tuple[tuple[nnx.State, ScanCarry], _ScanSlice]:
         state, carry = carried
-        carry, y = body(nnx.merge(graphdef, state), carry, x)
+        # Copied here, so that a sow writes variables of the scan's own trace.
+        sown_here = jax.tree.map(lambda value: value, sown)
+        carry, y = body(nnx.merge(graphdef, state, sown_here), carry, x)
         return (state, carry), y
 
     (_, final), ys = jax.lax.scan(step, (state, init), xs, length=length)

@@ -67,6 +67,7 @@ __all__ = [
     "key_data_or_leaf",
     "named_leaves",
     "observe_calls",
+    "require_no_hijax",
     "resets_its_carry",
     "structure_difference",
     "typechecked",
@@ -175,8 +176,9 @@ _RULE_INIT_NO_WRITES = rule_text(
     "variables",
 )
 RULE_STATISTICS_KIND = rule_text(
-    "running statistics are nnx.BatchStat (or another non-Param variable): an nnx.Param "
-    "is trained by the optimizer, so update_statistics must not write one",
+    "running statistics are nnx.BatchStat (or another non-Param variable) or arrays, made "
+    "in __init__: an nnx.Param is trained by the optimizer and a Python value is static "
+    "to JAX, so update_statistics writes neither, and adds no state",
     "variables",
 )
 
@@ -235,6 +237,20 @@ def format_graph_path(root: Any, path: tuple[Any, ...]) -> str:
 
 _MISSING = (AttributeError, LookupError, TypeError, ValueError)
 """What :func:`_graph_child` raises for a key its node does not hold."""
+
+
+def require_no_hijax(caller: str, module: Any) -> None:
+    """Refuse a Flax hijax variable (``hijax=True``) under ``module``: ``nnx.split``
+    and ``nnx.merge`` inside JAX's transforms, which training and the test kit run the
+    module under, do not carry them in this Flax version (an eager ``nnx.jit`` of one
+    fails in Flax itself)."""
+    for path, node in nnx.iter_graph(module):
+        if isinstance(node, nnx.Variable) and getattr(node, "hijax", False):
+            raise TypeError(
+                f"{caller}: {type(module).__name__}{format_graph_path(module, tuple(path))} "
+                "is a hijax variable (made with hijax=True), which the library's "
+                "compiled programs cannot carry: make it without hijax=True."
+            )
 
 
 def _is_attribute_key(node: Any, key: Any) -> bool:
@@ -707,9 +723,7 @@ def _check_call(
     _check_leading(site, (batch,), given_extras_name, given_extras, _RULE_ONE_B, "argument")
     checks_writes = _checks_writes_here(site.module)
     before = (
-        _variable_values(site.module, _is_forward_state, array_attributes=True)
-        if checks_writes
-        else {}
+        _variable_values(site.module, _is_forward_state, attributes=True) if checks_writes else {}
     )
     try:
         result = call()
@@ -717,7 +731,7 @@ def _check_call(
         raise _write_in_transform_violation(site, _variable_written_in(error)) from error
     if checks_writes:
         _check_unwritten(
-            site, before, "__call__", RULE_NO_WRITES, _is_forward_state, array_attributes=True
+            site, before, "__call__", RULE_NO_WRITES, _is_forward_state, attributes=True
         )
     if not isinstance(result, output_type):
         raise _violation(
@@ -765,61 +779,82 @@ def _is_forward_state(variable: nnx.Variable[Any]) -> bool:
     return not isinstance(variable, nnx.Intermediate)
 
 
-def _is_written_only_by_training(variable: nnx.Variable[Any]) -> bool:
-    """Variables ``initialize_state`` must leave alone: all but the intermediates and an
-    ``nnx.Rngs`` stream's state, which seeds the carry's per-env keys."""
-    return _is_forward_state(variable) and not isinstance(variable, nnx.RngState)
+def _is_rng_stream(holder: _Held) -> bool:
+    """An ``nnx.Rngs`` stream's state, which ``initialize_state`` may draw from: it seeds
+    the carry's per-env keys."""
+    return isinstance(holder, nnx.RngState)
+
+
+_PYTHON_VALUES = (bool, int, float, complex, str, bytes)
 
 
 @dataclass(frozen=True)
-class _ArrayAttribute:
-    """An array a module holds outside a Variable (a plain attribute, an element of an
-    ``nnx.List``, ``nnx.Dict`` or tuple, a NumPy array): Flax NNX state too, found at
-    ``path`` by the graph walk, since a write replaces it where it lives."""
+class _Attribute:
+    """A value a module holds outside a Variable, found at ``path`` by the graph walk (a
+    plain attribute, an element of an ``nnx.List``, ``nnx.Dict`` or tuple): an array
+    (JAX or NumPy), which is Flax NNX state too, or a Python number or string, which NNX
+    keeps static. A write replaces either where it lives. ``held`` is the
+    value's type where known."""
 
     root: Any
     path: tuple[Any, ...]
+    held: type | None = None
+
+    @property
+    def static(self) -> bool:
+        return self.held is not None and not issubclass(self.held, jax.Array | np.ndarray)
+
+    @property
+    def kind(self) -> str:
+        if self.held is None:
+            return "an attribute"
+        return f"a Python {self.held.__name__} attribute" if self.static else "an array attribute"
 
 
-_Held = nnx.Variable[Any] | _ArrayAttribute
+_Held = nnx.Variable[Any] | _Attribute
 
 
 _Include = Callable[[nnx.Variable[Any]], bool]
 
 
 def _variable_values(
-    root: Any, include: _Include, *, array_attributes: bool = False
+    root: Any, include: _Include, *, attributes: bool = False
 ) -> dict[tuple[Any, ...], tuple[_Held, Any]]:
     """Each included variable under ``root`` by path, with the value it holds now; with
-    ``array_attributes``, each array held outside a variable too.
+    ``attributes``, each array and Python value held outside a variable too.
 
     The value's containers are copied (its leaves are not, but writeable NumPy arrays),
     so a dict value changed in place still shows what it held.
     """
     return {
         path: (holder, jax.tree.map(_snapshot, value))
-        for path, (holder, value) in _holders(
-            root, include, array_attributes=array_attributes
-        ).items()
+        for path, (holder, value) in _holders(root, include, attributes=attributes).items()
     }
 
 
 def _holders(
-    root: Any, include: _Include, *, array_attributes: bool
+    root: Any, include: _Include, *, attributes: bool
 ) -> dict[tuple[Any, ...], tuple[_Held, Any]]:
     """:func:`_variable_values`'s holders by path with their values as they are (not
     copied); ``nnx.capture``'s intermediates left out, and hijax variables while
     traced (each read of one is a new tracer: nothing to compare)."""
     held: dict[tuple[Any, ...], tuple[_Held, Any]] = {}
-    for path, node in nnx.iter_graph(root):
-        if _CAPTURES in path:
-            continue
+    walk = [(tuple(path), node) for path, node in nnx.iter_graph(root) if _CAPTURES not in path]
+    flax_nodes = {path for path, node in walk if type(node).__module__.startswith("flax.")}
+    for path, node in walk:
         if isinstance(node, nnx.Variable) and include(node):
             value = node.get_raw_value()
             if not (getattr(node, "hijax", False) and _traced(value)):
-                held[tuple(path)] = (node, value)
-        elif array_attributes and isinstance(node, jax.Array | np.ndarray) and path:
-            held[tuple(path)] = (_ArrayAttribute(root, tuple(path)), node)
+                held[path] = (node, value)
+        elif not (attributes and path):
+            continue
+        elif isinstance(node, jax.Array | np.ndarray) or (
+            # A Flax container's own bookkeeping (an nnx.List's length) follows what
+            # it holds, which is compared itself.
+            isinstance(node, _PYTHON_VALUES)
+            and not (str(path[-1]).startswith("_") and path[:-1] in flax_nodes)
+        ):
+            held[path] = (_Attribute(root, path, _value_type(node)), node)
     return held
 
 
@@ -860,7 +895,9 @@ def _equal_concrete(a: Any, b: Any) -> bool:
             return False
     arrays = jax.Array | np.ndarray
     if not (isinstance(a, arrays) and isinstance(b, arrays)):
-        return False
+        # Python values: of one type and equal, or both NaN (kept, not equal to itself).
+        same = isinstance(a, _PYTHON_VALUES) and type(a) is type(b)
+        return same and bool(a == b or (a != a and b != b))
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if is_key(a):
@@ -872,11 +909,9 @@ def _equal_concrete(a: Any, b: Any) -> bool:
 def _describe_variable(root: Any, path: tuple[Any, ...] | None, variable: Any) -> str:
     if variable is None:
         return "a variable or attribute"
-    kind = (
-        "an array attribute" if isinstance(variable, _ArrayAttribute) else type(variable).__name__
-    )
+    kind = variable.kind if isinstance(variable, _Attribute) else type(variable).__name__
     if path is None:
-        return kind if isinstance(variable, _ArrayAttribute) else f"a {kind} variable"
+        return kind if isinstance(variable, _Attribute) else f"a {kind} variable"
     return f"{type(root).__name__}{format_graph_path(root, path)} ({kind})"
 
 
@@ -887,15 +922,17 @@ def _check_unwritten(
     rule: str,
     include: _Include,
     *,
-    array_attributes: bool = False,
+    attributes: bool = False,
+    may_write: Callable[[_Held], bool] = lambda holder: False,
 ) -> None:
-    """Nothing ``before`` holds was written, replaced or removed during ``site``'s call,
-    and nothing of its kinds was added (a new array attribute, an element appended to an
-    ``nnx.List``, a variable made in the call)."""
+    """Nothing ``before`` holds was written, replaced or removed during ``site``'s call
+    (but what ``may_write`` allows written or replaced), and nothing of its kinds was
+    added (a new array attribute, an element appended to an ``nnx.List``, a variable made
+    in the call)."""
     # While JAX traces, a write of a new value and an NNX transform's write-back of the
     # same value look alike: a tracer of the same shape and dtype. A transform hands back
     # every variable it ran with, parameters too, which no module writes on purpose.
-    held = _holders(site.module, include, array_attributes=array_attributes)
+    held = _holders(site.module, include, attributes=attributes)
     written_back = any(
         isinstance(holder, nnx.Param) and _rewritten_in_kind(held[path][1], value)
         for path, (holder, value) in before.items()
@@ -905,6 +942,8 @@ def _check_unwritten(
         now = held[path][1] if path in held else None
         if path not in held:
             change = "removed"
+        elif may_write(holder):
+            continue
         elif isinstance(holder, nnx.Variable) and held[path][0] is not holder:
             change = "replaced"
         elif _same_value(now, value):
@@ -932,7 +971,9 @@ def _check_unwritten(
             found=f"{change} during the call",
             rule=rule,
         )
-    for path in held.keys() - before.keys():
+    # Variables and arrays first: a Python value added with them (an nnx.Rngs stream's
+    # tag) says less of what was added.
+    for path in sorted(held.keys() - before.keys(), key=lambda p: _static_last(held[p][0], p)):
         added = held[path][0]
         name = _describe_variable(site.module, path, added)
         raise _violation(
@@ -945,13 +986,24 @@ def _check_unwritten(
         )
 
 
+def _static_last(holder: _Held, path: tuple[Any, ...]) -> tuple[bool, int, str]:
+    return isinstance(holder, _Attribute) and holder.static, len(path), str(path)
+
+
 def _the(holder: _Held | None) -> str:
     return "the variable " if isinstance(holder, nnx.Variable) else ""
 
 
 def _why(holder: _Held, change: str) -> str:
     """Why a change of ``holder`` in a call is one, where its kind does not say it."""
-    if isinstance(holder, _ArrayAttribute):
+    if isinstance(holder, _Attribute) and holder.static:
+        return (
+            " A Python value is static to JAX: set in a call, it changes while JAX traces, "
+            "once per compilation, not at each compiled call (a counter counts traces). "
+            "Keep what changes per step in the carry, and statistics in an nnx.BatchStat "
+            "written by update_statistics."
+        )
+    if isinstance(holder, _Attribute):
         return (
             " An array held outside an nnx.Variable is module state too: in a compiled "
             "call the change is lost. Keep a statistic in an nnx.BatchStat written by "
@@ -1011,9 +1063,17 @@ def _rewritten_in_kind(now: Any, before: Any) -> bool:
     )
 
 
-def _variable_written_in(error: BaseException) -> nnx.Variable[Any] | _ArrayAttribute | None:
+def _value_type(value: Any) -> type | None:
+    """What :class:`_Attribute` names ``value`` by: an array (a tracer included), a
+    Python value's own type, or nothing known."""
+    if isinstance(value, jax.Array | np.ndarray):
+        return jax.Array
+    return type(value) if isinstance(value, _PYTHON_VALUES) else None
+
+
+def _variable_written_in(error: BaseException) -> nnx.Variable[Any] | _Attribute | None:
     """What the write that raised ``error`` wrote, from its traceback: an
-    ``nnx.Variable``, an attribute of a module (as an :class:`_ArrayAttribute` of that
+    ``nnx.Variable``, an attribute of a module (as an :class:`_Attribute` of that
     module), or ``None``."""
     written = None
     frame = error.__traceback__
@@ -1027,7 +1087,7 @@ def _variable_written_in(error: BaseException) -> nnx.Variable[Any] | _ArrayAttr
             and isinstance(candidate, nnx.Pytree)
             and isinstance(local.get("name"), str)
         ):
-            written = _ArrayAttribute(candidate, (local["name"],))
+            written = _Attribute(candidate, (local["name"],), _value_type(local.get("value")))
         frame = frame.tb_next
     return written
 
@@ -1037,12 +1097,12 @@ def _write_in_transform_violation(site: _Site, variable: Any) -> ContractError:
     transform, where Flax raised ``TraceContextError``."""
     stack = _ACTIVE_MODULES.get()
     root = stack[0] if stack else site.module
-    if isinstance(variable, _ArrayAttribute):  # an attribute assigned: its owner's path
+    if isinstance(variable, _Attribute):  # an attribute assigned: its owner's path
         owner_path = _graph_path(root, variable.root)
         path = None if owner_path is None else (*owner_path, *variable.path)
     else:
         path = None if variable is None else _graph_path(root, variable)
-    if isinstance(variable, _ArrayAttribute) and path is None:
+    if isinstance(variable, _Attribute) and path is None:
         owner = type(variable.root).__name__
         name = f"{owner}.{variable.path[-1]} (an attribute of a {owner} outside the module)"
     else:
@@ -1265,9 +1325,7 @@ def _check_initialize_state(site: _Site, arguments: _Arguments, call: Callable[[
         ) from None
     checks_writes = _checks_writes_here(site.module)
     before = (
-        _variable_values(site.module, _is_written_only_by_training, array_attributes=True)
-        if checks_writes
-        else {}
+        _variable_values(site.module, _is_forward_state, attributes=True) if checks_writes else {}
     )
     state = call()
     if checks_writes:
@@ -1276,8 +1334,9 @@ def _check_initialize_state(site: _Site, arguments: _Arguments, call: Callable[[
             before,
             "initialize_state",
             _RULE_INIT_NO_WRITES,
-            _is_written_only_by_training,
-            array_attributes=True,
+            _is_forward_state,
+            attributes=True,
+            may_write=_is_rng_stream,
         )
     batch = _Axis("B", batch_size, size_name)
     _check_leading(site, (batch,), "state", state, _RULE_INIT, "returned")
@@ -1296,7 +1355,7 @@ def _check_reset_state(site: _Site, arguments: _Arguments, call: Callable[[], An
             _check_own_carry(site, prev_name, prev)
         checks_writes = token is not None or _checks_writes_here(site.module)
         before = (
-            _variable_values(site.module, _is_forward_state, array_attributes=True)
+            _variable_values(site.module, _is_forward_state, attributes=True)
             if checks_writes
             else {}
         )
@@ -1311,7 +1370,7 @@ def _check_reset_state(site: _Site, arguments: _Arguments, call: Callable[[], An
                 "reset_state",
                 _RULE_RESET_NO_WRITES,
                 _is_forward_state,
-                array_attributes=True,
+                attributes=True,
             )
         _check_same_tree(site, prev_name, prev, "returned state", state, _RULE_RESET, None)
         _warn_kept_carry(site, prev_name, prev)
@@ -1394,11 +1453,23 @@ def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[
         if not top_level:
             _check_folded_batch(site, extras_name, extras, batch, shared.batch)
         _check_emitted(site, extras_name, extras, shared.time, batch)
-        params = _variable_values(site.module, _is_param) if top_level else {}
-        statistics = _variable_values(site.module, _is_statistic) if top_level else {}
+        before = (
+            _variable_values(site.module, _is_forward_state, attributes=True) if top_level else {}
+        )
         result = call()
         if top_level:
-            _check_unwritten(site, params, "update_statistics", RULE_STATISTICS_KIND, _is_param)
+            _check_unwritten(
+                site,
+                before,
+                "update_statistics",
+                RULE_STATISTICS_KIND,
+                _is_forward_state,
+                attributes=True,
+                may_write=lambda holder: _holds_a_statistic(holder) or _is_rng_stream(holder),
+            )
+            statistics = {
+                path: held for path, held in before.items() if _holds_a_statistic(held[0])
+            }
             _check_kept_shapes(site, statistics)
             _check_all_reached(site, site.module, shared.reached, _STATISTICS_ROUTING)
     finally:
@@ -1415,10 +1486,18 @@ def _is_statistic(variable: nnx.Variable[Any]) -> bool:
     return not isinstance(variable, nnx.Param | nnx.RngState)
 
 
+def _holds_a_statistic(holder: _Held) -> bool:
+    """What ``update_statistics`` may write: a variable other than a parameter or an
+    ``nnx.Rngs`` stream, or an array held outside variables (Flax NNX state too)."""
+    if isinstance(holder, _Attribute):
+        return not holder.static
+    return _is_statistic(holder)
+
+
 def _check_kept_shapes(site: _Site, before: dict[tuple[Any, ...], tuple[_Held, Any]]) -> None:
     """Every statistic holds the tree, shapes and dtypes it held before ``update_statistics``
     (one removed holds nothing)."""
-    held = _holders(site.module, _is_statistic, array_attributes=False)
+    held = _holders(site.module, _is_statistic, attributes=True)
     for path, (variable, value) in before.items():
         name = _describe_variable(site.module, path, variable)
         _check_same_tree(

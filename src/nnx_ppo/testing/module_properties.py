@@ -59,6 +59,7 @@ from nnx_ppo.contract.checking import (
     is_stats_bearing,
     named_leaves,
     observe_calls,
+    require_no_hijax,
     resets_its_carry,
 )
 from nnx_ppo.networks.adapter import is_sampled_action
@@ -531,6 +532,7 @@ class _ModuleKit:
         stochastic: bool | Literal["per_episode"],
         episodic: bool,
     ) -> None:
+        require_no_hijax("check_module", module)
         self.name = type(module).__name__
         # The caller's module runs the eager calls: built by the caller, its attributes
         # keep their order, which nnx.merge would sort (nothing may depend on it).
