@@ -132,6 +132,20 @@ def test_nan_rewards_stop_training_naming_the_step_and_the_reward(poisoned_env, 
         train_ppo(poisoned_env, scripted_network(), train_config(50 * STEP))
 
 
+def test_nan_rewards_of_the_eval_env_are_warned_of_with_the_step(counting_env, scripted_network):
+    # Training never reads the eval env's rewards: its NaN reached the history silently.
+    always_poisoned = type(counting_env)(poison_probability=1.0)
+    with pytest.warns(RuntimeWarning) as caught:
+        result = train_ppo(
+            counting_env, scripted_network(), train_config(STEP, STEP), eval_env=always_poisoned
+        )
+    said = [str(warning.message).split(": the eval env")[0] for warning in caught]
+    assert said == [
+        f"the evaluation at step {step} has a mean episode reward of nan" for step in (0, STEP)
+    ]
+    assert np.isnan(result.eval_history[0]["episode_reward_mean"])
+
+
 def test_nan_observations_that_diverge_a_step_are_named(counting_env, scripted_network):
     # Reported as a NaN loss before, naming no input.
     class NaNObservationEnv(type(counting_env)):

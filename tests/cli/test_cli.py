@@ -447,6 +447,34 @@ def test_an_error_in_a_users_factory_shows_its_traceback_and_line_with_status_1(
     ) in " ".join(shown.split()), shown
 
 
+def test_a_callback_that_raises_in_a_compiled_call_exits_1_naming_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # JAX's runtime error was raised past main: a traceback and no error line.
+    (tmp_path / "callback_envs.py").write_text(
+        "import jax\n"
+        "from nnx_ppo.envs import make\n"
+        "from nnx_ppo.wrappers import Wrapper\n\n"
+        "def _lost(reward):\n"
+        "    raise RuntimeError('sensor driver lost')\n\n"
+        "class Sensor(Wrapper):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(make('cartpole'))\n\n"
+        "    def step(self, state, action):\n"
+        "        state = self.env.step(state, action)\n"
+        "        shape = jax.ShapeDtypeStruct(state.reward.shape, state.reward.dtype)\n"
+        "        return state.replace(reward=jax.experimental.io_callback(_lost, shape, "
+        "state.reward))\n"
+    )
+    monkeypatch.syspath_prepend(tmp_path)
+    run_dir = tmp_path / "run"
+    assert train(run_dir, 256, "--env", "callback_envs:Sensor") == 1
+    shown = " ".join(capsys.readouterr().err.split())
+    assert "error: a compiled training call failed as it ran" in shown
+    assert "JAX said: RuntimeError: sensor driver lost." in shown
+    assert f"resume with nnx-ppo train --resume {run_dir}" in shown
+
+
 def test_a_users_env_that_breaks_the_contract_exits_1_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

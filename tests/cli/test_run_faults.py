@@ -12,6 +12,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,16 @@ def test_a_changed_byte_in_a_checkpoint_is_found_and_the_earlier_one_named(
     latest_dir = step_directory(checkpoints, latest)
     manifest_file = next((latest_dir / "manifest").glob("*.json"), latest_dir / "manifest/metadata")
     manifest = json.loads(manifest_file.read_text())
-    manifest["checksums"][3] ^= 1  # as if a byte of the fourth array had changed
+    # The manifest's own entries are checked too: a step count changed by one.
+    changed = manifest | {"steps_taken": manifest["steps_taken"] - 1}
+    manifest_file.write_text(json.dumps(changed))
+    assert resume(run_dir, "--steps", str(6 * STEP)) == 2
+    shown = " ".join(capsys.readouterr().err.split())
+    assert f"checkpoint {latest_dir} is corrupted: its manifest does not match" in shown
+    # As if a byte of the fourth array had changed (a manifest written before it had a
+    # checksum of its own).
+    del manifest["manifest_checksum"]
+    manifest["checksums"][3] ^= 1
     manifest_file.write_text(json.dumps(manifest))
     metrics = (run_dir / "metrics.jsonl").read_bytes()
     assert resume(run_dir, "--steps", str(6 * STEP)) == 2
@@ -445,6 +455,8 @@ BAD_INPUT = [
     (["--config", "{tmp}/list.json"], "list.json must hold an object of config keys"),
     (["--config", "{tmp}/top.json"], "unknown config key 'seed' (did you mean train.seed?)"),
     (["--config", "{tmp}/run.yaml"], "run.yaml must be a .toml or .json file"),
+    (["--config", "{tmp}/latin1.toml"], "latin1.toml is not UTF-8 text: byte 0xe9 at position"),
+    (["--resume", "{tmp}/latin1"], "latin1/config.json is not UTF-8 text: byte 0xff at"),
     (["--resume", "{tmp}/nowhere"], "nowhere is not a run directory: it has no config.json"),
     (["--seed", "3", "--set", "seed=5"], "--seed 3 and --set train.seed=5 disagree"),
     (["--steps", "100", "--set", "ppo.total_steps=4096"], "--steps 100 and --set train.ppo"),
@@ -488,6 +500,20 @@ def test_a_log_write_that_fails_names_the_file_and_the_writer_is_given_up_quietl
 
     monkeypatch.setattr(EventFileWriter, "flush", disk_full)
     with pytest.raises(OSError, match="No space left on device"):
+        logger.close()
+    # The events' own thread stopped by a failed write (a file size limit): the next
+    # step says so instead of waiting on the thread's queue for good, and so does close.
+    logger = RunLogger(tmp_path / "limited")
+    logger({"loss": 1.0}, 0)
+    for file_writer in logger._writer.all_writers.values():
+        worker = file_writer.event_writer._worker
+        file_writer.event_writer._worker = threading.Thread(target=lambda: None)
+        file_writer.event_writer._worker.start()
+        file_writer.event_writer._worker.join()
+        worker.stop()
+    with pytest.raises(OSError, match=r"could not log step 128 to TensorBoard in .*limited"):
+        logger({"loss": 2.0}, 128)
+    with pytest.raises(OSError, match=r"TensorBoard events in .*limited were not all written"):
         logger.close()
     # What tensorboardX's exit handler runs: given up, it retries nothing.
     for file_writer in logger._writer.all_writers.values():
@@ -552,6 +578,9 @@ def test_bad_input_to_train_is_one_line_naming_the_field(
     _write(tmp_path / "list.json", "[1, 2]")
     _write(tmp_path / "top.json", '{"seed": 3}')
     _write(tmp_path / "run.yaml", "seed: 3")
+    (tmp_path / "latin1.toml").write_bytes("[train]\n# réglages\nseed = 3\n".encode("latin-1"))
+    (tmp_path / "latin1").mkdir()
+    (tmp_path / "latin1" / "config.json").write_bytes(b"\xff{}")
     for directory, name in (("notes", "notes.txt"), ("other", "config.json")):
         (tmp_path / directory).mkdir()
         _write(tmp_path / directory / name, '{"theirs": true}')

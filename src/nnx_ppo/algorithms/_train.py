@@ -8,6 +8,7 @@ import contextlib
 import copy
 import functools
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
@@ -567,8 +568,18 @@ _Config = TypeVar("_Config", bound=_RunConfig)
 
 def _history_entry(steps: int, metrics: dict[str, float]) -> dict[str, float]:
     """An ``eval_history`` entry: the evaluation at ``steps``, with ``episode_reward_mean``
-    naming ``eval/episode_reward/mean`` (the key nnx-ppo 0.3.0's README read)."""
-    return {"step": steps, **metrics, "episode_reward_mean": metrics["eval/episode_reward/mean"]}
+    naming ``eval/episode_reward/mean`` (the key nnx-ppo 0.3.0's README read); a mean
+    that is not finite is warned of (training never reads the eval env's rewards)."""
+    mean = metrics["eval/episode_reward/mean"]
+    if not np.isfinite(mean):
+        warnings.warn(
+            f"the evaluation at step {steps:,} has a mean episode reward of {mean}: the "
+            "eval env returned a NaN or infinite reward (the training env's rewards are "
+            "checked by the training step; the eval env's reach only this history)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return {"step": steps, **metrics, "episode_reward_mean": mean}
 
 
 class _Steps(Protocol):

@@ -453,10 +453,12 @@ def make_checkpoint_fn(
             manager.reload()
         manifest = {
             "format": _FORMAT,
+            "step": step,
             "steps_taken": int(training_state.steps_taken),
             "leaves": entries,
             "checksums": checksums,
         }
+        manifest["manifest_checksum"] = _manifest_checksum(manifest)
         try:
             manager.save(
                 step,
@@ -519,6 +521,13 @@ def _write_failure(root: Path, step: int, error: OSError | ValueError) -> str:
         f"could not write the checkpoint of step {step} under {root}: {reason} ({where}); "
         "the checkpoints already there are intact"
     )
+
+
+def _manifest_checksum(manifest: dict[str, Any]) -> int:
+    """CRC-32 of the manifest's own entries (but this one), in a canonical JSON form: a
+    changed step count or leaf entry would otherwise load as a valid checkpoint."""
+    entries = {key: value for key, value in manifest.items() if key != "manifest_checksum"}
+    return zlib.crc32(json.dumps(entries, sort_keys=True).encode())
 
 
 def _checksum(array: Any) -> int:
@@ -737,6 +746,16 @@ def _load_step(
     manifest = _read_json(step_dir, "manifest")
     if manifest.get("format") != _FORMAT or "leaves" not in manifest:
         raise CheckpointError(f"checkpoint {step_dir} has an unknown manifest format")
+    # Checkpoints written before the manifest's own checksum have none to compare.
+    if (
+        manifest.get("manifest_checksum", _manifest_checksum(manifest))
+        != _manifest_checksum(manifest)
+        or manifest.get("step", step) != step
+    ):
+        raise CheckpointError(
+            f"checkpoint {step_dir} is corrupted: its manifest does not match the checksum "
+            f"written with it{_earlier(step_dir)}"
+        )
     saved = {entry["path"]: entry for entry in manifest["leaves"]}
 
     if isinstance(template, TrainingState):

@@ -193,11 +193,13 @@ def _make_network(env: Any, run_config: dict[str, Any]) -> Any:
 
 
 def _read_run_config(run_dir: Path) -> dict[str, Any]:
+    from nnx_ppo.cli.presets import read_utf8
+
     path = run_dir / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory: it has no config.json")
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(read_utf8(path))
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not valid JSON: {error}") from error
     if not (isinstance(config, dict) and isinstance(config.get("train"), dict)):
@@ -537,7 +539,7 @@ def _train_locked(
                 raise _Diverged(str(error), run_dir) from error
             except jax.errors.JaxRuntimeError as error:
                 if jax.process_count() == 1:
-                    raise
+                    raise _CallFailed(str(error), run_dir) from error
                 raise _ProcessLost(str(error), run_dir) from error
         trained = True
     finally:
@@ -651,6 +653,11 @@ class _Diverged(_RunStopped):
 
 class _ProcessLost(_RunStopped):
     """A collective of a multi-process run failed: another process most likely stopped."""
+
+
+class _CallFailed(_RunStopped):
+    """A compiled call failed as it ran: a host callback of the env or network raised,
+    or the device ran out of memory."""
 
 
 def _exit_at_once(status: int) -> NoReturn:
@@ -811,6 +818,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             "options, on every process",
         )
         _exit_at_once(1)
+    except _CallFailed as error:
+        # JAX's message holds the callback's own traceback, if one raised: its last line
+        # is the callback's error.
+        traceback.print_exception(error.__cause__ or error)
+        said = [line for line in str(error).splitlines() if line.strip()]
+        _print_error(
+            errors,
+            f"a compiled training call failed as it ran (a callback in your env or network "
+            f"that raised, or the device out of memory: see above). JAX said: "
+            f"{said[-1] if said else type(error.__cause__).__name__}. "
+            f"The checkpoints in {error.run_dir} are intact: resume with nnx-ppo train "
+            f"--resume {error.run_dir}",
+        )
+        return 1
     except ContractError as error:
         # Raised by the checks after the env's or network's own code returned: it names
         # that code (the built-in envs and presets keep the contract), not bad input.

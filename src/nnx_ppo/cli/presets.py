@@ -48,6 +48,7 @@ __all__ = [
     "preset_names",
     "preset_path",
     "read_config_file",
+    "read_utf8",
 ]
 
 EVALUATIONS_PER_RUN = 10
@@ -178,6 +179,17 @@ def merge(base: dict[str, Any], update: dict[str, Any], where: str = "") -> dict
     return merged
 
 
+def read_utf8(path: Path) -> str:
+    """``path``'s text; a file that is not UTF-8 is a ``ValueError`` naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not UTF-8 text: byte {error.object[error.start]:#04x} at position "
+            f"{error.start}"
+        ) from None
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """A run configuration (or part of one) from a JSON or TOML file."""
     if path.is_dir():
@@ -186,7 +198,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"config file {path} does not exist")
     if path.suffix not in (".toml", ".json"):
         raise ValueError(f"config file {path} must be a .toml or .json file")
-    text = path.read_text()
+    text = read_utf8(path)
     if path.suffix == ".toml":
         import tomllib
 

@@ -121,10 +121,14 @@ class RunLogger:
         # tensorboardX names the file by the whole second it opens it in, and truncates a
         # file of that name: the second's nanoseconds keep two sessions' files apart (and
         # in the order TensorBoard must read them, for purge_step).
+        # An unbounded queue: tensorboardX's thread writes the events, and where it died
+        # (a full disk, a file size limit) a bounded one would block the run for good
+        # once full, before the next step could say why.
         self._writer = SummaryWriter(
             logdir=str(run_dir),
             purge_step=purge_from,
             filename_suffix=f".{time.time_ns() % 1_000_000_000:09d}",
+            max_queue=0,
         )
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
@@ -140,6 +144,14 @@ class RunLogger:
                 f"and nnx-ppo train --resume {self.run_dir} continues from the newest "
                 "(dropping what it logged after it)"
             ) from error
+        if _stopped_workers(self._writer):
+            raise OSError(
+                f"could not log step {step} to TensorBoard in {self.run_dir}: its event "
+                "writer stopped (its error is printed above: a full disk or a file size "
+                f"limit); {self.metrics_path} holds every step logged, the checkpoints "
+                f"already written are intact, and nnx-ppo train --resume {self.run_dir} "
+                "continues from the newest"
+            )
         for name, value in metrics.items():
             if math.isfinite(float(value)):
                 self._writer.add_scalar(name, float(value), int(step))
@@ -152,6 +164,13 @@ class RunLogger:
             tensorboardX's exit handler and worker thread would each retry it and
             print a traceback after the run's own error.
         """
+        if _stopped_workers(self._writer):
+            _abandon(self._writer)
+            raise OSError(
+                f"the TensorBoard events in {self.run_dir} were not all written: the "
+                "writer stopped (its error is printed above: a full disk or a file size "
+                "limit)"
+            )
         try:
             self._writer.close()
         except OSError:
@@ -159,18 +178,32 @@ class RunLogger:
             raise
 
 
+def _event_writers(writer: Any) -> list[Any]:
+    """A tensorboardX ``SummaryWriter``'s event file writers (each with its thread)."""
+    file_writers = (getattr(writer, "all_writers", None) or {}).values()
+    found = (getattr(file_writer, "event_writer", None) for file_writer in file_writers)
+    return [events for events in found if events is not None]
+
+
+def _stopped_workers(writer: Any) -> bool:
+    """Whether a thread of ``writer`` that writes its events ended while still open (an
+    error it raised ends it)."""
+    return any(
+        not events._closed and events._worker is not None and not events._worker.is_alive()
+        for events in _event_writers(writer)
+    )
+
+
 def _abandon(writer: Any) -> None:
     """Stop a tensorboardX writer whose flush failed, without its later tracebacks."""
     previous = threading.excepthook
     threading.excepthook = lambda args: None  # the worker's last write fails the same way
     try:
-        for file_writer in list((getattr(writer, "all_writers", None) or {}).values()):
-            events = getattr(file_writer, "event_writer", None)
+        for events in _event_writers(writer):
             worker = getattr(events, "_worker", None)
-            if worker is not None:
+            if worker is not None and worker.is_alive():  # a stopped one takes no signal
                 worker.stop()
-            if events is not None:
-                events._closed = True  # what its exit handler checks before flushing again
+            events._closed = True  # what its exit handler checks before flushing again
     finally:
         threading.excepthook = previous
 
