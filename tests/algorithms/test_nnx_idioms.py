@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo import ContractError
+from nnx_ppo.algorithms.checkpointing import load_checkpoint, make_checkpoint_fn
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.ppo import new_training_state, ppo_step, ppo_steps
 from nnx_ppo.algorithms.rollout import eval_rollout
@@ -104,7 +105,7 @@ def test_a_module_using_an_nnx_transform_or_sow_passes_the_kit_and_trains(trunk)
 
 
 @pytest.mark.filterwarnings("ignore:Using 'Module.sow\\(\\)' outside")
-def test_a_network_that_sowed_in_an_eager_call_evaluates_and_trains() -> None:
+def test_a_network_that_sowed_in_an_eager_call_evaluates_trains_and_loads(tmp_path) -> None:
     # An eager sanity call left the sown tuple in the network: the rollout's scan carried
     # it, a sow inside lengthened it, and the carry changed structure (a raw TypeError).
     network = _policy(Sows(nnx.Rngs(1)), nnx.Rngs(2))
@@ -115,6 +116,13 @@ def test_a_network_that_sowed_in_an_eager_call_evaluates_and_trains() -> None:
     state = new_training_state(env, network, CONFIG.n_envs, seed=0, learning_rate=1e-2)
     state, (_, metrics) = ppo_steps(env, state, CONFIG, 2)
     assert np.isfinite(metrics["losses/total/mean"])
+    # Saved and loaded into a network that sowed again (no training state either way).
+    make_checkpoint_fn(tmp_path)(state, state.steps_taken)
+    template = _policy(Sows(nnx.Rngs(3)), nnx.Rngs(4))
+    template(template.initialize_state(2), jnp.zeros((2, WIDTH)))
+    assert load_checkpoint(tmp_path, template)["step"] == state.steps_taken
+    loaded, trained = (jax.tree.leaves(nnx.state(n, nnx.Param)) for n in (template, network))
+    assert all(np.array_equal(a, b) for a, b in zip(loaded, trained, strict=True))
 
 
 def test_training_runs_under_x64() -> None:

@@ -472,7 +472,7 @@ def test_a_callback_that_raises_in_a_compiled_call_exits_1_naming_its_error(
     shown = " ".join(capsys.readouterr().err.split())
     assert "error: a compiled training call failed as it ran" in shown
     assert "JAX said: RuntimeError: sensor driver lost." in shown
-    assert f"resume with nnx-ppo train --resume {run_dir}" in shown
+    assert f"No checkpoint was written in {run_dir} yet: start the run again" in shown
 
 
 def test_a_users_env_that_breaks_the_contract_exits_1_naming_it(

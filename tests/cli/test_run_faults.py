@@ -192,6 +192,22 @@ def test_a_changed_byte_in_a_checkpoint_is_found_and_the_earlier_one_named(
     assert "is corrupted: its array" in shown or "could not be read" in shown
 
 
+def test_a_newest_checkpoint_without_orbaxs_metadata_is_named_not_skipped(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Taken as a crash's leftover, it was skipped: eval read the earlier checkpoint, and
+    # resume dropped the steps after it.
+    run_dir = copy_of(finished_run, tmp_path)
+    checkpoints, latest = find_checkpoint(run_dir)
+    latest_dir = step_directory(checkpoints, latest)
+    (latest_dir / "_CHECKPOINT_METADATA").unlink()
+    expected = f"checkpoint {latest_dir} is incomplete or corrupted: its _CHECKPOINT_METADATA"
+    assert main(["eval", str(run_dir), "--episodes", "2"]) == 2
+    assert expected in " ".join(capsys.readouterr().err.split())
+    assert resume(run_dir, "--steps", str(6 * STEP)) == 2
+    assert expected in " ".join(capsys.readouterr().err.split())
+
+
 def test_a_new_run_never_takes_over_the_metrics_of_a_run_without_checkpoints(
     finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -463,6 +479,8 @@ BAD_INPUT = [
     (["--env", "cartpole", "--set", "env=pendulum"], '--env cartpole and --set env="pendulum"'),
     (["--run-dir", "{tmp}/notes"], "notes holds files of something else (" + "{tmp}/notes is "),
     (["--run-dir", "{tmp}/other"], "other/config.json is not a run configuration"),
+    (["--run-dir", "{tmp}/run.yaml"], "run.yaml is a file: choose a directory"),
+    (["--resume", "{tmp}/edited"], "edited/config.json: unknown config key 'train.ppo.n_envz'"),
 ]
 
 
@@ -580,6 +598,9 @@ def test_bad_input_to_train_is_one_line_naming_the_field(
     _write(tmp_path / "run.yaml", "seed: 3")
     (tmp_path / "latin1.toml").write_bytes("[train]\n# réglages\nseed = 3\n".encode("latin-1"))
     (tmp_path / "latin1").mkdir()
+    (tmp_path / "edited").mkdir()
+    edited = {"env": "cartpole", "train": {"ppo": {"n_envz": 3}}}
+    _write(tmp_path / "edited" / "config.json", json.dumps(edited))
     (tmp_path / "latin1" / "config.json").write_bytes(b"\xff{}")
     for directory, name in (("notes", "notes.txt"), ("other", "config.json")):
         (tmp_path / directory).mkdir()

@@ -8,6 +8,7 @@ message a user needs: the module and its path, the leaf, expected and found.
 
 from __future__ import annotations
 
+import enum
 import re
 import warnings
 from collections import OrderedDict
@@ -525,6 +526,11 @@ def test_state_added_in_a_call_is_named(method: str, kind: str, leaf: str) -> No
     assert f"{method} added {leaf} (an array attribute)" in str(caught.value)
 
 
+class _Phase(enum.Enum):
+    EXPLORE = 1
+    EXPLOIT = 2
+
+
 class _PythonValues(StatefulModule):
     """Python numbers and strings, which NNX keeps static, set in a method: the count of
     calls a researcher might keep, a float, a string, a value added; a NaN fill kept."""
@@ -536,6 +542,8 @@ class _PythonValues(StatefulModule):
         self.temperature = 1.0
         self.mode = "explore"
         self.fill = float("nan")
+        self.decay = np.float32(1.0)
+        self.phase = _Phase.EXPLORE
 
     def _set(self, method: str) -> None:
         if method != self.method:
@@ -550,6 +558,10 @@ class _PythonValues(StatefulModule):
             self.seen_batch = 2
         elif self.kind == "bool for int":
             self.calls = False
+        elif self.kind == "NumPy scalar":
+            self.decay = self.decay * np.float32(0.5)
+        elif self.kind == "enum":
+            self.phase = _Phase.EXPLOIT
 
     def initialize_state(self, batch_size: int) -> Any:
         self._set("initialize_state")
@@ -574,6 +586,8 @@ class _PythonValues(StatefulModule):
         ("str", "wrote _PythonValues.mode (a Python str attribute)"),
         ("added", "added _PythonValues.seen_batch (a Python int attribute)"),
         ("bool for int", "wrote _PythonValues.calls (a Python int attribute)"),
+        ("NumPy scalar", "wrote _PythonValues.decay (a float32 attribute (static to JAX))"),
+        ("enum", "wrote _PythonValues.phase (a _Phase attribute (static to JAX))"),
     ],
 )
 def test_python_values_set_in_a_call_are_named(
@@ -623,8 +637,11 @@ class _StatisticsOutsideBatchStat(StatefulModule):
             self.warmed_up = True
         elif self.kind == "BatchStat made":
             self.count = nnx.BatchStat(jnp.ones(()))
+        elif self.kind == "sown":
+            self.sow(nnx.Intermediate, "seen", self.mean[...])
 
 
+@pytest.mark.filterwarnings("ignore:Using 'Module.sow\\(\\)' outside")  # Flax's, on "sown"
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize(
     ("kind", "message"),
@@ -635,6 +652,7 @@ class _StatisticsOutsideBatchStat(StatefulModule):
             "update_statistics added the variable _StatisticsOutsideBatchStat.count",
         ),
         ("per-env axis kept", "_StatisticsOutsideBatchStat.mean (an array attribute)"),
+        ("sown", "update_statistics added the variable _StatisticsOutsideBatchStat.seen"),
     ],
 )
 def test_update_statistics_state_beyond_its_statistics_is_named(

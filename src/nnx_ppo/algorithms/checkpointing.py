@@ -52,6 +52,7 @@ __all__ = [
     "CHECKPOINT_SUBDIR",
     "CheckpointCallback",
     "CheckpointError",
+    "NoCheckpointError",
     "config_from_dict",
     "config_to_dict",
     "find_checkpoint",
@@ -80,6 +81,10 @@ class CheckpointCallback(Protocol):
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete or corrupted, or does not fit the network."""
+
+
+class NoCheckpointError(CheckpointError):
+    """Nothing to load where a checkpoint was looked for (no damaged one either)."""
 
 
 # ----------------------------------------------------------------------------- config
@@ -152,7 +157,8 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
             fields = {f.name: f for f in dataclasses.fields(current)}
             unknown = sorted(set(value) - set(fields))
             if unknown:
-                raise ValueError(f"unknown config fields {name}.{unknown}; known: {sorted(fields)}")
+                named = ", ".join(f"{name}.{field}" for field in unknown)
+                raise ValueError(f"unknown config fields {named}; known: {sorted(fields)}")
             parsed = {
                 k: _parse_field(f"{name}.{k}", str(fields[k].type), v) for k, v in value.items()
             }
@@ -255,9 +261,10 @@ def _flag_names(value: Any) -> list[str] | None:
 
 
 def _snapshot(state: TrainingState) -> dict[str, Any]:
-    """The arrays of a training state, as one pytree (the network in NNX state form)."""
+    """The arrays of a training state, as one pytree (the network in NNX state form, but
+    what an eager call sowed: no training state)."""
     return {
-        "networks": nnx.state(state.networks),
+        "networks": nnx.state(state.networks, nnx.Not(nnx.Intermediate)),
         "optimizer": nnx.state(state.optimizer),
         "network_states": state.network_states,
         "env_states": state.env_states,
@@ -575,7 +582,7 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
     """
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"no checkpoint: {path} does not exist")
+        raise NoCheckpointError(f"no checkpoint: {path} does not exist")
     if (path / CHECKPOINT_SUBDIR).is_dir():
         path = path / CHECKPOINT_SUBDIR
     own_step = _step_of(path)
@@ -587,18 +594,35 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
             )
         return path.parent, own_step
     steps = _complete_steps(path)
+    if step is None:
+        _refuse_damaged_after(path, steps[-1] if steps else None)
     if not steps:
         # A run directory keeps its checkpoints in a subdirectory, absent until the first.
         where = path / CHECKPOINT_SUBDIR if (path / "config.json").is_file() else path
-        raise CheckpointError(
+        raise NoCheckpointError(
             f"no checkpoint in {path}: expected step directories (e.g. "
             f"{step_directory(where, 100000)}) written by make_checkpoint_fn"
         )
     if step is None:
         return path, steps[-1]
     if step not in steps:
-        raise CheckpointError(f"no checkpoint for step {step} in {path}; it has steps {steps}")
+        raise NoCheckpointError(f"no checkpoint for step {step} in {path}; it has steps {steps}")
     return path, step
+
+
+def _refuse_damaged_after(root: Path, latest: int | None) -> None:
+    """Raise for a step directory after ``latest`` holding our manifest but not Orbax's
+    metadata: Orbax writes that first, in the directory's temporary name, so it was
+    removed since, and taking the earlier checkpoint would drop the steps after it."""
+    for found in sorted(root.iterdir()):
+        step = _step_of(found)
+        if step is None or (latest is not None and step <= latest) or not found.is_dir():
+            continue
+        if (found / "manifest").is_dir() and not (found / "_CHECKPOINT_METADATA").is_file():
+            raise CheckpointError(
+                f"checkpoint {found} is incomplete or corrupted: its _CHECKPOINT_METADATA "
+                f"(Orbax's) is missing{_earlier(found)}"
+            )
 
 
 def _earlier(step_dir: Path) -> str:
@@ -761,7 +785,7 @@ def _load_step(
     if isinstance(template, TrainingState):
         target: dict[str, Any] = _snapshot(template)
     else:
-        target = {"networks": nnx.state(template)}
+        target = {"networks": nnx.state(template, nnx.Not(nnx.Intermediate))}
         if optimizer is not None:
             target["optimizer"] = nnx.state(optimizer)
     _, entries = _flatten(target)

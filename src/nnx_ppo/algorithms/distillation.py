@@ -62,6 +62,7 @@ from nnx_ppo.contract.checking import (
     checks,
     format_graph_path,
     observe_calls,
+    require_no_hijax,
     typechecked,
 )
 from nnx_ppo.jax_dataclass import Replaceable
@@ -741,6 +742,7 @@ def new_distillation_state(
                 f"new_distillation_state: the {role} must be a StatefulModule, "
                 f"got a {type(network).__name__}"
             )
+        require_no_hijax(f"new_distillation_state ({role})", network)
     obs = jax.eval_shape(
         lambda: rollout.reset_envs(env, jax.random.split(jax.random.key(0), n_envs)).obs
     )

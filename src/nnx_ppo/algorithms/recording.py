@@ -23,7 +23,7 @@ from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.types import EnvState, RLEnv
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.axes import BatchedTree, BoolHistory, Carry, HistoryTree, Mask
-from nnx_ppo.contract.checking import typechecked
+from nnx_ppo.contract.checking import require_no_hijax, typechecked
 from nnx_ppo.networks.recording import Recorder, extract_activations
 from nnx_ppo.networks.types import StatefulModule, checked_ppo_output
 
@@ -68,6 +68,7 @@ def record_activations_rollout(
     """
     require_int("record_activations_rollout", "n_envs", n_envs)
     require_int("record_activations_rollout", "max_episode_length", max_episode_length)
+    require_no_hijax("record_activations_rollout", networks)
     recorder = networks if isinstance(networks, Recorder) else Recorder(networks)
     batched = rollout._BatchedEnv(env)
     env_state = batched.reset(jax.random.split(key, n_envs))

@@ -193,7 +193,7 @@ def _make_network(env: Any, run_config: dict[str, Any]) -> Any:
 
 
 def _read_run_config(run_dir: Path) -> dict[str, Any]:
-    from nnx_ppo.cli.presets import read_utf8
+    from nnx_ppo.cli.presets import merge, preset, read_utf8
 
     path = run_dir / "config.json"
     if not path.is_file():
@@ -207,6 +207,10 @@ def _read_run_config(run_dir: Path) -> dict[str, Any]:
             f"{path} is not a run configuration: it holds no 'train' table "
             f"(found {type(config).__name__} {str(config)[:60]})"
         )
+    try:  # every key one the run's preset has: the file may have been edited by hand
+        merge(preset(str(config.get("env") or "cartpole")), config)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
     return config
 
 
@@ -380,6 +384,8 @@ def _refuse_foreign_directory(run_dir: Path) -> None:
     """A new run's directory is new, empty, or an earlier run's that never checkpointed."""
     from nnx_ppo.cli.run_dir import LOCK_FILE
 
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"--run-dir {run_dir} is a file: choose a directory (new or empty)")
     if not run_dir.is_dir() or all(entry.name == LOCK_FILE for entry in run_dir.iterdir()):
         return
     try:
@@ -415,7 +421,7 @@ def _train_locked(
     from nnx_ppo.algorithms.callbacks import gif_video_fn
     from nnx_ppo.algorithms.checkpointing import (
         CHECKPOINT_SUBDIR,
-        CheckpointError,
+        NoCheckpointError,
         find_checkpoint,
         load_checkpoint,
         make_checkpoint_fn,
@@ -429,7 +435,7 @@ def _train_locked(
     try:
         find_checkpoint(run_dir)
         has_checkpoint = True
-    except CheckpointError:
+    except NoCheckpointError:
         has_checkpoint = False
     if args.resume is None and has_checkpoint:
         raise ValueError(
@@ -660,6 +666,17 @@ class _CallFailed(_RunStopped):
     or the device ran out of memory."""
 
 
+def _what_is_kept(run_dir: Path) -> str:
+    """Where a run that stopped on an error goes on from: its newest checkpoint, if any."""
+    from nnx_ppo.algorithms.checkpointing import NoCheckpointError, find_checkpoint
+
+    try:
+        find_checkpoint(run_dir)
+    except NoCheckpointError:
+        return f"No checkpoint was written in {run_dir} yet: start the run again"
+    return f"The checkpoints in {run_dir} are intact: resume with nnx-ppo train --resume {run_dir}"
+
+
 def _exit_at_once(status: int) -> NoReturn:
     """Exit now, without Python's exit handlers: JAX's would wait at the distributed
     runtime's shutdown barrier for the lost process until its heartbeat times out
@@ -828,8 +845,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"a compiled training call failed as it ran (a callback in your env or network "
             f"that raised, or the device out of memory: see above). JAX said: "
             f"{said[-1] if said else type(error.__cause__).__name__}. "
-            f"The checkpoints in {error.run_dir} are intact: resume with nnx-ppo train "
-            f"--resume {error.run_dir}",
+            f"{_what_is_kept(error.run_dir)}",
         )
         return 1
     except ContractError as error:

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.errors import TraceContextError
+from flax.nnx import graphlib
 from jax.core import Tracer
 from jax.extend.core import get_opaque_trace_state
 
@@ -779,22 +780,23 @@ def _is_forward_state(variable: nnx.Variable[Any]) -> bool:
     return not isinstance(variable, nnx.Intermediate)
 
 
+def _any_variable(variable: nnx.Variable[Any]) -> bool:
+    return True
+
+
 def _is_rng_stream(holder: _Held) -> bool:
     """An ``nnx.Rngs`` stream's state, which ``initialize_state`` may draw from: it seeds
     the carry's per-env keys."""
     return isinstance(holder, nnx.RngState)
 
 
-_PYTHON_VALUES = (bool, int, float, complex, str, bytes)
-
-
 @dataclass(frozen=True)
 class _Attribute:
     """A value a module holds outside a Variable, found at ``path`` by the graph walk (a
     plain attribute, an element of an ``nnx.List``, ``nnx.Dict`` or tuple): an array
-    (JAX or NumPy), which is Flax NNX state too, or a Python number or string, which NNX
-    keeps static. A write replaces either where it lives. ``held`` is the
-    value's type where known."""
+    (JAX or NumPy), which is Flax NNX state too, or any other value (a number, a string,
+    an enum, a NumPy scalar, a dataclass, a function), which NNX keeps static. A write
+    replaces either where it lives. ``held`` is the value's type where known."""
 
     root: Any
     path: tuple[Any, ...]
@@ -808,7 +810,11 @@ class _Attribute:
     def kind(self) -> str:
         if self.held is None:
             return "an attribute"
-        return f"a Python {self.held.__name__} attribute" if self.static else "an array attribute"
+        if not self.static:
+            return "an array attribute"
+        if self.held.__module__ == "builtins":
+            return f"a Python {self.held.__name__} attribute"
+        return f"a {self.held.__name__} attribute (static to JAX)"
 
 
 _Held = nnx.Variable[Any] | _Attribute
@@ -848,14 +854,29 @@ def _holders(
                 held[path] = (node, value)
         elif not (attributes and path):
             continue
-        elif isinstance(node, jax.Array | np.ndarray) or (
-            # A Flax container's own bookkeeping (an nnx.List's length) follows what
-            # it holds, which is compared itself.
-            isinstance(node, _PYTHON_VALUES)
-            and not (str(path[-1]).startswith("_") and path[:-1] in flax_nodes)
+        elif (
+            isinstance(node, jax.Array | np.ndarray)
+            or (
+                _is_static_value(node)
+                # NNX's own record of a node, and a Flax container's own bookkeeping (an
+                # nnx.List's length), follow what it holds, which is compared itself.
+                and not str(path[-1]).startswith("_pytree__")
+                and not (str(path[-1]).startswith("_") and path[:-1] in flax_nodes)
+            )
         ):
             held[path] = (_Attribute(root, path, _value_type(node)), node)
     return held
+
+
+def _is_static_value(node: Any) -> bool:
+    """A value the graph walk yields that NNX keeps static (in the graph's definition):
+    neither a variable, an array nor a node holding others; ``None`` is taken as
+    nothing held, so that a value put in its place is named as added."""
+    return not (
+        node is None
+        or isinstance(node, nnx.Variable | jax.Array | np.ndarray)
+        or graphlib.is_node(node)
+    )
 
 
 def _traced(tree: Any) -> bool:
@@ -895,15 +916,24 @@ def _equal_concrete(a: Any, b: Any) -> bool:
             return False
     arrays = jax.Array | np.ndarray
     if not (isinstance(a, arrays) and isinstance(b, arrays)):
-        # Python values: of one type and equal, or both NaN (kept, not equal to itself).
-        same = isinstance(a, _PYTHON_VALUES) and type(a) is type(b)
-        return same and bool(a == b or (a != a and b != b))
+        return _equal_static(a, b)
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if is_key(a):
         a, b = jax.random.key_data(a), jax.random.key_data(b)
     # Bytes, not values: a NaN held and handed back unchanged is equal to itself.
     return np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def _equal_static(a: Any, b: Any) -> bool:
+    """Static values of one type and equal, or both NaN (kept, not equal to itself); an
+    object that cannot say whether it is equal is taken as changed."""
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b) or bool(a != a and b != b)
+    except Exception:  # whatever a user's __eq__ raises
+        return False
 
 
 def _describe_variable(root: Any, path: tuple[Any, ...] | None, variable: Any) -> str:
@@ -942,9 +972,11 @@ def _check_unwritten(
         now = held[path][1] if path in held else None
         if path not in held:
             change = "removed"
-        elif may_write(holder):
+        elif may_write(holder) and _same_kind(held[path][0], holder):
             continue
-        elif isinstance(holder, nnx.Variable) and held[path][0] is not holder:
+        elif held[path][0] is not holder and not (
+            isinstance(holder, _Attribute) and _same_kind(held[path][0], holder)
+        ):
             change = "replaced"
         elif _same_value(now, value):
             continue
@@ -984,6 +1016,14 @@ def _check_unwritten(
             found="added during the call",
             rule=rule,
         )
+
+
+def _same_kind(now: _Held, before: _Held) -> bool:
+    """Whether ``now`` holds what ``before`` did in kind: a variable of the same type, or
+    an array for an array and a static value for a static value."""
+    if isinstance(now, _Attribute) and isinstance(before, _Attribute):
+        return now.static == before.static
+    return type(now) is type(before)
 
 
 def _static_last(holder: _Held, path: tuple[Any, ...]) -> tuple[bool, int, str]:
@@ -1065,10 +1105,10 @@ def _rewritten_in_kind(now: Any, before: Any) -> bool:
 
 def _value_type(value: Any) -> type | None:
     """What :class:`_Attribute` names ``value`` by: an array (a tracer included), a
-    Python value's own type, or nothing known."""
+    static value's own type, or nothing known."""
     if isinstance(value, jax.Array | np.ndarray):
         return jax.Array
-    return type(value) if isinstance(value, _PYTHON_VALUES) else None
+    return type(value) if _is_static_value(value) else None
 
 
 def _variable_written_in(error: BaseException) -> nnx.Variable[Any] | _Attribute | None:
@@ -1453,9 +1493,8 @@ def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[
         if not top_level:
             _check_folded_batch(site, extras_name, extras, batch, shared.batch)
         _check_emitted(site, extras_name, extras, shared.time, batch)
-        before = (
-            _variable_values(site.module, _is_forward_state, attributes=True) if top_level else {}
-        )
+        # A sow there is added state too: training keeps no intermediates of it.
+        before = _variable_values(site.module, _any_variable, attributes=True) if top_level else {}
         result = call()
         if top_level:
             _check_unwritten(
@@ -1463,7 +1502,7 @@ def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[
                 before,
                 "update_statistics",
                 RULE_STATISTICS_KIND,
-                _is_forward_state,
+                _any_variable,
                 attributes=True,
                 may_write=lambda holder: _holds_a_statistic(holder) or _is_rng_stream(holder),
             )
@@ -1713,7 +1752,7 @@ def _keeps_a_carry(node: Any) -> bool:
     try:
         with checks(False):
             carry = nnx.eval_shape(lambda module: module.initialize_state(1), node)
-    except Exception:
+    except Exception:  # whatever a user's __eq__ raises
         return True
     return bool(jax.tree.leaves(carry))
 
