@@ -556,8 +556,6 @@ class _PythonValues(StatefulModule):
             self.mode = "exploit"
         elif self.kind == "added":
             self.seen_batch = 2
-        elif self.kind == "bool for int":
-            self.calls = False
         elif self.kind == "NumPy scalar":
             self.decay = self.decay * np.float32(0.5)
         elif self.kind == "enum":
@@ -585,9 +583,8 @@ class _PythonValues(StatefulModule):
         ("float", "wrote _PythonValues.temperature (a Python float attribute)"),
         ("str", "wrote _PythonValues.mode (a Python str attribute)"),
         ("added", "added _PythonValues.seen_batch (a Python int attribute)"),
-        ("bool for int", "wrote _PythonValues.calls (a Python int attribute)"),
-        ("NumPy scalar", "wrote _PythonValues.decay (a float32 attribute (static to JAX))"),
-        ("enum", "wrote _PythonValues.phase (a _Phase attribute (static to JAX))"),
+        ("NumPy scalar", "wrote _PythonValues.decay (a static attribute of type float32)"),
+        ("enum", "wrote _PythonValues.phase (a static attribute of type _Phase)"),
     ],
 )
 def test_python_values_set_in_a_call_are_named(
@@ -613,6 +610,32 @@ def test_python_values_read_only_pass() -> None:
     output = module(carry, jnp.ones((2, 2))).output
     np.testing.assert_array_equal(output, np.ones((2, 2)))
     assert module.reset_state(carry).shape == (2, 2)
+
+
+class _JitBlock(nnx.Module):
+    """A Flax layer whose __call__ is one nnx.jit shared by every instance."""
+
+    def __init__(self, param_dtype: Any) -> None:
+        self.linear = nnx.Linear(2, 2, param_dtype=param_dtype, rngs=nnx.Rngs(0))
+
+    @nnx.jit
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.linear(x)
+
+
+class _TwoJitBlocks(StatefulModule):
+    def __init__(self) -> None:
+        self.first, self.second = _JitBlock(jnp.float32), _JitBlock(np.float32)
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        return StatefulModuleOutput(state, self.second(self.first(x)), jnp.zeros(()), {}, None)
+
+
+def test_equal_static_values_a_shared_nnx_jit_hands_back_are_no_write() -> None:
+    # The second block reuses the first's compilation, and Flax hands it back the first
+    # block's param_dtype: jnp.float32 for np.float32, equal, of another type.
+    module = _TwoJitBlocks()
+    assert module((), jnp.ones((2, 2))).output.shape == (2, 2)
 
 
 class _StatisticsOutsideBatchStat(StatefulModule):

@@ -814,7 +814,7 @@ class _Attribute:
             return "an array attribute"
         if self.held.__module__ == "builtins":
             return f"a Python {self.held.__name__} attribute"
-        return f"a {self.held.__name__} attribute (static to JAX)"
+        return f"a static attribute of type {self.held.__name__}"
 
 
 _Held = nnx.Variable[Any] | _Attribute
@@ -926,10 +926,10 @@ def _equal_concrete(a: Any, b: Any) -> bool:
 
 
 def _equal_static(a: Any, b: Any) -> bool:
-    """Static values of one type and equal, or both NaN (kept, not equal to itself); an
-    object that cannot say whether it is equal is taken as changed."""
-    if type(a) is not type(b):
-        return False
+    """Static values that are equal, or both NaN (kept, not equal to itself); an object
+    that cannot say whether it is equal is taken as changed. Types are not compared: an
+    eager ``nnx.jit`` shared by two modules hands each the static values of the call it
+    compiled for, equal but maybe of another type (``np.float32`` for ``jnp.float32``)."""
     try:
         return bool(a == b) or bool(a != a and b != b)
     except Exception:  # whatever a user's __eq__ raises
@@ -1752,7 +1752,7 @@ def _keeps_a_carry(node: Any) -> bool:
     try:
         with checks(False):
             carry = nnx.eval_shape(lambda module: module.initialize_state(1), node)
-    except Exception:  # whatever a user's __eq__ raises
+    except Exception:
         return True
     return bool(jax.tree.leaves(carry))
 
