@@ -564,16 +564,22 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path: Path) -> None:
 
     env = make("cartpole")
     state = new_training_state(env, make_default_network(env, nnx.Rngs(0), hidden_sizes=[8]), 2, 0)
-    save = make_checkpoint_fn(tmp_path, keep_last=2)
+    save = make_checkpoint_fn(tmp_path, keep_last=2, metadata={"network": ("mlp", 8)})
     for step in (10, 20, 30):
         save(state.replace(steps_taken=step), step)
     # Step directories are named as 0.3.0 named them: step_ and ten digits.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_0000000020", "step_0000000030"]
     assert step_directory(tmp_path, 30) == tmp_path / "step_0000000030"
     assert find_checkpoint(tmp_path) == (tmp_path, 30)
-    assert load_checkpoint(tmp_path, state)["training_state"].steps_taken == 30
+    loaded = load_checkpoint(tmp_path, state)
+    assert loaded["training_state"].steps_taken == 30
+    assert loaded["metadata"] == {"network": ["mlp", 8]}  # as JSON holds it
     with pytest.raises(ValueError, match="keep_last must be a positive int"):
         make_checkpoint_fn(tmp_path, keep_last=0)
+    with pytest.raises(TypeError, match=r"metadata must be JSON-ready.*not JSON serializable"):
+        make_checkpoint_fn(tmp_path, metadata={"activation": jax.nn.relu})
+    with pytest.raises(TypeError, match="metadata must be a dict, got a list"):
+        make_checkpoint_fn(tmp_path, metadata=[1])  # type: ignore[arg-type]
 
 
 def test_a_warp_simulator_is_asked_for_warnings_only(monkeypatch: pytest.MonkeyPatch) -> None:

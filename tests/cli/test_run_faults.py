@@ -146,6 +146,60 @@ def test_a_resume_that_cannot_load_its_checkpoint_leaves_config_json_as_it_was(
     assert (run_dir / "config.json").read_bytes() == config
 
 
+def _edit_config(run_dir: Path, section: str, key: str, value: Any) -> None:
+    config = json.loads((run_dir / "config.json").read_text())
+    (config[section] if section else config)[key] = value
+    (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def test_a_config_json_edited_since_the_checkpoint_is_refused_by_resume_and_eval(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = copy_of(finished_run, tmp_path)
+    original = (run_dir / "config.json").read_bytes()
+    capsys.readouterr()
+    # The seed: the checkpoint holds the run's keys, so config.json would name a seed the
+    # run never trained with. Eval does not use it, and still evaluates.
+    _edit_config(run_dir, "train", "seed", 7)
+    edited = (run_dir / "config.json").read_bytes()
+    assert resume(run_dir, "--steps", str(6 * STEP)) == 2
+    shown = capsys.readouterr().err
+    assert "config.json was changed after the checkpoint at step 512" in shown
+    assert "seed is 0 in the run, 7 here" in shown
+    assert (run_dir / "config.json").read_bytes() == edited
+    assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
+    # The activation keeps every shape: the checkpoint would load into another network.
+    (run_dir / "config.json").write_bytes(original)
+    _edit_config(run_dir, "network", "activation", "relu")
+    for command in (["train", "--resume", str(run_dir)], ["eval", str(run_dir)]):
+        assert main(command) == 2
+        assert 'network.activation is "tanh" in the run, "relu" here' in capsys.readouterr().err
+    # A checkpoint of an earlier version holds the train config alone: the seed is
+    # still compared with it.
+    (run_dir / "config.json").write_bytes(edited)
+    for step_dir in (run_dir / "checkpoints").iterdir():
+        shutil.rmtree(step_dir / "metadata")
+    assert resume(run_dir, "--steps", str(6 * STEP)) == 2
+    assert "seed is 0 in the run, 7 here" in capsys.readouterr().err
+
+
+def test_records_cut_from_metrics_jsonl_before_the_checkpoint_are_named_on_resume(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = copy_of(finished_run, tmp_path)
+    metrics = run_dir / "metrics.jsonl"
+    kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= STEP]
+    metrics.write_text("\n".join(kept) + "\n")
+    capsys.readouterr()
+    assert resume(run_dir, "--steps", str(5 * STEP)) == 0
+    shown = capsys.readouterr().err
+    assert f"ends at step {STEP}, but the checkpoint resumed from is at step 512" in shown
+    assert steps_logged(run_dir) == [0, STEP, 5 * STEP]
+    # The run's own records reach its checkpoint: nothing to say.
+    assert resume(run_dir, "--steps", str(6 * STEP)) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_a_changed_byte_in_a_checkpoint_is_found_and_the_earlier_one_named(
     finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

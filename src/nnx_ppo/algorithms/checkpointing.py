@@ -9,14 +9,16 @@ and re-wrapped on load.
 
 Layout: ``make_checkpoint_fn(directory)`` writes one Orbax step directory per
 checkpoint under ``directory``, named as nnx-ppo 0.3.0 named them,
-``directory/step_0000500000/`` (see :func:`step_directory`), each with three items:
+``directory/step_0000500000/`` (see :func:`step_directory`), each with four items:
 
 - ``arrays``: every array of the state, as a list (Orbax ``StandardSave``);
 - ``manifest``: JSON naming each array's path in the state, shape, dtype and key
   implementation, plus the step counter; loading compares it with the network
   it is loaded into, so a different architecture fails with the paths that
   differ;
-- ``config``: the :class:`~nnx_ppo.algorithms.config.TrainConfig` as JSON.
+- ``config``: the :class:`~nnx_ppo.algorithms.config.TrainConfig` as JSON;
+- ``metadata``: whatever JSON the caller gave :func:`make_checkpoint_fn` (``{}``
+  if nothing), e.g. how the network was built.
 
 Orbax writes each step into a temporary directory and renames it when complete,
 so a crash mid-write leaves the previous checkpoint as the latest usable one.
@@ -383,7 +385,11 @@ def _manager(directory: Path, keep_last: int | None, create: bool) -> Any:
 
 
 def make_checkpoint_fn(
-    directory: str | Path, config: TrainConfig | None = None, *, keep_last: int = 3
+    directory: str | Path,
+    config: TrainConfig | None = None,
+    *,
+    keep_last: int = 3,
+    metadata: dict[str, Any] | None = None,
 ) -> CheckpointCallback:
     """A ``checkpoint_fn`` for :func:`~nnx_ppo.algorithms.ppo.train_ppo` writing Orbax checkpoints.
 
@@ -391,6 +397,9 @@ def make_checkpoint_fn(
       directory: where the step directories go (created at the first save).
       config: stored with every checkpoint, so a run can be resumed from it alone.
       keep_last: how many of the newest checkpoints to keep.
+      metadata: JSON-ready data stored with every checkpoint and returned by
+        :func:`load_checkpoint`, e.g. how the network was built (the ``nnx-ppo`` CLI
+        stores its run configuration, to tell a ``config.json`` changed since).
 
     A step already on disk is not written again (a resumed run passes its
     starting step first, and the final save may follow a periodic one of the same
@@ -415,6 +424,14 @@ def make_checkpoint_fn(
         raise TypeError(
             f"make_checkpoint_fn: config must be a TrainConfig, got a {type(config).__name__}; "
             "wrap a PPOConfig as TrainConfig(ppo=...)"
+        )
+    try:
+        metadata_json = json.loads(json.dumps(metadata if metadata is not None else {}))
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"make_checkpoint_fn: metadata must be JSON-ready: {error}") from None
+    if not isinstance(metadata_json, dict):
+        raise TypeError(
+            f"make_checkpoint_fn: metadata must be a dict, got a {type(metadata).__name__}"
         )
     root = Path(directory)
     config_json = config_to_dict(config) if config is not None else {}
@@ -473,6 +490,7 @@ def make_checkpoint_fn(
                     arrays=ocp.args.StandardSave(arrays),
                     manifest=ocp.args.JsonSave(manifest),
                     config=ocp.args.JsonSave(config_json),
+                    metadata=ocp.args.JsonSave(metadata_json),
                 ),
                 force=True,
             )
@@ -714,9 +732,11 @@ def load_checkpoint(
       step: a specific step instead of the latest.
 
     Returns:
-      ``{"training_state": TrainingState | None, "step": int, "config": TrainConfig | None}``;
-      ``training_state`` is ``None`` when only a network was given (with an
-      ``optimizer`` too, a warning says so: 0.3.0 resumed from that call).
+      A dict of ``training_state`` (a ``TrainingState``, or ``None`` when only a
+      network was given, which with an ``optimizer`` too is warned of, since 0.3.0
+      resumed from that call), ``step`` (an int), ``config`` (the ``TrainConfig``, or
+      ``None``) and ``metadata`` (the dict given to :func:`make_checkpoint_fn`, or
+      ``None`` for a checkpoint of a version before it).
 
     Raises:
       CheckpointError: the checkpoint is missing, incomplete or corrupted, or its
@@ -847,6 +867,8 @@ def _load_step(
 
     config_json = _read_json(step_dir, "config")
     config = config_from_dict(config_json) if config_json else None
+    # Checkpoints of versions before make_checkpoint_fn's metadata have none.
+    metadata = _read_json(step_dir, "metadata") if (step_dir / "metadata").exists() else None
     if isinstance(template, TrainingState):
         nnx.update(template.networks, values["networks"])
         nnx.update(template.optimizer, values["optimizer"])
@@ -857,7 +879,7 @@ def _load_step(
             running_episodes=values["running_episodes"],
             steps_taken=int(manifest["steps_taken"]),
         )
-        return {"training_state": state, "step": step, "config": config}
+        return {"training_state": state, "step": step, "config": config, "metadata": metadata}
     nnx.update(template, values["networks"])
     if optimizer is not None:
         nnx.update(optimizer, values["optimizer"])
@@ -870,7 +892,7 @@ def _load_step(
             "load_checkpoint(path, new_training_state(env, networks, n_envs, seed)).",
             stacklevel=2,
         )
-    return {"training_state": None, "step": step, "config": config}
+    return {"training_state": None, "step": step, "config": config, "metadata": metadata}
 
 
 def _restore_arrays(root: Path, step: int, abstract: list[jax.ShapeDtypeStruct]) -> list[Any]:

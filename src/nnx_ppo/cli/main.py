@@ -409,6 +409,46 @@ def _refuse_changed_settings(run_dir: Path, run_config: dict[str, Any]) -> None:
         )
 
 
+def _refuse_changed_since_checkpoint(
+    run_dir: Path, loaded: dict[str, Any], run_config: dict[str, Any], keys: Sequence[str]
+) -> None:
+    """``config.json`` edited by hand since the checkpoint: ``keys`` (of the settings fixed
+    on resume) must be those the checkpoint was written with."""
+    from nnx_ppo.algorithms.checkpointing import config_to_dict
+    from nnx_ppo.cli.presets import changed_on_resume
+
+    saved = (loaded["metadata"] or {}).get("run_config")
+    if saved is None:  # a checkpoint of an earlier version holds the train config alone
+        if loaded["config"] is None:
+            return
+        saved = {**run_config, "train": config_to_dict(loaded["config"])}
+    changed = changed_on_resume(saved, run_config, keys)
+    if changed:
+        raise ValueError(
+            f"{run_dir / 'config.json'} was changed after the checkpoint at step "
+            f"{loaded['step']:,} was written: {'; '.join(changed)}. The checkpoint holds "
+            "what the run's own settings made: put them back in config.json (or start a "
+            "new run for new ones)"
+        )
+
+
+def _warn_of_lost_records(path: Path, checkpoint_step: int) -> None:
+    """A run logs every step before it checkpoints it, so ``metrics.jsonl`` ends at or
+    after the checkpoint resumed from; one ending before it was cut or replaced."""
+    from nnx_ppo.cli.run_dir import iter_metrics
+
+    last = max((record["step"] for _, record in iter_metrics(path)), default=None)
+    if last is not None and last >= checkpoint_step:
+        return
+    held = "holds no records" if last is None else f"ends at step {last:,}"
+    Console(stderr=True, emoji=False).print(
+        f"[yellow]warning:[/yellow] {escape(str(path))} {held}, but the checkpoint resumed "
+        f"from is at step {checkpoint_step:,}: the records up to it were lost (the file "
+        "was cut or replaced by an older copy), and the learning curve has a gap there",
+        soft_wrap=True,
+    )
+
+
 def _train_locked(
     args: argparse.Namespace,
     console: Console,
@@ -428,6 +468,7 @@ def _train_locked(
     )
     from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
     from nnx_ppo.cli.native_output import SimulatorWarnings
+    from nnx_ppo.cli.presets import FIXED_ON_RESUME
     from nnx_ppo.cli.progress import TrainingProgress
     from nnx_ppo.cli.run_dir import RunLogger, iter_metrics, trim_metrics, write_atomically
     from nnx_ppo.networks.network_summary import print_summary
@@ -455,7 +496,9 @@ def _train_locked(
             ppo_config.gradient_clipping,
             ppo_config.weight_decay,
         )
-        initial_state = load_checkpoint(run_dir, template)["training_state"]
+        loaded = load_checkpoint(run_dir, template)
+        _refuse_changed_since_checkpoint(run_dir, loaded, run_config, FIXED_ON_RESUME)
+        initial_state = loaded["training_state"]
         start_step = initial_state.steps_taken
         if start_step >= ppo_config.total_steps:
             console.print(
@@ -486,10 +529,14 @@ def _train_locked(
     # otherwise (a run without a checkpoint, or resumed from the one at step 0).
     logged_until = start_step if start_step > 0 else -1
     if primary:
+        if start_step > 0:
+            _warn_of_lost_records(run_dir / "metrics.jsonl", start_step)
         # Only now, with the checkpoint loaded and the metrics read, does the config change.
         trim_metrics(run_dir / "metrics.jsonl", logged_until)
         write_atomically(run_dir / "config.json", json.dumps(run_config, indent=2) + "\n")
-    checkpoint_fn = make_checkpoint_fn(run_dir / CHECKPOINT_SUBDIR, train_config)
+    checkpoint_fn = make_checkpoint_fn(
+        run_dir / CHECKPOINT_SUBDIR, train_config, metadata={"run_config": run_config}
+    )
     per_step = ppo_config.steps_per_iteration
     planned, rounded = _planned_steps(ppo_config.total_steps, start_step, per_step)
     if not args.quiet:
@@ -720,12 +767,14 @@ def _plot(run_dir: Path, title: str) -> None:
 def _evaluate(args: argparse.Namespace, console: Console) -> int:
     from nnx_ppo.algorithms.checkpointing import load_checkpoint
     from nnx_ppo.algorithms.rollout import eval_rollout
-    from nnx_ppo.cli.presets import parse_run_config
+    from nnx_ppo.cli.presets import FIXED_ON_RESUME, parse_run_config
 
     run_config, _ = parse_run_config(_read_run_config(args.run_dir))
     env = _make_env(run_config)
     network = _make_network(env, run_config)
     loaded = load_checkpoint(args.run_dir, network)
+    shaping = [key for key in FIXED_ON_RESUME if not key.startswith("train.")]
+    _refuse_changed_since_checkpoint(args.run_dir, loaded, run_config, shaping)
     network.eval()
     max_length = int(run_config["train"]["eval"]["max_episode_length"])
     metrics = eval_rollout(env, network, args.episodes, max_length, jax.random.key(args.seed))

@@ -22,7 +22,7 @@ evaluations and five checkpoints per run, on whole PPO steps.
 import copy
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -334,8 +334,11 @@ def parse_run_config(config: dict[str, Any]) -> tuple[dict[str, Any], TrainConfi
     return config, train
 
 
-def changed_on_resume(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
-    """The settings of :data:`FIXED_ON_RESUME` that differ, as ``key (saved here, wanted)``."""
+def changed_on_resume(
+    saved: dict[str, Any], wanted: dict[str, Any], keys: Sequence[str] = FIXED_ON_RESUME
+) -> list[str]:
+    """The settings of ``keys`` (of :data:`FIXED_ON_RESUME`) that differ, as
+    ``key is SAVED in the run, WANTED here``."""
 
     def fixed(config: dict[str, Any], key: str) -> Any:
         value = _at(config, key)
@@ -348,7 +351,7 @@ def changed_on_resume(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str
     return [
         f"{key.removeprefix('train.')} is {json.dumps(_at(saved, key))} in the run, "
         f"{json.dumps(_at(wanted, key))} here"
-        for key in FIXED_ON_RESUME
+        for key in keys
         if fixed(saved, key) != fixed(wanted, key)
     ]
 
