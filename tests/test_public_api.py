@@ -101,3 +101,20 @@ def test_no_package_attribute_hides_a_submodule(name: str) -> None:
     assert getattr(importlib.import_module(parent), leaf) is module, (
         f"{parent}.{leaf} is not the module {name}; a name {parent} exports hides it"
     )
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "replacement"),
+    [
+        ("nnx_ppo.algorithms.rollout", "single_transition", "unroll_env runs every step"),
+        ("nnx_ppo.algorithms.distillation", "distillation_unroll_env", "distillation_step runs"),
+        ("nnx_ppo.algorithms.types", "DistillationTransition", "is a Transition whose"),
+    ],
+)
+def test_a_name_0_3_0_had_and_this_version_removed_says_what_replaces_it(
+    module: str, name: str, replacement: str
+) -> None:
+    with pytest.raises(ImportError, match=f"{name} of nnx-ppo 0.3.0 is gone: .*{replacement}"):
+        exec(f"from {module} import {name}")
+    with pytest.raises(AttributeError, match="has no attribute 'single_transitions'"):
+        _ = importlib.import_module(module).single_transitions

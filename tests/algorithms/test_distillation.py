@@ -218,6 +218,36 @@ def test_steps_lower_the_students_nll_and_leave_the_teacher_untouched():
         np.testing.assert_array_equal(before, after)
 
 
+def _filled(network, value: float, where=nnx.Param) -> None:
+    """Every variable ``where`` selects in ``network``, set to ``value`` in place."""
+    nnx.update(network, jax.tree.map(lambda x: jnp.full_like(x, value), nnx.state(network, where)))
+
+
+def test_a_step_that_diverges_raises_and_leaves_the_student_as_it_was():
+    teacher, student = lstm_teacher(ENV), delay_student(ENV)
+    state = new_distillation_state(ENV, teacher, student, STEP[0], 0, LEARNING_RATE)
+
+    def student_and_optimizer():
+        return leaves((nnx.state(student), nnx.state(state.optimizer)))
+
+    # A categorical teacher with NaN logits still picks actions: its parameters are named.
+    nan_teacher = nnx.clone(teacher)
+    _filled(nan_teacher, jnp.nan)
+    # An infinite weight makes the student's loss NaN.
+    kernel = student.layers[2].linear.kernel
+    kernel[0, 0] = jnp.inf
+    for diverging_teacher, message in (
+        (nan_teacher, r"step 48: the teacher's parameters are NaN or infinite \(\['layers'\]\[0\]"),
+        (teacher, r"step 48: the distillation loss is NaN or infinite \(epoch 0, minibatch 0\)"),
+    ):
+        before = student_and_optimizer()
+        with pytest.raises(FloatingPointError, match=message):
+            distillation_step(ENV, diverging_teacher, state, *STEP)
+        for was, now in zip(before, student_and_optimizer(), strict=True):
+            np.testing.assert_array_equal(was, now)
+    assert state.steps_taken == 0
+
+
 def test_a_step_adds_the_regularization_folds_statistics_and_carries_the_teacher_on():
     from nnx_ppo.networks.normalizer import NormalizerStatistics
 

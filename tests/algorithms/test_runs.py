@@ -15,6 +15,7 @@ from nnx_ppo.algorithms.types import TrainingState
 from nnx_ppo.envs import CartPole, make
 from nnx_ppo.envs.state import State
 from nnx_ppo.networks.factories import make_default_network
+from nnx_ppo.wrappers import Wrapper
 
 ENV = make("cartpole")
 STEP = 8 * 16
@@ -192,6 +193,21 @@ def test_networks_that_differ_between_runs_are_refused() -> None:
         train_ppo_runs(ENV, lambda seed: one, config(), seeds=[0, 1])
 
 
+def test_callbacks_of_train_ppos_form_and_a_network_for_make_networks_are_named() -> None:
+    # Refused before anything compiles: a two-argument log_fn failed only after step 0.
+    with pytest.raises(
+        TypeError,
+        match=r"log_fn is called as log_fn\(run, metrics, step\), but <lambda>\(m, s\) cannot",
+    ):
+        train_ppo_runs(ENV, network, config(), seeds=[0, 1], log_fn=lambda m, s: None)
+    with pytest.raises(TypeError, match=r"checkpoint_fn is called as checkpoint_fn\(run, "):
+        train_ppo_runs(ENV, network, config(), seeds=[0, 1], checkpoint_fn=lambda s, t: None)
+    with pytest.raises(TypeError, match=r"make_networks is called as make_networks\(seed\)"):
+        train_ppo_runs(ENV, lambda: network(0), config(), seeds=[0, 1])
+    with pytest.raises(TypeError, match=r"make_networks must build .* it is a network \(Seq"):
+        train_ppo_runs(ENV, network(0), config(), seeds=[0, 1])  # type: ignore[arg-type]
+
+
 def test_a_static_hyperparameter_that_differs_between_runs_is_refused() -> None:
     # The program is traced from run 0's network: run 1 would train with run 0's weight.
     def entropy_swept(seed: int) -> nnx.Module:
@@ -240,6 +256,28 @@ def test_a_lambda_built_per_run_is_the_same_network() -> None:
 
     assert _same_static(activation(1.0), activation(1.0))
     assert not _same_static(activation(1.0), activation(2.0))
+    # functools.partial compares by identity: one built per run is alike by its parts.
+    leaky = functools.partial(jax.nn.leaky_relu, negative_slope=0.1)
+    assert _same_static(leaky, functools.partial(jax.nn.leaky_relu, negative_slope=0.1))
+    assert not _same_static(leaky, functools.partial(jax.nn.leaky_relu, negative_slope=0.2))
+    assert _same_static(
+        (leaky, {"scale": activation(1.0)}), (copy.copy(leaky), {"scale": activation(1.0)})
+    )
+
+
+def test_an_object_alike_by_its_text_only_is_named_as_such() -> None:
+    class Scaled:
+        def __call__(self, x):
+            return 2 * x
+
+        def __repr__(self) -> str:
+            return "Scaled()"
+
+    def with_own_activation(seed: int) -> nnx.Module:
+        return make_default_network(ENV, nnx.Rngs(seed), hidden_sizes=[16], activation=Scaled())
+
+    with pytest.raises(ValueError, match=r"is Scaled\(\) in both, but another object in each"):
+        train_ppo_runs(ENV, with_own_activation, config(), seeds=[0, 1])
 
 
 def test_numpy_seeds_reach_make_networks_as_ints() -> None:
@@ -302,16 +340,17 @@ def test_a_run_that_diverges_is_set_aside_while_the_others_train_on() -> None:
     saved: list[tuple[int, int]] = []
     diverging = network(0)
     start = parameters(diverging)
-    kept, diverged = train_ppo_runs(
-        ENV,
-        lambda seed: network(seed) if seed else diverging,
-        config(),
-        seeds=[1, 0],
-        learning_rates=[3e-3, 1e30],  # Adam's steps of 1e30 overflow the loss at once
-        log_fn=lambda run, metrics, step: logged.append((run, step)),
-        checkpoint_fn=lambda run, state, step: saved.append((run, step)),
-        on_divergence="continue",
-    )
+    with pytest.warns(RuntimeWarning, match=r"run 1 \(seed 0\): PPO step ending at env step 128"):
+        kept, diverged = train_ppo_runs(
+            ENV,
+            lambda seed: network(seed) if seed else diverging,
+            config(),
+            seeds=[1, 0],
+            learning_rates=[3e-3, 1e30],  # Adam's steps of 1e30 overflow the loss at once
+            log_fn=lambda run, metrics, step: logged.append((run, step)),
+            checkpoint_fn=lambda run, state, step: saved.append((run, step)),
+            on_divergence="continue",
+        )
     assert diverged.diverged is not None
     assert diverged.diverged.startswith(
         "run 1 (seed 0): PPO step ending at env step 128: the loss is NaN or infinite"
@@ -334,10 +373,38 @@ def test_a_run_that_diverges_is_set_aside_while_the_others_train_on() -> None:
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+class _NaNRewards(Wrapper):
+    def step(self, state: State, action: jax.Array) -> State:
+        stepped = self.env.step(state, action)
+        return stepped.replace(reward=stepped.reward * jax.numpy.nan)
+
+
+def test_every_run_that_diverges_in_a_call_is_named_and_nan_evaluations_by_run() -> None:
+    with pytest.raises(FloatingPointError) as stopped:
+        train_ppo_runs(ENV, network, config(), seeds=[0, 1], learning_rates=[1e30, 1e30])
+    runs = str(stopped.value).splitlines()
+    assert [line.split(": PPO step")[0] for line in runs] == ["run 0 (seed 0)", "run 1 (seed 1)"]
+    quiet = config()
+    quiet.ppo.total_steps, quiet.checkpoint_every_steps = STEP, 0
+    with pytest.warns(RuntimeWarning) as caught:
+        train_ppo_runs(ENV, network, quiet, seeds=[0, 1], eval_env=_NaNRewards(ENV))
+    said = [str(warning.message).split(" has a mean")[0] for warning in caught]
+    assert said == [f"run {run} (seed {run}): the evaluation at step 0" for run in (0, 1)]
+
+
 def test_on_divergence_takes_stop_or_continue() -> None:
     expected = r'on_divergence must be "stop" or "continue", got \'raise\''
     with pytest.raises(ValueError, match=expected):
         train_ppo_runs(ENV, network, config(), seeds=[0], on_divergence="raise")  # type: ignore[arg-type]
+
+
+def test_several_processes_are_told_each_trains_every_run(monkeypatch) -> None:
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with (
+        pytest.warns(RuntimeWarning, match="each of the 2 processes trains all 3 runs"),
+        pytest.raises(ValueError, match="on_divergence must be"),  # stops it there
+    ):
+        train_ppo_runs(ENV, network, config(), seeds=[0, 1, 2], on_divergence="raise")  # type: ignore[arg-type]
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from nnx_ppo.algorithms import _step, _train
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig, VideoConfig
 from nnx_ppo.algorithms.ppo import new_training_state, ppo_step, ppo_steps, train_ppo
 from nnx_ppo.algorithms.types import LoggingLevel
-from nnx_ppo.envs import make
+from nnx_ppo.envs import CartPole, make
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.feedforward import Dense
@@ -499,12 +499,18 @@ def test_arguments_of_the_wrong_type_are_named(counting_env, scripted_network):
     # Refused before anything compiles: a bad callback failed only after step 0 had run.
     with pytest.raises(TypeError, match="train_ppo: log_fn must be a function or None, got int"):
         train_ppo(counting_env, network, train_config(STEP), log_fn=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"log_fn is called as log_fn\(metrics, step\), but "):
+        train_ppo(counting_env, network, train_config(STEP), log_fn=lambda metrics: None)
+    with pytest.raises(TypeError, match=r"should_stop is called as should_stop\(\), but"):
+        train_ppo(counting_env, network, train_config(STEP), should_stop=lambda step: False)
     with pytest.raises(TypeError, match="checkpoint_fn must be a function or None, got str"):
         train_ppo(counting_env, network, train_config(STEP), checkpoint_fn="runs/x")  # type: ignore
     with pytest.raises(TypeError, match=r"env is the name 'cartpole', .* nnx_ppo.envs.make"):
         train_ppo("cartpole", network, train_config(STEP))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="a dict has no reset and no step method"):
         new_training_state({}, network, N_ENVS, seed=0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"env is the class CartPole, .* e.g. CartPole\(\)"):
+        train_ppo(CartPole, network, train_config(STEP))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -248,8 +248,9 @@ def _static_attributes(module: nnx.Module) -> dict[str, Any]:
 
 
 def _same_static(a: Any, b: Any) -> bool:
-    """Whether two static attributes are alike; a function built per run (a lambda in
-    make_networks) is alike when its code and closure are."""
+    """Whether two static attributes are alike; a function built per run in make_networks
+    is alike when its code and closure are (a lambda), or its function and arguments are
+    (a ``functools.partial``, which compares by identity), and so are containers of them."""
     if a is b:
         return True
     code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
@@ -257,6 +258,12 @@ def _same_static(a: Any, b: Any) -> bool:
         cells_a = [cell.cell_contents for cell in a.__closure__ or ()]
         cells_b = [cell.cell_contents for cell in b.__closure__ or ()]
         return len(cells_a) == len(cells_b) and all(map(_same_static, cells_a, cells_b))
+    if isinstance(a, functools.partial) and type(a) is type(b):
+        return _same_static((a.func, a.args, a.keywords), (b.func, b.args, b.keywords))
+    if isinstance(a, tuple | list) and type(a) is type(b):
+        return len(a) == len(b) and all(map(_same_static, a, b))
+    if isinstance(a, dict) and type(a) is type(b):
+        return a.keys() == b.keys() and all(_same_static(a[key], b[key]) for key in a)
     try:
         return bool(a == b)
     except Exception:  # an attribute whose == is not a truth value (an array)
@@ -284,6 +291,12 @@ def _require_like_run_0(
                 problem = f"it lacks {path}, which run 0's has"
             elif not _same_static(mine[path], theirs[path]):
                 problem = f"{path} is {mine[path]!r} where run 0's is {theirs[path]!r}"
+                if repr(mine[path]) == repr(theirs[path]):
+                    problem = (
+                        f"{path} is {mine[path]!r} in both, but another object in each run, "
+                        "and the two do not compare equal: build it once, outside "
+                        "make_networks, or give its class an __eq__"
+                    )
             if problem is not None:
                 break
     if problem is None:
@@ -389,10 +402,11 @@ def train_ppo_runs(
       on_divergence: what a run whose loss, rewards or parameters become NaN or
         infinite does to the others. ``"stop"``: every run stops (the
         ``FloatingPointError`` below). ``"continue"``: that run is set aside at
-        its last good step, with no more evaluations, logs or checkpoints, its
-        result's ``diverged`` holding the error, while the others train on (a
-        learning-rate sweep whose largest rate diverges). When every run has
-        diverged, training ends there.
+        its last good step (where the compiled call in which it diverged started,
+        see ``iterations_per_call``), with a ``RuntimeWarning`` and no more
+        evaluations, logs or checkpoints, its result's ``diverged`` holding the
+        error, while the others train on (a learning-rate sweep whose largest rate
+        diverges). When every run has diverged, training ends there.
 
     Returns:
       One :class:`~nnx_ppo.algorithms.config.TrainResult` per run, in order; run
@@ -408,17 +422,23 @@ def train_ppo_runs(
         networks whose structures differ or one network object for two runs
         (named by run), or runs that do not split evenly over ``config.devices``.
       FloatingPointError: with ``on_divergence="stop"``, a run's loss, rewards or
-        parameters became NaN or infinite, named by run; every run's network and
-        optimizer are left at the last step before that call.
+        parameters became NaN or infinite, each such run of the call named; every
+        run's network and optimizer are left at the last step before that call.
     """
     config = _with_overrides("train_ppo_runs", TrainConfig, "ppo", config, None)
+    if isinstance(make_networks, nnx.Module):
+        raise TypeError(
+            f"train_ppo_runs: make_networks must build run i's network from its seed, "
+            f"make_networks(seeds[i]); it is a network ({type(make_networks).__name__}). "
+            "Pass a function, e.g. lambda seed: make_default_network(env, nnx.Rngs(seed))"
+        )
     _require_env_and_callbacks(
         "train_ppo_runs",
         env,
         eval_env,
-        make_networks=make_networks,
-        log_fn=log_fn,
-        checkpoint_fn=checkpoint_fn,
+        make_networks=(make_networks, ("seed",)),
+        log_fn=(log_fn, ("run", "metrics", "step")),
+        checkpoint_fn=(checkpoint_fn, ("run", "training_state", "step")),
     )
     warn_if_mappings_near_cap("train_ppo_runs")
     if config.video.enabled:
@@ -428,6 +448,15 @@ def train_ppo_runs(
             stacklevel=2,
         )
     seeds, rates = _require_runs(seeds, learning_rates, config)
+    if jax.process_count() > 1:
+        warnings.warn(
+            f"train_ppo_runs splits its runs over this process's devices only: each of the "
+            f"{jax.process_count()} processes trains all {len(seeds)} runs, and calls "
+            "log_fn and checkpoint_fn for them. To split a sweep over hosts, give each "
+            "process its own seeds.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     if on_divergence not in ("stop", "continue"):
         raise ValueError(
             f'train_ppo_runs: on_divergence must be "stop" or "continue", got {on_divergence!r}'
@@ -521,7 +550,8 @@ def train_ppo_runs(
         for run in training():
             key = _key_at(seeds[run], steps_taken)
             metrics = _evaluate(eval_env, states[run].networks, config.eval, key, clock, None)
-            histories[run].append(_history_entry(steps_taken, metrics))
+            named = f"run {run} (seed {seeds[run]}): "
+            histories[run].append(_history_entry(steps_taken, metrics, named))
             evaluations[run] = metrics
         last["eval"] = steps_taken
         return evaluations
@@ -565,26 +595,32 @@ def train_ppo_runs(
             watch = None if clock is None else clock.watch(reports, dispatched_at)
             reports = jax.device_get(reports)
             seconds = None if clock is None or watch is None else clock.seconds(watch)
-            per_run = {}
+            per_run, diverged = {}, {}
             for run in training():
                 try:
                     per_run[run] = _step._host_metrics(
                         _step.StepReport(*_unstack(reports, run)), steps_taken, ppo, fused
                     )
                 except FloatingPointError as error:
-                    named = FloatingPointError(f"run {run} (seed {seeds[run]}): {error}")
-                    if on_divergence == "stop":
-                        raise named from None
-                    # Its slice of the stacked state keeps going, unread: a vmapped run's NaNs
-                    # reach no other run.
-                    host_stacked, host_carries = _to_host((stacked, carries))
-                    set_aside[run] = _SetAside(
-                        _unstack(host_stacked, run),
-                        _unstack(host_carries, run),
-                        steps_taken,
-                        iterations,
-                        str(named),
-                    )
+                    diverged[run] = f"run {run} (seed {seeds[run]}): {error}"
+            if diverged and on_divergence == "stop":
+                raise FloatingPointError("\n".join(diverged.values()))
+            for run, error in diverged.items():
+                # Its slice of the stacked state keeps going, unread: a vmapped run's NaNs
+                # reach no other run.
+                host_stacked, host_carries = _to_host((stacked, carries))
+                set_aside[run] = _SetAside(
+                    _unstack(host_stacked, run),
+                    _unstack(host_carries, run),
+                    steps_taken,
+                    iterations,
+                    error,
+                )
+                warnings.warn(
+                    f"{error} It is set aside at step {steps_taken:,}; the other runs go on.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             stacked, carries = new_stacked, new_carries
             steps_taken += fused * ppo.steps_per_iteration
             iterations += fused

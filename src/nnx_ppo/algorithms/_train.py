@@ -453,15 +453,16 @@ def _stop_asked(answer: object) -> bool:
 
 
 def _require_env_and_callbacks(
-    owner: str, env: object, eval_env: object, **callbacks: object
+    owner: str, env: object, eval_env: object, **callbacks: tuple[object, tuple[str, ...]]
 ) -> None:
-    """The envs are environments and each callback a function or None, before anything
-    compiles (a callback that is not would fail only once step 0 had run)."""
+    """The envs are environments and each callback a function or None that takes the
+    arguments named beside it, before anything compiles (a callback that is not would
+    fail only once step 0 had run)."""
     require_env(owner, env)
     if eval_env is not None:
         require_env(owner, eval_env)
-    for name, callback in callbacks.items():
-        require_callable(owner, name, callback)
+    for name, (callback, arguments) in callbacks.items():
+        require_callable(owner, name, callback, arguments)
 
 
 def _check_video(owner: str, video: VideoConfig, video_fn: object, eval_env: RLEnv) -> None:
@@ -566,14 +567,15 @@ class _RunConfig(Protocol):
 _Config = TypeVar("_Config", bound=_RunConfig)
 
 
-def _history_entry(steps: int, metrics: dict[str, float]) -> dict[str, float]:
+def _history_entry(steps: int, metrics: dict[str, float], run: str = "") -> dict[str, float]:
     """An ``eval_history`` entry: the evaluation at ``steps``, with ``episode_reward_mean``
     naming ``eval/episode_reward/mean`` (the key nnx-ppo 0.3.0's README read); a mean
-    that is not finite is warned of (training never reads the eval env's rewards)."""
+    that is not finite is warned of (training never reads the eval env's rewards), the
+    warning led by ``run``, which names one of several runs."""
     mean = metrics["eval/episode_reward/mean"]
     if not np.isfinite(mean):
         warnings.warn(
-            f"the evaluation at step {steps:,} has a mean episode reward of {mean}: the "
+            f"{run}the evaluation at step {steps:,} has a mean episode reward of {mean}: the "
             "eval env returned a NaN or infinite reward (the training env's rewards are "
             "checked by the training step; the eval env's reach only this history)",
             RuntimeWarning,
@@ -771,10 +773,10 @@ def train_ppo(
         "train_ppo",
         env,
         eval_env,
-        log_fn=log_fn,
-        video_fn=video_fn,
-        checkpoint_fn=checkpoint_fn,
-        should_stop=should_stop,
+        log_fn=(log_fn, ("metrics", "step")),
+        video_fn=(video_fn, ("video",)),
+        checkpoint_fn=(checkpoint_fn, ("training_state", "step")),
+        should_stop=(should_stop, ()),
     )
     warn_if_mappings_near_cap("train_ppo")
     mesh = sharding.resolve_mesh(config.devices)

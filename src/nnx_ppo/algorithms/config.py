@@ -193,7 +193,9 @@ class PPOConfig(_FieldsOnly):
         where an evaluation, video or checkpoint falls due; a large value runs
         everything between two evaluations (or the whole run) in one call. The
         result is the same as running the steps one by one, and ``log_fn`` still
-        gets every step's metrics; ``should_stop`` is polled between calls.
+        gets every step's metrics; ``should_stop`` is polled between calls. A call
+        in which a step diverges is dropped whole: the state kept is the one it
+        started from, and its steps before the one that diverged are not logged.
       reward_scaling: multiply the rewards by this before computing advantages and
         value targets (the critic learns scaled returns); logged returns and
         evaluations stay in the env's units. 1 leaves them as they are.

@@ -30,6 +30,7 @@ from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jaxtyping import Array, Float, Integer, PRNGKeyArray
@@ -37,7 +38,8 @@ from jaxtyping import Array, Float, Integer, PRNGKeyArray
 from nnx_ppo._compile import warn_if_mappings_near_cap
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms._loss import _replay
-from nnx_ppo.algorithms._step import _ConfigArgument, _EnvArgument
+from nnx_ppo.algorithms._removed import missing_attribute
+from nnx_ppo.algorithms._step import _ConfigArgument, _EnvArgument, _finite_leaves
 from nnx_ppo.algorithms._timing import ProgramClock
 from nnx_ppo.algorithms._train import _check_video, _HostWork, _require_seed, _with_overrides
 from nnx_ppo.algorithms.checkpointing import _load_checkpoint, make_checkpoint_fn
@@ -86,6 +88,10 @@ __all__ = [
     "new_distillation_state",
     "train_distillation",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    raise missing_attribute(__name__, name)
 
 
 # ----------------------------------------------------------------------------- config
@@ -491,8 +497,14 @@ def _step(
     pair: _StudentWithTeacher,
     optimizer: nnx.Optimizer,
     carry: tuple[dict[str, Carry], EnvState, PRNGKeyArray],
-) -> tuple[tuple[dict[str, Carry], EnvState, PRNGKeyArray], dict[str, Float[Array, ""]]]:
-    """Roll out the student with the teacher watching, learn, fold statistics. Traced once."""
+) -> tuple[
+    tuple[dict[str, Carry], EnvState, PRNGKeyArray], dict[str, Float[Array, ""]], dict[str, Any]
+]:
+    """Roll out the student with the teacher watching, learn, fold statistics. Traced once.
+
+    Returns the next carry, the metrics, and the step's health: whether each quantity
+    :func:`_raise_if_distillation_diverged` reads is finite.
+    """
     states, env_states, key = carry
     rollout_key, learn_key, next_key = jax.random.split(key, 3)
     final_states, final_env_states, transitions = rollout.unroll_env(
@@ -512,8 +524,62 @@ def _step(
     )
     if LoggingLevel.WEIGHTS in config.logging_level:
         log_weight_stats(metrics, pair.student, config.logging_percentiles)
+    health = {
+        "teacher_parameters_finite": _finite_leaves(nnx.state(pair.teacher, nnx.Param)),
+        "observations_finite": _finite_leaves(transitions.obs),
+        "teacher_actions_finite": {
+            name: jnp.all(jnp.isfinite(_leaf_at(extras["teacher"], path)))
+            for name, path in teacher_leaves.extras_paths
+        },
+        "loss_finite": jnp.isfinite(diagnostics["losses/total"]),
+        "parameters_finite": _finite_leaves(nnx.state(pair.student, nnx.Param)),
+    }
     nnx.pop(pair, nnx.Intermediate)  # what the rollout sowed: the state keeps none
-    return (final_states, final_env_states, next_key), metrics
+    return (final_states, final_env_states, next_key), metrics, health
+
+
+def _raise_if_distillation_diverged(health: dict[str, Any], steps: int) -> None:
+    """Raise ``FloatingPointError`` naming the step and the first non-finite quantity.
+
+    A teacher's non-finite parameter is named even where its actions stay finite: a
+    categorical teacher's NaN logits still choose an action, and the student would learn it.
+    """
+    step = f"distillation step ending at env step {steps}"
+    unchanged = "the student and optimizer are left as they were before the call."
+    teacher = [name for name, finite in health["teacher_parameters_finite"].items() if not finite]
+    if teacher:
+        raise FloatingPointError(
+            f"{step}: the teacher's parameters are NaN or infinite ({', '.join(teacher[:5])}): "
+            "what it teaches means nothing, even where its actions are finite (a categorical "
+            f"sampler still picks one); {unchanged} Distil a teacher with finite parameters "
+            "(one that diverged in training has none)."
+        )
+    actions = [name for name, finite in health["teacher_actions_finite"].items() if not finite]
+    bad_updates = np.argwhere(~np.asarray(health["loss_finite"]))
+    student = [name for name, finite in health["parameters_finite"].items() if not finite]
+    if not (actions or bad_updates.size or student):
+        return
+    observations = [name for name, finite in health["observations_finite"].items() if not finite]
+    if observations:  # named only where the step diverged: an unread inf may be harmless
+        raise FloatingPointError(
+            f"{step}: the env returned NaN or infinite observations (obs{observations[0]}), "
+            f"and the step diverged; {unchanged}"
+        )
+    if actions:
+        raise FloatingPointError(
+            f"{step}: the teacher's action{actions[0]} is NaN or infinite where its "
+            f"parameters and the observations are finite; {unchanged}"
+        )
+    if bad_updates.size:
+        epoch, minibatch = bad_updates[0]
+        raise FloatingPointError(
+            f"{step}: the distillation loss is NaN or infinite (epoch {epoch}, minibatch "
+            f"{minibatch}); {unchanged}"
+        )
+    raise FloatingPointError(
+        f"{step}: the student's parameters became NaN or infinite: {', '.join(student[:5])}; "
+        f"{unchanged}"
+    )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -524,11 +590,16 @@ def _compiled_step(
     graphdef: nnx.GraphDef[Any],
     state: nnx.State,
     carry: tuple[dict[str, Carry], EnvState, PRNGKeyArray],
-) -> tuple[nnx.State, tuple[dict[str, Carry], EnvState, PRNGKeyArray], dict[str, Float[Array, ""]]]:
+) -> tuple[
+    nnx.State,
+    tuple[dict[str, Carry], EnvState, PRNGKeyArray],
+    dict[str, Float[Array, ""]],
+    dict[str, Any],
+]:
     env, config, leaves = static
     pair, optimizer = nnx.merge(graphdef, state)
-    carry, metrics = _step(env.env, config.config, leaves, pair, optimizer, carry)
-    return nnx.state((pair, optimizer)), carry, metrics
+    carry, metrics, health = _step(env.env, config.config, leaves, pair, optimizer, carry)
+    return nnx.state((pair, optimizer)), carry, metrics, health
 
 
 def _require_unshared(teacher: StatefulModule, student: StatefulModule) -> None:
@@ -607,6 +678,9 @@ def distillation_step(
       ValueError: teacher and student have different action trees or samplers (the
         message shows both), found before anything is compiled; ``n_envs`` is not the
         state's number of environments; or a setting is invalid.
+      FloatingPointError: the teacher's parameters or actions, the loss or the
+        student's parameters are NaN or infinite (named); the student and optimizer
+        are left as they were before the call.
     """
     config = DistillationConfig(
         n_envs=n_envs,
@@ -643,9 +717,12 @@ def distillation_step(
         distillation_state.rng_key,
     )
     static = (_EnvArgument(env), _ConfigArgument(config), leaves)
-    state, (states, env_states, key), metrics = _compiled_step(static, graphdef, state, carry)
-    nnx.update((pair, distillation_state.optimizer), state)
+    state, (states, env_states, key), metrics, health = _compiled_step(
+        static, graphdef, state, carry
+    )
     total = distillation_state.steps_taken + config.steps_per_iteration
+    _raise_if_distillation_diverged(jax.device_get(health), total)
+    nnx.update((pair, distillation_state.optimizer), state)
     host = to_host(metrics)
     host["total_steps"] = float(total)
     return distillation_state.replace(
@@ -883,6 +960,8 @@ def train_distillation(
         message shows both), before anything is compiled.
       TypeError: ``config`` is not a :class:`DistillationTrainConfig`, or video is asked
         of an eval env without ``render``.
+      FloatingPointError: a step diverged, as :func:`distillation_step` raises it; the
+        student and the ``checkpoint_fn``'s checkpoints hold the last good step.
     """
     config = _with_overrides(
         "train_distillation",

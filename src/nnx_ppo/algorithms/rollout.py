@@ -22,6 +22,7 @@ from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, PyTree, Shaped
 
 from nnx_ppo._threefry import standard_keys, straight_line_keys
 from nnx_ppo.algorithms import sharding
+from nnx_ppo.algorithms._removed import missing_attribute
 from nnx_ppo.algorithms.metrics import has_reward_leaves, summarize
 from nnx_ppo.algorithms.recording import (
     SlimData,
@@ -81,6 +82,11 @@ __all__ = [
     "unroll_env",
     "unstack_trajectory",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    raise missing_attribute(__name__, name)
+
 
 Tree = TypeVar("Tree")
 ScanCarry = TypeVar("ScanCarry")

@@ -16,6 +16,7 @@ import jax
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
 
+from nnx_ppo.algorithms._removed import missing_attribute
 from nnx_ppo.contract.axes import Carry, FloatBatch
 from nnx_ppo.envs.state import EnvState, RLEnv, Shared
 from nnx_ppo.jax_dataclass import Replaceable
@@ -42,7 +43,7 @@ def __getattr__(name: str) -> Any:
         from nnx_ppo.algorithms import distillation
 
         return distillation.DistillationState
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise missing_attribute(__name__, name)
 
 
 @jax.tree_util.register_dataclass

@@ -6,6 +6,7 @@ NumPy scalars are accepted alongside Python's (a size computed with NumPy is
 still a size); ``bool`` is not, although Python counts it as an ``int``.
 """
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -124,9 +125,28 @@ def require_sizes(owner: str, name: str, value: Any) -> list[int]:
     return [require_int(owner, f"{name} entry", size) for size in value]
 
 
-def require_callable(owner: str, name: str, value: Any) -> None:
-    """Raise ``TypeError`` unless ``value`` is callable or ``None`` (an optional callback)."""
-    if value is not None and not callable(value):
+def require_callable(
+    owner: str, name: str, value: Any, arguments: Sequence[str] | None = None
+) -> None:
+    """Raise ``TypeError`` unless ``value`` is callable or ``None`` (an optional callback),
+    and, given the names of the ``arguments`` it will be called with, can take them."""
+    if value is None:
+        return
+    if not callable(value):
         raise TypeError(
             f"{owner}: {name} must be a function or None, got {type(value).__name__} {value!r}"
         )
+    if arguments is None:
+        return
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):  # a callable Python cannot describe (some built-ins)
+        return
+    try:
+        signature.bind(*arguments)
+    except TypeError as error:
+        raise TypeError(
+            f"{owner}: {name} is called as {name}({', '.join(arguments)}), but "
+            f"{getattr(value, '__name__', type(value).__name__)}{signature} cannot take that: "
+            f"{error}"
+        ) from None

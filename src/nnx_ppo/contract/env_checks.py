@@ -70,6 +70,11 @@ def require_env(owner: str, env: Any, needs: tuple[str, ...] = ("reset", "step")
             f"{owner}: env is the name {env!r}, not an environment; build it with "
             f"nnx_ppo.envs.make({env!r})"
         )
+    if isinstance(env, type):
+        raise TypeError(
+            f"{owner}: env is the class {env.__name__}, not an environment; pass an "
+            f"instance, e.g. {env.__name__}()"
+        )
     missing = [name for name in needs if not callable(getattr(env, name, None))]
     if missing:
         raise TypeError(
