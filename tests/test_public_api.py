@@ -114,7 +114,12 @@ def test_no_package_attribute_hides_a_submodule(name: str) -> None:
 def test_a_name_0_3_0_had_and_this_version_removed_says_what_replaces_it(
     module: str, name: str, replacement: str
 ) -> None:
-    with pytest.raises(ImportError, match=f"{name} of nnx-ppo 0.3.0 is gone: .*{replacement}"):
+    hint = f"{name} of nnx-ppo 0.3.0 is gone: .*{replacement}"
+    with pytest.raises(ImportError, match=hint):
         exec(f"from {module} import {name}")
+    # Looked up any other way, an AttributeError: hasattr and getattr's default still work.
+    with pytest.raises(AttributeError, match=hint):
+        getattr(importlib.import_module(module), name)
+    assert not hasattr(importlib.import_module(module), name)
     with pytest.raises(AttributeError, match="has no attribute 'single_transitions'"):
         _ = importlib.import_module(module).single_transitions

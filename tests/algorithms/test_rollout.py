@@ -1,5 +1,6 @@
 """unroll_env, eval_rollout and tree_where against step-by-step NumPy simulations."""
 
+import enum
 from typing import ClassVar
 
 import jax
@@ -388,15 +389,54 @@ class RemembersItsLastObservation(ClockEnv):
         return stepped
 
 
-def test_an_env_that_keeps_a_traced_value_on_itself_is_named(counting_env, scripted_network):
-    env, network = RemembersItsLastObservation(counting_env), scripted_network(W, V)
+class CountsItsSteps(ClockEnv):
+    """Counts its steps in a Python int, starting from a class attribute: once per trace."""
+
+    steps = 0
+    size: int | None = None
+    ready = False
+
+    def reset(self, key):
+        self.size = 3  # set for the first time while traced: a cache, not state
+        return super().reset(key)
+
+    def step(self, state, action):
+        self.ready = True  # an env readying itself on its first step: not state either
+        self.steps += 1
+        return super().step(state, action)
+
+
+@pytest.mark.parametrize(
+    ("env_class", "leaf", "said"),
+    [
+        (RemembersItsLastObservation, "env.last", "stored a traced value on the env object"),
+        (CountsItsSteps, "env.steps", "changed env.steps from 0 to 1 on the env object"),
+    ],
+)
+def test_an_env_that_keeps_state_on_itself_is_named(
+    env_class, leaf, said, counting_env, scripted_network
+):
+    env, network = env_class(counting_env), scripted_network(W, V)
     env_state = reset_envs(env, jax.random.split(jax.random.key(0), 2))
     with pytest.raises(ContractError) as caught:
         unroll_env(env, env_state, network, network.initialize_state(2), 2, jax.random.key(1))
-    assert caught.value.leaf == "env.last"
-    assert "RemembersItsLastObservation.step: stored a traced value on the env object" in str(
-        caught.value
-    )
+    assert caught.value.leaf == leaf
+    assert f"{env_class.__name__}.step: {said}" in str(caught.value)
+
+
+def test_the_values_an_env_holds_are_read_without_walking_into_them(counting_env):
+    """An IntFlag member is a plain value with attributes of its own, and its class holds
+    every other member: MJX's options hold one, and walking into it read 890,000 values."""
+    from nnx_ppo.contract.env_checks import plain_values
+
+    flags = enum.IntFlag("Flags", [f"F{i}" for i in range(16)])
+    env = CountsItsSteps(counting_env)
+    env.options = {"disabled": flags.F3, "scale": np.float32(2.0), "table": [1, 2.5]}
+    env.np, env.helper = np, np.mean  # code is read as one value, never walked
+    held = plain_values(env)
+    assert held["env.options['disabled']"] is flags.F3
+    assert held["env.options['table'][1]"] == 2.5 and held["env.steps"] == 0
+    assert len(held) < 30, sorted(held)
 
 
 class KeyedClockEnv(ClockEnv):

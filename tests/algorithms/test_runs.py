@@ -264,6 +264,15 @@ def test_a_lambda_built_per_run_is_the_same_network() -> None:
         (leaky, {"scale": activation(1.0)}), (copy.copy(leaky), {"scale": activation(1.0)})
     )
 
+    # Equal arrays among a partial's arguments are alike; another value is not.
+    def sloped(*slope: float) -> functools.partial:
+        return functools.partial(jax.nn.leaky_relu, negative_slope=np.array(slope))
+
+    assert _same_static(sloped(0.1, 0.1), sloped(0.1, 0.1))
+    assert not _same_static(sloped(0.1, 0.1), sloped(0.1, 0.2))
+    assert not _same_static(sloped(0.1, 0.1), sloped(0.1))
+    assert _same_static(sloped(0.1, float("nan")), sloped(0.1, float("nan")))
+
 
 def test_an_object_alike_by_its_text_only_is_named_as_such() -> None:
     class Scaled:

@@ -3,6 +3,7 @@
 import functools
 import logging
 import time
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -49,10 +50,16 @@ def traced_env(counting_env):
     """The counting env, counting how often JAX traces its step."""
 
     class Traced(type(counting_env)):
-        traces = 0
+        # A list on the class, not a count: training refuses an env whose plain values
+        # change while JAX traces it (a counter there counts traces: here, the point).
+        traced: ClassVar[list[None]] = []
+
+        @property
+        def traces(self) -> int:
+            return len(self.traced)
 
         def step(self, state, action):
-            Traced.traces += 1
+            self.traced.append(None)
             return super().step(state, action)
 
     return Traced()
@@ -157,7 +164,9 @@ def test_nan_observations_that_diverge_a_step_are_named(counting_env, scripted_n
 
     env = NaNObservationEnv()
     state = new_training_state(env, scripted_network(), N_ENVS, seed=0)
-    with pytest.raises(FloatingPointError, match=r"NaN or infinite observations \(next_obs;"):
+    # What the network saw is named before what a step reached (a NaN from reset is
+    # in obs alone).
+    with pytest.raises(FloatingPointError, match=r"NaN or infinite observations \(obs;"):
         ppo_step(env, state, ppo_config(n_epochs=1, n_minibatches=1))
 
 
@@ -503,6 +512,17 @@ def test_arguments_of_the_wrong_type_are_named(counting_env, scripted_network):
         train_ppo(counting_env, network, train_config(STEP), log_fn=lambda metrics: None)
     with pytest.raises(TypeError, match=r"should_stop is called as should_stop\(\), but"):
         train_ppo(counting_env, network, train_config(STEP), should_stop=lambda step: False)
+    # What is called is the wrapper: one that supplies an argument (functools.wraps keeps
+    # the inner function's signature) is a log_fn(metrics, step).
+    from nnx_ppo.contract.arguments import require_callable
+
+    def log_to(prefix: str, metrics: dict, step: int) -> None: ...
+
+    @functools.wraps(log_to)
+    def log_fn(metrics: dict, step: int) -> None:
+        log_to("train", metrics, step)
+
+    require_callable("train_ppo", "log_fn", log_fn, ("metrics", "step"))
     with pytest.raises(TypeError, match="checkpoint_fn must be a function or None, got str"):
         train_ppo(counting_env, network, train_config(STEP), checkpoint_fn="runs/x")  # type: ignore
     with pytest.raises(TypeError, match=r"env is the name 'cartpole', .* nnx_ppo.envs.make"):
@@ -511,6 +531,14 @@ def test_arguments_of_the_wrong_type_are_named(counting_env, scripted_network):
         new_training_state({}, network, N_ENVS, seed=0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"env is the class CartPole, .* e.g. CartPole\(\)"):
         train_ppo(CartPole, network, train_config(STEP))  # type: ignore[arg-type]
+    # A class of static methods is an env: it is not refused as a class.
+    from nnx_ppo.contract.env_checks import require_env
+
+    class StaticEnv:
+        reset = staticmethod(counting_env.reset)
+        step = staticmethod(counting_env.step)
+
+    require_env("train_ppo", StaticEnv)
 
 
 @pytest.mark.parametrize(

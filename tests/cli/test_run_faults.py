@@ -164,8 +164,8 @@ def test_a_config_json_edited_since_the_checkpoint_is_refused_by_resume_and_eval
     edited = (run_dir / "config.json").read_bytes()
     assert resume(run_dir, "--steps", str(6 * STEP)) == 2
     shown = capsys.readouterr().err
-    assert "config.json was changed after the checkpoint at step 512" in shown
     assert "seed is 0 in the run, 7 here" in shown
+    assert "config.json was changed after the newest checkpoint was written" in shown
     assert (run_dir / "config.json").read_bytes() == edited
     assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
     # The activation keeps every shape: the checkpoint would load into another network.
@@ -174,13 +174,31 @@ def test_a_config_json_edited_since_the_checkpoint_is_refused_by_resume_and_eval
     for command in (["train", "--resume", str(run_dir)], ["eval", str(run_dir)]):
         assert main(command) == 2
         assert 'network.activation is "tanh" in the run, "relu" here' in capsys.readouterr().err
+    # An edit that changes the network's shapes is named as such by eval too.
+    _edit_config(run_dir, "network", "activation", "tanh")
+    _edit_config(run_dir, "network", "hidden_sizes", [32])
+    assert main(["eval", str(run_dir)]) == 2
+    shown = capsys.readouterr().err
+    assert "config.json was changed after the newest checkpoint was written" in shown
+    assert "network.hidden_sizes is [16] in the run, [32] here" in shown
+    _edit_config(run_dir, "network", "hidden_sizes", [16])
+    _edit_config(run_dir, "network", "activation", "relu")
+    # The checkpoint's own value, given again, is the run's: the resume goes on.
+    assert resume(run_dir, "--set", "network.activation=tanh", "--steps", str(5 * STEP)) == 0
+    assert json.loads((run_dir / "config.json").read_text())["network"]["activation"] == "tanh"
+    # An edit that changes nothing (a size written as a number) is no change.
+    _edit_config(run_dir, "network", "hidden_sizes", 16)
+    assert resume(run_dir, "--steps", str(5 * STEP)) == 0  # complete: nothing refused
+    assert "is complete" in capsys.readouterr().out
     # A checkpoint of an earlier version holds the train config alone: the seed is
     # still compared with it.
-    (run_dir / "config.json").write_bytes(edited)
+    _edit_config(run_dir, "train", "seed", 7)
     for step_dir in (run_dir / "checkpoints").iterdir():
         shutil.rmtree(step_dir / "metadata")
     assert resume(run_dir, "--steps", str(6 * STEP)) == 2
-    assert "seed is 0 in the run, 7 here" in capsys.readouterr().err
+    shown = capsys.readouterr().err
+    assert "config.json was changed after the checkpoint at step 640 was written" in shown
+    assert "seed is 0 in the run, 7 here" in shown
 
 
 def test_records_cut_from_metrics_jsonl_before_the_checkpoint_are_named_on_resume(

@@ -290,3 +290,20 @@ def test_the_preset_names_an_action_it_cannot_sample(action_size: Any, match: st
         factories.make_default_network(Spaces(OBS, action_size), nnx.Rngs(0))
     with pytest.raises(TypeError, match=match.replace("action_size", r"action_size\['a'\]")):
         factories.make_default_network(Spaces({"a": OBS}, {"a": action_size}), nnx.Rngs(0))
+
+
+def test_dict_actions_of_one_agent_with_one_reward_are_named_when_the_network_is_built():
+    """Per-agent critics need a reward per agent: a single reward failed only in training,
+    blaming the network's values."""
+    two_agent = make("two_agent")
+
+    class OneReward(type(two_agent)):  # type: ignore[misc]
+        def reset(self, key):
+            state = super().reset(key)
+            return state.replace(reward=sum(state.reward.values()))
+
+    factories.make_default_network(two_agent, nnx.Rngs(0), hidden_sizes=[8])
+    with pytest.raises(
+        ValueError, match=r"this env returns one reward of shape \(\)\. For one agent"
+    ):
+        factories.make_default_network(OneReward(), nnx.Rngs(0), hidden_sizes=[8])

@@ -258,6 +258,13 @@ def _same_static(a: Any, b: Any) -> bool:
         cells_a = [cell.cell_contents for cell in a.__closure__ or ()]
         cells_b = [cell.cell_contents for cell in b.__closure__ or ()]
         return len(cells_a) == len(cells_b) and all(map(_same_static, cells_a, cells_b))
+    if isinstance(a, np.ndarray | jax.Array) and isinstance(b, np.ndarray | jax.Array):
+        inexact = np.issubdtype(a.dtype, np.inexact)
+        return (
+            a.shape == b.shape
+            and a.dtype == b.dtype
+            and bool(np.array_equal(a, b, equal_nan=inexact))
+        )
     if isinstance(a, functools.partial) and type(a) is type(b):
         return _same_static((a.func, a.args, a.keywords), (b.func, b.args, b.keywords))
     if isinstance(a, tuple | list) and type(a) is type(b):
@@ -605,22 +612,23 @@ def train_ppo_runs(
                     diverged[run] = f"run {run} (seed {seeds[run]}): {error}"
             if diverged and on_divergence == "stop":
                 raise FloatingPointError("\n".join(diverged.values()))
-            for run, error in diverged.items():
-                # Its slice of the stacked state keeps going, unread: a vmapped run's NaNs
-                # reach no other run.
+            if diverged:
+                # A run's slice of the stacked state keeps going, unread: a vmapped run's
+                # NaNs reach no other run.
                 host_stacked, host_carries = _to_host((stacked, carries))
-                set_aside[run] = _SetAside(
-                    _unstack(host_stacked, run),
-                    _unstack(host_carries, run),
-                    steps_taken,
-                    iterations,
-                    error,
-                )
-                warnings.warn(
-                    f"{error} It is set aside at step {steps_taken:,}; the other runs go on.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                for run, error in diverged.items():
+                    set_aside[run] = _SetAside(
+                        _unstack(host_stacked, run),
+                        _unstack(host_carries, run),
+                        steps_taken,
+                        iterations,
+                        error,
+                    )
+                    warnings.warn(
+                        f"{error} It is set aside at step {steps_taken:,}; the other runs go on.",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
             stacked, carries = new_stacked, new_carries
             steps_taken += fused * ppo.steps_per_iteration
             iterations += fused

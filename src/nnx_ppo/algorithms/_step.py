@@ -488,6 +488,8 @@ def _raise_if_diverged(health: dict[str, Any], steps: int) -> None:
             "and optimizer are left as they were before the call."
         )
     observations = [name for name, finite in health["observations_finite"].items() if not finite]
+    # What the network saw first (a reset's or a step's obs) before what a step reached.
+    observations.sort(key=lambda name: not name.startswith("obs"))
     if observations:  # named only where the step diverged: an unread inf may be harmless
         raise FloatingPointError(
             f"PPO step ending at env step {steps}: the env returned NaN or infinite "

@@ -60,6 +60,7 @@ __all__ = [
     "find_checkpoint",
     "load_checkpoint",
     "make_checkpoint_fn",
+    "read_metadata",
     "step_directory",
 ]
 
@@ -660,6 +661,25 @@ def _complete_steps(root: Path) -> list[int]:
     return sorted(found for found, p in named if found is not None and _complete(p))
 
 
+def read_metadata(path: str | Path, *, step: int | None = None) -> dict[str, Any] | None:
+    """The ``metadata`` :func:`make_checkpoint_fn` stored with the newest checkpoint under
+    ``path`` (a run directory, its checkpoints directory or one step directory), or with
+    ``step``'s, without reading its arrays; ``None`` for a checkpoint of a version before
+    it.
+
+    Raises:
+      NoCheckpointError: there is no checkpoint under ``path``.
+      CheckpointError: the checkpoint is damaged.
+    """
+    root, found = find_checkpoint(path, step)
+    return _metadata_of(step_directory(root, found))
+
+
+def _metadata_of(step_dir: Path) -> dict[str, Any] | None:
+    # Checkpoints of versions before make_checkpoint_fn's metadata have none.
+    return _read_json(step_dir, "metadata") if (step_dir / "metadata").exists() else None
+
+
 def _read_json(step_dir: Path, item: str) -> Any:
     candidates = [step_dir / item / "metadata", *sorted((step_dir / item).glob("*.json"))]
     for candidate in candidates:
@@ -867,8 +887,7 @@ def _load_step(
 
     config_json = _read_json(step_dir, "config")
     config = config_from_dict(config_json) if config_json else None
-    # Checkpoints of versions before make_checkpoint_fn's metadata have none.
-    metadata = _read_json(step_dir, "metadata") if (step_dir / "metadata").exists() else None
+    metadata = _metadata_of(step_dir)
     if isinstance(template, TrainingState):
         nnx.update(template.networks, values["networks"])
         nnx.update(template.optimizer, values["optimizer"])

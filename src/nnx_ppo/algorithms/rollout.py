@@ -53,6 +53,7 @@ from nnx_ppo.contract.env_checks import (
     check_env_keeps_no_tracer,
     check_env_state,
     check_env_unbatched,
+    plain_values,
 )
 from nnx_ppo.contract.errors import rule_text
 from nnx_ppo.envs.state import (
@@ -223,8 +224,9 @@ class _BatchedEnv:
             check_env_state(state, where=f"{self.name}.reset", reference=self.reference)
             return state
 
+        before = plain_values(self.env) if checks_enabled() else None
         states = _vmap_reset(reset_one, self.has_shared)(keys)
-        check_env_keeps_no_tracer(self.env, where=f"{self.name}.reset")
+        check_env_keeps_no_tracer(self.env, where=f"{self.name}.reset", values_before=before)
         if not self.has_shared:
             self._unmapped = _unmapped_paths(self.single_state, states)
         return states
@@ -238,8 +240,9 @@ class _BatchedEnv:
             check_env_state(stepped, where=where, reference=self.reference)
             return stepped
 
+        before = plain_values(self.env) if checks_enabled() else None
         stepped = _vmap_step(step_one, self.has_shared)(state, actions)
-        check_env_keeps_no_tracer(self.env, where=where)
+        check_env_keeps_no_tracer(self.env, where=where, values_before=before)
         return stepped
 
 

@@ -398,37 +398,55 @@ def _refuse_foreign_directory(run_dir: Path) -> None:
 
 
 def _refuse_changed_settings(run_dir: Path, run_config: dict[str, Any]) -> None:
-    from nnx_ppo.cli.presets import changed_on_resume, fixed_on_resume
+    """The settings fixed on resume are the run's: those its newest checkpoint was written
+    with, where it stored them, else its ``config.json``'s."""
+    from nnx_ppo.cli.presets import changed_on_resume, fixed_on_resume, parse_run_config
 
-    changed = changed_on_resume(_read_run_config(run_dir), run_config)
+    in_file, _ = parse_run_config(_read_run_config(run_dir))
+    checkpointed = _checkpointed_run_config(run_dir)
+    changed = changed_on_resume(checkpointed or in_file, run_config)
     if changed:
+        edited = checkpointed is not None and changed_on_resume(checkpointed, in_file)
         raise ValueError(
-            f"cannot resume {run_dir} with other settings: {'; '.join(changed)}. These shape "
-            f"the saved state and may not change on resume: {fixed_on_resume()}; start a new "
-            "run instead"
+            f"cannot resume {run_dir} with other settings: {'; '.join(changed)}"
+            + (
+                f" ({run_dir / 'config.json'} was changed after the newest checkpoint was "
+                "written; the run's values are the checkpoint's)"
+                if edited
+                else ""
+            )
+            + f". These shape the saved state and may not change on resume: "
+            f"{fixed_on_resume()}; start a new run instead"
         )
 
 
+def _checkpointed_run_config(run_dir: Path) -> dict[str, Any] | None:
+    """The run configuration the newest checkpoint was written with, where it stored one."""
+    from nnx_ppo.algorithms.checkpointing import NoCheckpointError, read_metadata
+
+    try:
+        return (read_metadata(run_dir) or {}).get("run_config")
+    except NoCheckpointError:
+        return None
+
+
 def _refuse_changed_since_checkpoint(
-    run_dir: Path, loaded: dict[str, Any], run_config: dict[str, Any], keys: Sequence[str]
+    run_dir: Path,
+    saved: dict[str, Any],
+    run_config: dict[str, Any],
+    keys: Sequence[str],
+    checkpoint: str,
 ) -> None:
-    """``config.json`` edited by hand since the checkpoint: ``keys`` (of the settings fixed
-    on resume) must be those the checkpoint was written with."""
-    from nnx_ppo.algorithms.checkpointing import config_to_dict
+    """``config.json`` edited by hand since ``checkpoint`` was written with the ``saved``
+    configuration: ``keys`` (of the settings fixed on resume) must be the same."""
     from nnx_ppo.cli.presets import changed_on_resume
 
-    saved = (loaded["metadata"] or {}).get("run_config")
-    if saved is None:  # a checkpoint of an earlier version holds the train config alone
-        if loaded["config"] is None:
-            return
-        saved = {**run_config, "train": config_to_dict(loaded["config"])}
     changed = changed_on_resume(saved, run_config, keys)
     if changed:
         raise ValueError(
-            f"{run_dir / 'config.json'} was changed after the checkpoint at step "
-            f"{loaded['step']:,} was written: {'; '.join(changed)}. The checkpoint holds "
-            "what the run's own settings made: put them back in config.json (or start a "
-            "new run for new ones)"
+            f"{run_dir / 'config.json'} was changed after {checkpoint} was written: "
+            f"{'; '.join(changed)}. The checkpoint holds what the run's own settings made: "
+            "put them back in config.json (or start a new run for new ones)"
         )
 
 
@@ -462,6 +480,7 @@ def _train_locked(
     from nnx_ppo.algorithms.checkpointing import (
         CHECKPOINT_SUBDIR,
         NoCheckpointError,
+        config_to_dict,
         find_checkpoint,
         load_checkpoint,
         make_checkpoint_fn,
@@ -497,7 +516,12 @@ def _train_locked(
             ppo_config.weight_decay,
         )
         loaded = load_checkpoint(run_dir, template)
-        _refuse_changed_since_checkpoint(run_dir, loaded, run_config, FIXED_ON_RESUME)
+        # A checkpoint that stored no run configuration (written by an earlier version)
+        # has its train config: config.json's is compared with that.
+        if loaded["metadata"] is None and loaded["config"] is not None:
+            saved = run_config | {"train": config_to_dict(loaded["config"])}
+            step = f"the checkpoint at step {loaded['step']:,}"
+            _refuse_changed_since_checkpoint(run_dir, saved, run_config, FIXED_ON_RESUME, step)
         initial_state = loaded["training_state"]
         start_step = initial_state.steps_taken
         if start_step >= ppo_config.total_steps:
@@ -770,11 +794,14 @@ def _evaluate(args: argparse.Namespace, console: Console) -> int:
     from nnx_ppo.cli.presets import FIXED_ON_RESUME, parse_run_config
 
     run_config, _ = parse_run_config(_read_run_config(args.run_dir))
+    checkpointed = _checkpointed_run_config(args.run_dir)
+    if checkpointed is not None:  # the network is built from config.json: as it was?
+        shaping = [key for key in FIXED_ON_RESUME if not key.startswith("train.")]
+        newest = "the newest checkpoint"
+        _refuse_changed_since_checkpoint(args.run_dir, checkpointed, run_config, shaping, newest)
     env = _make_env(run_config)
     network = _make_network(env, run_config)
     loaded = load_checkpoint(args.run_dir, network)
-    shaping = [key for key in FIXED_ON_RESUME if not key.startswith("train.")]
-    _refuse_changed_since_checkpoint(args.run_dir, loaded, run_config, shaping)
     network.eval()
     max_length = int(run_config["train"]["eval"]["max_episode_length"])
     metrics = eval_rollout(env, network, args.episodes, max_length, jax.random.key(args.seed))

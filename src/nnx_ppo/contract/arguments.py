@@ -140,13 +140,19 @@ def require_callable(
         return
     try:
         signature = inspect.signature(value)
+        # A decorator's wrapper is what gets called: one that supplies an argument itself
+        # declares the wrapped function's signature through functools.wraps.
+        wrapper = inspect.signature(value, follow_wrapped=False)
     except (TypeError, ValueError):  # a callable Python cannot describe (some built-ins)
         return
     try:
         signature.bind(*arguments)
     except TypeError as error:
-        raise TypeError(
-            f"{owner}: {name} is called as {name}({', '.join(arguments)}), but "
-            f"{getattr(value, '__name__', type(value).__name__)}{signature} cannot take that: "
-            f"{error}"
-        ) from None
+        try:
+            wrapper.bind(*arguments)
+        except TypeError:
+            raise TypeError(
+                f"{owner}: {name} is called as {name}({', '.join(arguments)}), but "
+                f"{getattr(value, '__name__', type(value).__name__)}{signature} cannot take "
+                f"that: {error}"
+            ) from None

@@ -29,7 +29,9 @@ with ``action_size``'s structure says it per leaf (:func:`discrete_action_flags`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import inspect
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -40,6 +42,7 @@ from jaxtyping import PyTree
 
 from nnx_ppo.contract.arguments import is_int
 from nnx_ppo.contract.checking import (
+    _equal_static,
     checks_enabled,
     describe_leaf,
     format_shape,
@@ -56,6 +59,7 @@ __all__ = [
     "check_env_unbatched",
     "discrete_action_flags",
     "is_size",
+    "plain_values",
     "require_env",
     "size_shape",
     "traced_attribute",
@@ -70,7 +74,9 @@ def require_env(owner: str, env: Any, needs: tuple[str, ...] = ("reset", "step")
             f"{owner}: env is the name {env!r}, not an environment; build it with "
             f"nnx_ppo.envs.make({env!r})"
         )
-    if isinstance(env, type):
+    # A class is refused when its reset is an instance method (a class of static
+    # methods is an env too).
+    if isinstance(env, type) and inspect.isfunction(inspect.getattr_static(env, "reset", None)):
         raise TypeError(
             f"{owner}: env is the class {env.__name__}, not an environment; pass an "
             f"instance, e.g. {env.__name__}()"
@@ -403,39 +409,88 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
     _check_same_as_reference(where, "state", state, reference)
 
 
-def traced_attribute(
-    value: Any, path: str, seen: frozenset[int] = frozenset(), depth: int = 8
-) -> str | None:
-    """The path of the first JAX tracer among ``value``'s attributes and containers, from
-    ``path`` (``"env"``: ``"env._key"``), or ``None``: state an env kept on itself while
-    JAX traced it, instead of in its ``State``. ``depth`` bounds the walk: each wrapper
-    nests the env one level deeper (a dict on an env wrapped twice is at depth 4)."""
-    if isinstance(value, Tracer):
-        return path
-    if depth == 0 or id(value) in seen or isinstance(value, jax.Array | np.ndarray | str):
-        return None
-    seen = seen | {id(value)}
+_NOT_WALKED = (
+    Tracer,
+    jax.Array,
+    np.ndarray,
+    type,
+    types.ModuleType,  # an env holding numpy (self.np = np) would walk all of it
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+)
+"""What an env holds that is read as one value: arrays, and code."""
+
+
+def _held(value: Any, path: str, seen: set[int], depth: int) -> Iterator[tuple[str, Any]]:
+    """Each value among ``value``'s attributes and containers, by path from ``path``
+    (``"env"``: ``"env._key"``), with the plain class attributes of the objects walked
+    (``calls = 0`` on the class is ``env.calls`` until an instance attribute hides it).
+    Each object is walked once, where first reached (``seen``, shared by the walk).
+    ``depth`` bounds the walk: each wrapper nests the env one level deeper (a dict on an
+    env wrapped twice is at depth 4)."""
+    leaf = _is_plain(value) or isinstance(value, _NOT_WALKED)
+    if leaf or depth == 0 or id(value) in seen:
+        yield path, value
+        return
+    seen.add(id(value))
     if isinstance(value, dict):
         items = [(f"{path}[{key!r}]", item) for key, item in value.items()]
     elif isinstance(value, list | tuple):
         items = [(f"{path}[{index}]", item) for index, item in enumerate(value)]
-    elif hasattr(value, "__dict__") and not isinstance(value, type):
-        items = [(f"{path}.{name}", item) for name, item in vars(value).items()]
+    elif hasattr(value, "__dict__"):
+        own = vars(value)
+        of_class = {
+            name: item
+            for klass in reversed(inspect.getmro(type(value)))
+            for name, item in vars(klass).items()
+            if not name.startswith("__") and _is_plain(item)
+        }
+        items = [(f"{path}.{name}", item) for name, item in (of_class | own).items()]
     else:
-        return None
+        yield path, value
+        return
     for item_path, item in items:
-        found = traced_attribute(item, item_path, seen, depth - 1)
-        if found is not None:
-            return found
-    return None
+        yield from _held(item, item_path, seen, depth - 1)
 
 
-def check_env_keeps_no_tracer(env: Any, *, where: str) -> None:
+def _set_once(before: Any, after: Any) -> bool:
+    """What a first call sets up, not state: a value worked out lazily in place of
+    ``None``, or a flag from ``False`` to ``True`` (an env that readied itself)."""
+    return before is None or (before is False and after is True)
+
+
+def _is_plain(value: Any) -> bool:
+    return value is None or isinstance(value, bool | int | float | complex | str | np.generic)
+
+
+def traced_attribute(value: Any, path: str) -> str | None:
+    """The path of the first JAX tracer among ``value``'s attributes and containers, from
+    ``path``, or ``None``: state an env kept on itself while JAX traced it, instead of in
+    its ``State``."""
+    return next(
+        (where for where, held in _held(value, path, set(), 8) if isinstance(held, Tracer)),
+        None,
+    )
+
+
+def plain_values(env: Any) -> dict[str, Any]:
+    """The plain Python values (numbers, strings, ``None``) an env object holds, by path:
+    constants to JAX, read once per trace, so one a traced ``reset`` or ``step`` changes
+    (a call counter) changes in no compiled call."""
+    return {where: held for where, held in _held(env, "env", set(), 8) if _is_plain(held)}
+
+
+def check_env_keeps_no_tracer(
+    env: Any, *, where: str, values_before: Mapping[str, Any] | None = None
+) -> None:
     """Check, after JAX traced ``where`` (an env's ``reset`` or ``step``), that the env
-    object holds no traced value: what it remembers between steps belongs in the state.
+    object holds no traced value, and, given its :func:`plain_values` from before the
+    trace, that it changed none of them: what it remembers between steps belongs in
+    the state.
 
     Raises:
-      ContractError: naming the attribute, e.g. ``env._key``.
+      ContractError: naming the attribute, e.g. ``env._key`` or ``env.calls``.
     """
     if not checks_enabled():
         return
@@ -451,6 +506,27 @@ def check_env_keeps_no_tracer(env: Any, *, where: str) -> None:
             found="a JAX tracer, which fails later with a message that names nothing",
             rule=_RULE_PURE,
         )
+    if values_before is None:
+        return
+    now = plain_values(env)
+    for path, before in values_before.items():
+        if (
+            path in now
+            and not _equal_static(before, now[path])
+            and not _set_once(before, now[path])
+        ):
+            raise _violation(
+                where,
+                f"changed {path} from {before!r} to {now[path]!r} on the env object: JAX "
+                "runs the Python code of reset and step once, when it traces them, so a "
+                "compiled call never changes it again (a counter counts traces, not "
+                "steps). Keep what an env remembers between steps in the State's data (a "
+                "value worked out on the first call may start as None).",
+                leaf=path,
+                expected="the env object's values unchanged by reset and step",
+                found=f"{path}: {before!r} before the trace, {now[path]!r} after",
+                rule=_RULE_PURE,
+            )
 
 
 _PROBE_BATCH = 3

@@ -4,6 +4,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 from flax import nnx
 from jaxtyping import Array
 
@@ -439,7 +440,9 @@ def make_default_network(
       observation, its one hidden size (``hidden_sizes`` of one entry; ``[64]``
       by default) the width of its encoder and its LSTM;
     - dict actions (one entry per agent, e.g. ``two_agent``): one MLP actor and one
-      MLP critic per entry, on that entry's observation, so values are per agent;
+      MLP critic per entry, on that entry's observation, so values are per agent
+      (the env's reward must be a dict with the same keys, checked on a traced
+      ``reset``);
       each actor samples its entry's kind of action (``discrete_actions`` may be
       a dict of bools);
     - ``env.discrete_actions``: :func:`make_discrete_mlp_actor_critic`;
@@ -526,6 +529,7 @@ def _preset(
     if isinstance(action_size, Mapping):
         for key, size in action_size.items():
             _require_one_action(owner, f"action_size[{key!r}]", size)
+        _require_reward_per_agent(owner, env, action_size)
         per_key = dict(zip(sorted(action_size), flags, strict=True))  # JAX's dict order
         return _per_agent_actor_critic(
             owner, obs_size, action_size, hidden, rngs, per_key, activation, entropy_weight
@@ -553,6 +557,27 @@ def _preset(
 _ASYMMETRIC_KEYS = {"actor": "state", "critic": "privileged_state"}
 """MuJoCo Playground's asymmetric observation: what the policy may see, and what the
 critic alone sees (Brax PPO's ``policy_obs_key``/``value_obs_key``)."""
+
+
+def _require_reward_per_agent(owner: str, env: Any, action_size: Mapping[str, Any]) -> None:
+    """Per-agent critics need one reward per agent: a dict reward with the actions' keys
+    (read off a traced ``env.reset``, where the env has one; nothing is computed)."""
+    try:
+        reward = jax.eval_shape(env.reset, jax.random.key(0)).reward
+    except Exception:  # no reset, or one that cannot be traced: training names that
+        return
+    if isinstance(reward, Mapping) and set(reward) == set(action_size):
+        return
+    if isinstance(reward, Mapping):
+        found = f"a dict of rewards with keys {sorted(map(str, reward))}"
+    else:
+        found = f"one reward of shape {tuple(getattr(reward, 'shape', ()))}"
+    raise ValueError(
+        f"{owner}: dict actions {sorted(action_size)} are taken as one per agent, each "
+        f"with a critic of its own, which needs one reward per agent (a dict with the same "
+        f"keys); this env returns {found}. For one agent acting through a dict of actions, "
+        "build the network yourself, with one critic (see the layers page)."
+    )
 
 
 def _per_agent_actor_critic(
