@@ -4,6 +4,7 @@ Each test names what it protects. Runs are tiny (8 envs x 16 steps per PPO step)
 one finished run is shared, copied by the tests that change it.
 """
 
+import itertools
 import json
 import os
 import random
@@ -620,6 +621,10 @@ def test_sessions_that_open_the_run_in_one_second_keep_both_event_files(
     from nnx_ppo.cli.run_dir import RunLogger
 
     monkeypatch.setattr(time, "time", lambda: 1_700_000_000.0)  # tensorboardX names by it
+    # The two sessions on either side of a second's turn: the nanoseconds within the
+    # second alone put the second session's file first (a flaky failure before).
+    clock = itertools.chain([1_700_000_000_999_999_000], itertools.count(1_700_000_001_000_001_000))
+    monkeypatch.setattr(time, "time_ns", lambda: next(clock))
     for step, value in ((0, 1.0), (128, 2.0)):
         logger = RunLogger(tmp_path, purge_from=step)
         logger({"loss": value}, step)

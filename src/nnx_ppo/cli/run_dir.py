@@ -119,15 +119,16 @@ class RunLogger:
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         # tensorboardX names the file by the whole second it opens it in, and truncates a
-        # file of that name: the second's nanoseconds keep two sessions' files apart (and
-        # in the order TensorBoard must read them, for purge_step).
+        # file of that name: the time in nanoseconds keeps two sessions' files apart, and
+        # in the order TensorBoard must read them, for purge_step (the nanoseconds within
+        # the second alone put a session after a second's turn first).
         # An unbounded queue: tensorboardX's thread writes the events, and where it died
         # (a full disk, a file size limit) a bounded one would block the run for good
         # once full, before the next step could say why.
         self._writer = SummaryWriter(
             logdir=str(run_dir),
             purge_step=purge_from,
-            filename_suffix=f".{time.time_ns() % 1_000_000_000:09d}",
+            filename_suffix=f".{time.time_ns()}",
             max_queue=0,
         )
 
