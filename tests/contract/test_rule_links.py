@@ -8,7 +8,7 @@ import pytest
 
 from nnx_ppo.contract import checking, env_checks
 from nnx_ppo.contract.errors import DOCS_URL, rule_text
-from nnx_ppo.networks import types
+from nnx_ppo.networks import containers, types
 
 ROOT = Path(__file__).resolve().parents[2]
 LINK = re.compile(re.escape(DOCS_URL) + r"([a-z_]+)\.html#([a-z0-9-]+)")
@@ -31,11 +31,11 @@ def test_rule_text_links_into_the_docs() -> None:
     assert rule_text("a rule", "rules") == f"a rule (see {DOCS_URL}contract.html#rules)"
 
 
-@pytest.mark.parametrize("page", ["contract", "environments"])
+@pytest.mark.parametrize("page", ["contract", "environments", "custom_containers"])
 def test_every_cited_section_exists(page: str) -> None:
     cited = {
         match.groups()
-        for module in (checking, env_checks, types)
+        for module in (checking, env_checks, types, containers)
         for value in vars(module).values()
         if isinstance(value, str)
         for match in LINK.finditer(value)

@@ -1,5 +1,6 @@
 """Factories: MLP layers, MLP actor-critics (continuous, discrete, dict observations)."""
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
@@ -149,6 +150,23 @@ def test_the_preset_actor_reads_state_and_the_critic_privileged_state_alone():
     np.testing.assert_array_equal(base.value_estimates, other_state.value_estimates)
     assert not np.array_equal(base.actions, other_state.actions)
     assert not np.array_equal(base.value_estimates, other_privileged.value_estimates)
+
+
+@pytest.mark.parametrize(
+    "factory", [factories.make_mlp_actor_critic, factories.make_discrete_mlp_actor_critic]
+)
+@pytest.mark.parametrize(("given", "other"), [("actor", "critic"), ("critic", "actor")])
+def test_the_side_given_no_obs_keys_reads_every_entry_flattened(
+    factory: Callable[..., StatefulModule], given: str, other: str
+):
+    keys = {f"{given}_obs_keys": ("pos",)}
+    net = factory({"pos": 3, "vel": 2}, ACTIONS, [8], [8], nnx.Rngs(0), **keys)
+    sides = {"actor": _adapter(net).action, "critic": _adapter(net).value}
+    assert sides[given][2].in_features == 3  # after its Filter and Flattener
+    assert isinstance(sides[other][0], Flattener) and sides[other][1].in_features == 5
+    obs = {"pos": jnp.ones((B, 3)), "vel": jnp.zeros((B, 2))}
+    out = _call(net, net.initialize_state(B), obs)
+    assert out.output.value_estimates.shape == (B,)
 
 
 @pytest.mark.parametrize(

@@ -197,6 +197,21 @@ def test_the_evaluation_order_is_topological_static_and_survives_split_merge():
     assert nnx.merge(definition, state).evaluation_order == graph.evaluation_order
 
 
+def test_evaluation_order_takes_the_earliest_declared_ready_population():
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("x1", 2, input_from="a")
+    graph.add_input("x2", 2, input_from="b")
+    graph.add_population("y", 2)  # ready once x1 is placed
+    graph.add_input("z", 2, input_from="c")  # ready from the start, declared after y
+    graph.add_output("out", 2)
+    graph.connect("x1", "y")
+    graph.connect("y", "out")
+    graph.connect("x2", "out")
+    graph.connect("z", "out")
+    graph.finalize()
+    assert graph.evaluation_order == ("x1", "x2", "y", "z", "out")
+
+
 def test_regularization_is_per_sample_not_summed_over_the_batch():
     graph = PopulationGraph(nnx.Rngs(0))
     graph.add_input("a", 2, input_from="x")

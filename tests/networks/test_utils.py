@@ -1,6 +1,6 @@
 """Routing utilities (Flattener, Filter, Scale, Merge, Map) and the per-env key helpers."""
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +65,20 @@ def test_flattener_preserves_the_top_levels():
     np.testing.assert_array_equal(two["b"]["c"], x["b"])  # already flat: unchanged
     lists = Flattener(preserve_levels=1)((), [x["b"], x["a"]]).output
     assert isinstance(lists, list) and lists[1].shape == (2, 10)
+
+
+class _Body(NamedTuple):
+    pos: jax.Array
+    vel: jax.Array
+
+
+def test_flattener_keeps_a_namedtuple_level():
+    x = _Body(jnp.arange(12.0).reshape(2, 2, 3), jnp.ones((2, 5)))
+    out = Flattener(preserve_levels=1)((), x).output
+    assert isinstance(out, _Body)
+    np.testing.assert_array_equal(out.pos, np.arange(12.0).reshape(2, 6))
+    np.testing.assert_array_equal(out.vel, np.ones((2, 5)))
+    assert _call(Flattener(preserve_levels=1), (), x).output.pos.shape == (2, 6)
 
 
 def test_flattener_bad_depths_are_named():

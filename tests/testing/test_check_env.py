@@ -134,8 +134,13 @@ def test_bad_arguments_are_named(keywords: dict[str, Any], error: type, message:
 
 
 def test_an_object_without_reset_and_step_is_refused() -> None:
-    with pytest.raises(TypeError, match="has no reset method"):
+    with pytest.raises(TypeError, match=r"check_env: .* object has no reset and no step method"):
         check_env(object())
+
+
+def test_an_env_class_instead_of_an_instance_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"the class CartPole, not an environment.*CartPole\(\)"):
+        check_env(envs.CartPole)
 
 
 def test_random_actions_follow_action_size_and_discrete_actions() -> None:

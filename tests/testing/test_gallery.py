@@ -395,6 +395,15 @@ class OneKeyForAllEnvs(KeysNeverSplit):
         return _out({"keys": next_keys}, x + noise)
 
 
+class NoiseFromAFixedKey(KeysNeverSplit):
+    """Splits its per-env keys every step, as it should, but draws the noise from a fixed
+    key: every env and every step get the same noise."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        next_keys, _ = split_env_keys(state["keys"])
+        return _out({"keys": next_keys}, x + jax.random.normal(jax.random.key(0), (FEATURES,)))
+
+
 class NoiseKeyedOnItsInputs(KeysNeverSplit):
     """Folds every input into its per-env keys (the same observation, the same noise) and
     keeps the key stream through reset_state, as it may: the keys now carry the episode
@@ -782,6 +791,12 @@ MODULE_BUGS: dict[
         ModuleProperty.PER_ENV_KEYS,
         "state['keys']",
     ),
+    "noise drawn from a fixed key beside the carry's": (
+        NoiseFromAFixedKey,
+        {"stochastic": True},
+        ModuleProperty.PER_ENV_KEYS,
+        "state",
+    ),
     "per-episode keys kept by reset_state": (
         EpisodeNoiseKeptAtReset,
         {"stochastic": "per_episode", "time_lengths": (4,)},
@@ -863,7 +878,7 @@ class BatchedRewardEnv(envs.CartPole):
     """Returns its reward with a stray axis, as if it held a batch of one env."""
 
     def reset(self, rng: Any) -> envs.State:
-        return super().reset(rng).replace(reward=jnp.zeros((1,)))
+        return super().reset(rng).replace(reward=jnp.int32(0))
 
     def step(self, state: envs.State, action: Any) -> envs.State:
         return super().step(state, action).replace(reward=jnp.ones((1,)))
@@ -938,6 +953,29 @@ class BatchedObsEnv(envs.CartPole):
         return stepped.replace(obs=jnp.broadcast_to(stepped.obs, (8, 4)))
 
 
+class InfiniteRewardEnv(envs.CartPole):
+    """Rewards the pole's angle through a logarithm: an infinity where the angle is 0."""
+
+    def step(self, state: envs.State, action: Any) -> envs.State:
+        stepped = super().step(state, action)
+        return stepped.replace(reward=-jnp.log(jnp.abs(stepped.obs[2]) * 0.0))
+
+
+class NaNPastTheEndEnv(envs.CartPole):
+    """Finite within its first episode; stepped on unreset after it, its obs is NaN."""
+
+    def step(self, state: envs.State, action: Any) -> envs.State:
+        stepped = super().step(state, action)
+        return stepped.replace(obs=jnp.where(state.done > 0, jnp.nan, stepped.obs))
+
+
+class ObservationSizeMethodEnv(envs.CartPole):
+    """Declares observation_size as a plain method: @property is missing."""
+
+    def observation_size(self) -> int:  # type: ignore[override]
+        return 4
+
+
 class KeyedSharedTableEnv(envs.CartPole):
     """Keeps a lookup table in a ``Shared`` node, but draws it from the reset key."""
 
@@ -1003,6 +1041,16 @@ ENV_BUGS: dict[str, tuple[Any, EnvProperty, str]] = {
         "state.info['truncation']",
     ),
     "env with Python-side state": (PythonCounterEnv(), EnvProperty.DETERMINISM, "state.obs"),
+    "reward that is infinite": (
+        InfiniteRewardEnv(),
+        EnvProperty.FINITE,
+        "state.reward at step 0, env 0",
+    ),
+    "observation_size that is a method": (
+        ObservationSizeMethodEnv(),
+        EnvProperty.RESET,
+        "env.observation_size",
+    ),
     "env that branches in Python on a traced value": (
         PythonBranchEnv(),
         EnvProperty.STEP,
@@ -1025,6 +1073,14 @@ ENV_BUGS: dict[str, tuple[Any, EnvProperty, str]] = {
         "state.done['a'] at step 2",
     ),
 }
+
+
+def test_values_past_an_unreset_episode_end_are_not_checked_for_finiteness() -> None:
+    # A one-step time limit: every env ends at step 0 and is stepped on unreset.
+    env = NaNPastTheEndEnv(max_steps=1)
+    check_env(env, n_envs=2, steps=3)
+    ended = env.step(env.reset(jax.random.key(0)), jnp.int32(0))
+    assert bool(ended.done) and bool(jnp.isnan(env.step(ended, jnp.int32(0)).obs).all())
 
 
 def test_a_start_fixed_on_purpose_says_so() -> None:

@@ -90,9 +90,7 @@ CASES: dict[str, Case] = {
     "CategoricalSampler": Case(
         lambda: CategoricalSampler(rngs(), 0.01), sample(3), stochastic=True
     ),
-    "CategoricalSampler-eval": Case(
-        lambda: eval_mode(CategoricalSampler(rngs(), 0.01)), sample(3), stochastic=True
-    ),
+    "CategoricalSampler-eval": Case(lambda: eval_mode(CategoricalSampler(rngs(), 0.01)), sample(3)),
     "VariationalBottleneck": Case(
         lambda: VariationalBottleneck(2, rngs()), sample(4), stochastic=True
     ),

@@ -596,6 +596,19 @@ def check_env_unbatched(env: Any, key: Any = None) -> Any:
             rule=_RULE_ONE_ENV,
         ) from error
     size = getattr(env, "observation_size", None)
+    unreadable = None if size is None else _unreadable_size(size, "env.observation_size")
+    if unreadable is not None:
+        leaf, value = unreadable
+        raise _violation(
+            where,
+            f"{leaf} is not a size: networks are built from observation_size, so "
+            "make_default_network could not read it.",
+            leaf=leaf,
+            expected="an int, a shape (a tuple of ints), or a dict of those",
+            found=f"{type(value).__name__} {value!r}"
+            + (" (a method: is @property missing?)" if callable(value) else ""),
+            rule=_RULE_OBSERVATION_SIZE,
+        )
     mismatch = None if size is None else _observation_mismatch(reference.obs, size, "state.obs")
     if mismatch is not None:
         leaf, expected, found = mismatch
@@ -611,6 +624,18 @@ def check_env_unbatched(env: Any, key: Any = None) -> Any:
     return reference
 
 
+def _unreadable_size(size: Any, name: str) -> tuple[str, Any] | None:
+    """``(name, value)`` of the first part of an ``observation_size`` that is neither a
+    size (see :func:`is_size`) nor a dict of sizes; ``None`` where it all reads."""
+    if isinstance(size, Mapping):
+        for key, entry in size.items():
+            unreadable = _unreadable_size(entry, f"{name}[{key!r}]")
+            if unreadable is not None:
+                return unreadable
+        return None
+    return None if is_size(size) else (name, size)
+
+
 def _observation_mismatch(obs: Any, size: Any, name: str) -> tuple[str, str, str] | None:
     """``(leaf, expected, found)`` where ``obs`` (shapes) differs from ``observation_size``
     ``size``: an ``int`` width, a shape, or a dict of those for a dict observation."""
@@ -623,8 +648,6 @@ def _observation_mismatch(obs: Any, size: Any, name: str) -> tuple[str, str, str
             if mismatch is not None:
                 return mismatch
         return None
-    if not is_size(size):
-        return None  # not a size this kit reads
     if not hasattr(obs, "shape"):
         return name, "an array", type(obs).__name__
     expected = size_shape(size)

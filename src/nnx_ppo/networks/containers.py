@@ -9,13 +9,14 @@ key (its position, for :class:`Sequential`); and ``update_statistics``,
 ``initialize_state`` and ``reset_state`` are routed exactly like ``__call__``.
 """
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Shaped
 
+from nnx_ppo.contract import ContractError, describe_module
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.axes import (
     BatchedTree,
@@ -25,7 +26,8 @@ from nnx_ppo.contract.axes import (
     HistoryTree,
     RegularizationLoss,
 )
-from nnx_ppo.contract.checking import FROZEN_STATISTICS_MARK
+from nnx_ppo.contract.checking import FROZEN_STATISTICS_MARK, describe_leaf
+from nnx_ppo.contract.errors import rule_text
 from nnx_ppo.networks.types import (
     EntryTypeError,
     MissingEntryError,
@@ -37,8 +39,45 @@ from nnx_ppo.networks.types import (
 __all__ = ["Concat", "FrozenStatistics", "Parallel", "Sequential", "Splitter"]
 
 
+_RULE_PER_CHILD = rule_text(
+    "a container's carry and rollout_extras hold one entry per child, in the structure "
+    "its initialize_state and __call__ build them",
+    "the-four-rules",
+    page="custom_containers",
+)
+
+
+_RULE_CONCAT = rule_text(
+    "Concat joins its children's (B, n_k) outputs along the feature axis into (B, sum n_k)",
+    "writing-a-custom-container",
+    page="custom_containers",
+)
+
+
 def _child_extras(rollout_extras: Any, key: Any) -> Extras:
     return None if rollout_extras is None else rollout_extras[key]
+
+
+def _describe_entries(value: Any) -> str:
+    """What a carry or extras tree holds at its top: its keys, its length, or the leaf."""
+    if isinstance(value, Mapping):
+        return f"a {type(value).__name__} with keys {list(value)}"
+    if isinstance(value, list | tuple):
+        return f"a {type(value).__name__} of length {len(value)}"
+    return describe_leaf(value)
+
+
+def _per_child_violation(
+    container: StatefulModule, method: str, name: str, expected: str, value: Any
+) -> ContractError:
+    return ContractError.violation(
+        f"{describe_module(container)}.{method}",
+        f"{name} does not hold one entry per child.",
+        leaf=name,
+        expected=expected,
+        found=_describe_entries(value),
+        rule=_RULE_PER_CHILD,
+    )
 
 
 class Sequential(StatefulModule):
@@ -47,12 +86,17 @@ class Sequential(StatefulModule):
     Carry: a list with one entry per layer. Emits a list with each layer's
     ``rollout_extras``. Metrics are nested under the layer's position.
 
+    ``layers`` may be any iterable, a generator included: it is read once.
+
     Example::
 
         Sequential([Dense(4, 32, rngs, activation=nnx.relu), Dense(32, 2, rngs)])
     """
 
-    def __init__(self, layers: Sequence[StatefulModule]) -> None:
+    def __init__(self, layers: Iterable[StatefulModule]) -> None:
+        # Read once: a generator is truthy however many layers it yields, and the
+        # checks below would exhaust it before nnx.List saw a layer.
+        layers = tuple(layers)
         if not layers:
             raise ValueError("Sequential needs at least one layer")
         for i, layer in enumerate(layers):
@@ -62,6 +106,9 @@ class Sequential(StatefulModule):
     def __call__(
         self, state: list[Carry], x: BatchedTree, rollout_extras: list[Extras] | None = None
     ) -> StatefulModuleOutput:
+        self._require_per_layer("__call__", "state", state)
+        if rollout_extras is not None:
+            self._require_per_layer("__call__", "rollout_extras", rollout_extras)
         next_state: list[Carry] = []
         emitted: list[Any] = []
         metrics: dict[int, Any] = {}
@@ -79,11 +126,23 @@ class Sequential(StatefulModule):
         return [layer.initialize_state(batch_size) for layer in self.layers]
 
     def reset_state(self, prev_state: list[CarrySlice]) -> list[CarrySlice]:
+        self._require_per_layer("reset_state", "prev_state", prev_state)
         return [layer.reset_state(s) for layer, s in zip(self.layers, prev_state, strict=True)]
 
     def update_statistics(self, rollout_extras: list[HistoryTree]) -> None:
+        self._require_per_layer("update_statistics", "rollout_extras", rollout_extras)
         for layer, extras in zip(self.layers, rollout_extras, strict=True):
             layer.update_statistics(extras)
+
+    def _require_per_layer(self, method: str, name: str, value: Any) -> None:
+        """``value`` (a carry or extras) is a list with one entry per layer.
+
+        Its length is static structure, read while JAX traces: the check costs
+        nothing in the compiled program.
+        """
+        if not (isinstance(value, list | tuple) and len(value) == len(self.layers)):
+            expected = f"a list of length {len(self.layers)}, one entry per layer"
+            raise _per_child_violation(self, method, name, expected, value)
 
     def __getitem__(self, index: int) -> StatefulModule:
         return self.layers[index]
@@ -128,6 +187,9 @@ class _KeyedContainer(StatefulModule):
         rollout_extras: dict[str, Extras] | None,
     ) -> tuple[dict[str, Any], StatefulModuleOutput]:
         """Call each child on ``inputs(key)``; return the outputs and the merged rest."""
+        self._require_per_key("__call__", "state", state)
+        if rollout_extras is not None:
+            self._require_per_key("__call__", "rollout_extras", rollout_extras)
         outputs: dict[str, Any] = {}
         next_state: dict[str, Carry] = {}
         emitted: dict[str, Any] = {}
@@ -146,11 +208,23 @@ class _KeyedContainer(StatefulModule):
         return {k: m.initialize_state(batch_size) for k, m in self.children()}
 
     def reset_state(self, prev_state: dict[str, CarrySlice]) -> dict[str, CarrySlice]:
+        self._require_per_key("reset_state", "prev_state", prev_state)
         return {k: m.reset_state(prev_state[k]) for k, m in self.children()}
 
     def update_statistics(self, rollout_extras: dict[str, HistoryTree]) -> None:
+        self._require_per_key("update_statistics", "rollout_extras", rollout_extras)
         for key, module in self.children():
             module.update_statistics(rollout_extras[key])
+
+    def _require_per_key(self, method: str, name: str, value: Any) -> None:
+        """``value`` (a carry or extras) is a dict with exactly the children's keys.
+
+        Its keys are static structure, read while JAX traces: the check costs
+        nothing in the compiled program.
+        """
+        if not (isinstance(value, Mapping) and set(value) == set(self.order)):
+            expected = f"a dict with keys {list(self.order)}, one per child"
+            raise _per_child_violation(self, method, name, expected, value)
 
     def __getitem__(self, key: str) -> StatefulModule:
         return self.components[key]
@@ -207,6 +281,18 @@ class Concat(_KeyedContainer):
             kind = MissingEntryError if set(self.components) - set(x) else ValueError
             raise kind(f"Concat expects a dict input with keys {expected}, got {sorted(x)}")
         outputs, rest = self._run_children(state, lambda key: x[key], rollout_extras)
+        for key, output in outputs.items():
+            # Checked here, where the child can be named: a dict fails in jnp.concatenate
+            # with no key, and a (B,) array concatenates along B, blamed on Concat's output.
+            if getattr(output, "ndim", None) != 2:
+                raise ContractError.violation(
+                    f"{describe_module(self)}.__call__",
+                    f"child {key!r} does not output a (B, n) array to concatenate.",
+                    leaf=f"components[{key!r}] output",
+                    expected="(B, n) array",
+                    found=_describe_entries(output),
+                    rule=_RULE_CONCAT,
+                )
         return rest.replace(output=jnp.concatenate(list(outputs.values()), axis=-1))
 
 

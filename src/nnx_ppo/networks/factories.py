@@ -147,7 +147,8 @@ def make_mlp_actor_critic(
         and ``("privileged_state",)`` for MuJoCo Playground's asymmetric envs,
         whose critic alone may see the simulator's privileged state. Each side then
         starts with a :class:`~nnx_ppo.networks.utils.Filter` of its entries and a
-        :class:`~nnx_ppo.networks.utils.Flattener`.
+        :class:`~nnx_ppo.networks.utils.Flattener`; a side left ``None`` beside one
+        given keys starts with a ``Flattener`` of all the entries.
     """
     require_int("make_mlp_actor_critic", "action_size", action_size)
     sampler = NormalTanhSampler(
@@ -288,6 +289,11 @@ def _mlp_actor_critic(
         _obs_selection(owner, obs_size, keys, side)
         for keys, side in zip(obs_keys, ("actor", "critic"), strict=True)
     )
+    if actor_input or critic_input:
+        # No shared Flattener once one side filters: the side given no keys reads the
+        # whole dict, so it flattens it itself.
+        actor_input = actor_input or [Flattener()]
+        critic_input = critic_input or [Flattener()]
     kernel_init = variance_scaling_uniform(float(initializer_scale))
     actor = make_mlp_layers(
         [actor_width or width, *actor_hidden_sizes, actor_output_size],

@@ -145,9 +145,11 @@ def _flatten_below(x: BatchedTree, levels: int, where: str) -> Any:
             key: _flatten_below(value, levels - 1, f"{where}[{key!r}]") for key, value in x.items()
         }
     if isinstance(x, list | tuple):
-        return type(x)(
+        flattened = [
             _flatten_below(value, levels - 1, f"{where}[{i}]") for i, value in enumerate(x)
-        )
+        ]
+        # A namedtuple takes its fields as arguments, where list and tuple take one iterable.
+        return type(x)(*flattened) if hasattr(x, "_fields") else type(x)(flattened)
     raise TypeError(
         f"Flattener: {where} is a {type(x).__name__}, but {levels} more level(s) of dict, list "
         "or tuple structure were to be kept above the flattened arrays"

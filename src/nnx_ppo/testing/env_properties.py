@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Bool, PRNGKeyArray
+from jaxtyping import Bool, Int, PRNGKeyArray
 
 from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import checks
@@ -37,6 +37,7 @@ from nnx_ppo.contract.env_checks import (
     check_env_unbatched,
     discrete_action_flags,
     is_size,
+    require_env,
     size_shape,
     traced_attribute,
 )
@@ -68,6 +69,7 @@ class EnvProperty(enum.StrEnum):
     RESET = "single-env reset"
     STEP = "single-env step"
     VMAP_JIT = "vmappable and jittable"
+    FINITE = "finite observations and rewards"
     DETERMINISM = "deterministic given the key"
     RANDOM_RESET = "reset draws from its key"
     TRUNCATION = "truncation signal"
@@ -225,6 +227,40 @@ class _EnvKit:
                 error,
             ) from None
 
+    def episode_ends(self) -> Int[np.ndarray, " envs"]:
+        """Each env's last step of its first episode: where every leaf of ``done`` is
+        first set, or the rollout's last step (the env is stepped on past it, unreset)."""
+        flags = [np.asarray(leaf) != 0 for _, leaf in named_leaves("done", self.result[1].done)]
+        ended: Bool[np.ndarray, "steps envs"] = np.all(np.stack(flags), axis=0)
+        return np.where(ended.any(axis=0), np.argmax(ended, axis=0), self.steps - 1)
+
+    def check_finite(self) -> None:
+        # Only the first episode counts: training resets an env where it ends, so what
+        # an unreset env computes past its end (a pendulum left to spin up) is never used.
+        states, trajectory, _ = self.result
+        in_first_episode = np.arange(self.steps)[:, None] <= self.episode_ends()[None, :]
+        every_env = np.ones((self.n_envs,), bool)
+        for stage, batch, counted in (
+            ("reset", states, every_env),
+            ("step", trajectory, in_first_episode),
+        ):
+            for part in ("obs", "reward"):
+                for name, leaf in named_leaves(f"state.{part}", getattr(batch, part)):
+                    values = as_numpy(leaf)
+                    at = _first_not_finite(values, counted)
+                    if at is None:
+                        continue
+                    odd = np.ravel(values[at])
+                    where = f"step {at[0]}, env {at[1]}" if stage == "step" else f"env {at[0]}"
+                    raise self.fail(
+                        EnvProperty.FINITE,
+                        f"env.{stage} returned a {part} that is not finite: in training's "
+                        "batch it makes the losses NaN.",
+                        leaf=f"{name} at {where}",
+                        expected="finite values over each env's first episode",
+                        found=f"{odd[~np.isfinite(odd)][0]} among {odd.size} value(s)",
+                    )
+
     def check_determinism(self) -> None:
         # A pure env traces to the same program twice; only if it does not, or calls
         # back to Python (NumPy's generator would draw anew at run time, in one program
@@ -284,9 +320,7 @@ class _EnvKit:
         flags: Bool[np.ndarray, "leaves steps envs"] = np.stack(
             [np.asarray(leaf) != 0 for _, leaf in done]
         )
-        ended: Bool[np.ndarray, "steps envs"] = np.all(flags, axis=0)
-        for env in range(self.n_envs):
-            last = int(np.argmax(ended[:, env])) if ended[:, env].any() else self.steps - 1
+        for env, last in enumerate(self.episode_ends()):
             for (name, _), leaf in zip(done, flags[:, : last + 1, env], strict=True):
                 cleared = np.flatnonzero(leaf[:-1] & ~leaf[1:])
                 if cleared.size:
@@ -398,6 +432,13 @@ ENV_PROPERTIES: tuple[PropertyCheck[_EnvKit], ...] = (
         _EnvKit.check_batched,
     ),
     PropertyCheck(
+        EnvProperty.FINITE,
+        "observations and rewards are finite: a NaN or an infinity from the env becomes a NaN loss",
+        "the float leaves of ``obs`` and ``reward`` from ``reset``, and from ``step`` up to "
+        "each env's first end of episode (where every leaf of ``done`` is set), are finite",
+        _EnvKit.check_finite,
+    ),
+    PropertyCheck(
         EnvProperty.DETERMINISM,
         "an environment is a pure function of its key, state and action: no Python-side "
         "state or NumPy randomness, which jax.jit would freeze at trace time",
@@ -439,6 +480,17 @@ ENV_PROPERTIES: tuple[PropertyCheck[_EnvKit], ...] = (
 """The properties :func:`check_env` checks, in the order it checks them."""
 
 _RULES: dict[str, str] = {row.property: row.rule for row in ENV_PROPERTIES}
+
+
+def _first_not_finite(
+    values: np.ndarray, counted: Bool[np.ndarray, "*lead"]
+) -> tuple[int, ...] | None:
+    """The leading index (steps and envs, or envs) of the first counted entry of
+    ``values`` holding a NaN or an infinity; ``None`` for integers and where all are finite."""
+    if not np.issubdtype(values.dtype, np.inexact):
+        return None
+    not_finite = ~np.isfinite(values.reshape(*counted.shape, -1)).all(axis=-1) & counted
+    return tuple(int(i) for i in np.argwhere(not_finite)[0]) if not_finite.any() else None
 
 
 def _same_run(a: np.ndarray, b: np.ndarray) -> bool:
@@ -490,9 +542,7 @@ def check_env(
       TypeError, ValueError: the arguments are malformed.
     """
     __tracebackhide__ = True  # pytest shows the caller's line and the message
-    for method in ("reset", "step"):
-        if not callable(getattr(env, method, None)):
-            raise TypeError(f"check_env: {type(env).__name__} has no {method} method")
+    require_env("check_env", env)
     kit = _EnvKit(
         env,
         require_int("check_env", "n_envs", n_envs),

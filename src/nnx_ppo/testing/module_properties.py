@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import jax
+import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -543,6 +544,8 @@ class _ModuleKit:
         self.variables = _detached(variables)
         self.trainable = _trainable(self.variables)
         self.rtol, self.atol, self.stochastic, self.episodic = rtol, atol, stochastic, episodic
+        # Whether a step's outputs depend on the carry's keys: traced once, on first need.
+        self.step_reads_its_keys: bool | None = None
         # Compiled once per batch size (the step also per extras given or not, the fold
         # per rollout length); the graphdef is closed over and the variables are an
         # argument, so every example reuses the compiled programs.
@@ -1465,6 +1468,8 @@ def _check_keys(case: _Case) -> None:
                     expected="next_state's keys split from state's (split_env_keys)",
                     found="the key the step was given",
                 )
+    if case.kit.stochastic is True:
+        _check_step_draws_from_given_keys(case)
 
 
 def _check_reset_draws_from_given_keys(case: _Case, names: list[str]) -> None:
@@ -1500,6 +1505,72 @@ def _check_reset_draws_from_given_keys(case: _Case, names: list[str]) -> None:
                 expected="reset_state's keys split from the ones it was given (split_env_keys)",
                 found="the same keys from two carries that differ in their keys only",
             )
+
+
+def _check_step_draws_from_given_keys(case: _Case) -> None:
+    """The step's outputs, other than its keys, depend on the carry's keys.
+
+    Traced once per ``check_module`` call, not run: where the keys flow is a property of
+    the program, so a module drawing from a fixed key (``jax.random.key(0)``) while it
+    splits its carry's keys is found whatever numbers the draws give (a categorical
+    sampler draws the same action from two keys often).
+    """
+    kit = case.kit
+    if kit.step_reads_its_keys is None:
+        # As arrays, as the compiled calls get them: the module's annotations refuse NumPy.
+        leaves, treedef = jax.tree.flatten(jax.tree.map(jnp.asarray, case.initial))
+        at = [i for i, leaf in enumerate(leaves) if is_key(leaf)]
+        first_inputs = jax.tree.map(jnp.asarray, _at_step(case.ex.inputs, 0))
+
+        def step_of_keys(*keys: Any) -> list[Any]:
+            carry = list(leaves)
+            for i, key in zip(at, keys, strict=True):
+                carry[i] = key
+            out = kit._step(case.variables, jax.tree.unflatten(treedef, carry), first_inputs, None)[
+                0
+            ]
+            drawn = (out.output, out.next_state, out.rollout_extras)
+            return [leaf for leaf in jax.tree.leaves(drawn) if not is_key(leaf)]
+
+        with _phase(ModuleProperty.PER_ENV_KEYS, "__call__ traced with the carry's keys as inputs"):
+            program = jax.make_jaxpr(step_of_keys)(*(leaves[i] for i in at))
+        kit.step_reads_its_keys = any(_reads_inputs(program.jaxpr, [True] * len(at)))
+    if not kit.step_reads_its_keys:
+        raise case.fail(
+            ModuleProperty.PER_ENV_KEYS,
+            "stochastic=True, but no output of __call__ depends on the keys in the carry "
+            "(other than the next keys): its random numbers come from elsewhere, a fixed "
+            "key or an nnx.Rngs, and would be the same for every env or every step.",
+            leaf="state",
+            expected="output, next_state or rollout_extras drawn from the carry's keys "
+            "(split_env_keys, then jax.random.* on each env's key)",
+            found="the carry's keys only split into next_state's",
+        )
+
+
+def _reads_inputs(program: jex.core.Jaxpr, read: list[bool]) -> list[bool]:
+    """Which outputs of ``program`` depend on the inputs marked in ``read``.
+
+    Calls of a jitted function are followed inside; any other primitive with a program
+    of its own (a scan, a cond) is taken to make each output depend on each input,
+    which can only say "depends" too often, never too rarely.
+    """
+    depends = {var for var, marked in zip(program.invars, read, strict=True) if marked}
+
+    def reads(var: Any) -> bool:
+        return isinstance(var, jex.core.Var) and var in depends
+
+    for eqn in program.eqns:
+        marked = [reads(var) for var in eqn.invars]
+        if not any(marked):
+            continue
+        inner = eqn.params.get("jaxpr") if eqn.primitive.name in ("jit", "pjit") else None
+        if inner is not None:
+            outs = _reads_inputs(getattr(inner, "jaxpr", inner), marked)
+        else:
+            outs = [True] * len(eqn.outvars)
+        depends.update(var for var, out in zip(eqn.outvars, outs, strict=True) if out)
+    return [reads(var) for var in program.outvars]
 
 
 def _check_keys_renewed_at_reset(
@@ -1661,9 +1732,9 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         "typed key per env, split every step (with stochastic='per_episode', at every "
         "reset), reset to distinct keys",
         "the carry holds typed PRNG keys, a distinct one per env at every step (after "
-        "episode ends too), each call splits them (``'per_episode'``: each "
-        "``reset_state`` replaces them), and ``reset_state`` derives its keys from the "
-        "ones it is given",
+        "episode ends too), each call splits them and, in its program, computes some "
+        "other output from them (``'per_episode'``: each ``reset_state`` replaces them), "
+        "and ``reset_state`` derives its keys from the ones it is given",
         _check_keys,
         Condition("``stochastic`` is set", lambda case: bool(case.kit.stochastic)),
     ),

@@ -8,7 +8,7 @@ the source's output from ``k`` steps earlier out of a ring buffer in the carry.
 Recurrence is therefore a delayed connection, e.g. ``connect("h", "h", delay=1)``.
 """
 
-from collections import deque
+import heapq
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypedDict
 
@@ -492,7 +492,8 @@ class PopulationGraph(StatefulModule):
 
 
 def _evaluation_order(names: tuple[str, ...], edges: list[tuple[str, str]]) -> tuple[str, ...]:
-    """A topological order of ``names`` under zero-delay ``edges`` (ties in declared order).
+    """A topological order of ``names`` under zero-delay ``edges``: of the populations
+    ready at each step (all their sources placed), the earliest declared comes next.
 
     Raises:
       ValueError: the edges form a cycle; the message spells one out.
@@ -502,15 +503,19 @@ def _evaluation_order(names: tuple[str, ...], edges: list[tuple[str, str]]) -> t
     for src, dst in edges:
         successors[src].append(dst)
         waiting_on[dst] += 1
-    ready = deque(name for name in names if waiting_on[name] == 0)
+    position = {name: i for i, name in enumerate(names)}
+    # A heap by declaration index, not a FIFO queue: a population made ready late still
+    # comes before a ready one declared after it.
+    ready = [position[name] for name in names if waiting_on[name] == 0]
+    heapq.heapify(ready)
     order: list[str] = []
     while ready:
-        name = ready.popleft()
+        name = names[heapq.heappop(ready)]
         order.append(name)
         for successor in successors[name]:
             waiting_on[successor] -= 1
             if waiting_on[successor] == 0:
-                ready.append(successor)
+                heapq.heappush(ready, position[successor])
     if len(order) < len(names):
         cycle = _find_cycle([name for name in names if name not in order], edges)
         raise ValueError(
