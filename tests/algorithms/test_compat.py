@@ -60,3 +60,15 @@ def test_readme_quick_example(name, factory, capsys):
     assert [step for step, _ in logged] == [0, 240, 480]
     assert {"losses/actor/mean", "losses/critic/mean", "throughput/train_sps"} <= set(logged[-1][1])
     assert {"eval/episode_reward/mean", "throughput/eval_sps"} <= set(logged[-1][1])
+
+
+def test_ppo_step_with_the_030_arguments_names_the_config_they_make(counting_env, scripted_network):
+    state = ppo.new_training_state(counting_env, scripted_network(), 2, seed=0)
+    with pytest.raises(TypeError) as caught:
+        ppo.ppo_step(counting_env, state, 2, 8, 0.95, 0.99, 0.2, True, False, 4, 2)
+    assert "PPOConfig(n_envs=2, rollout_length=8, gae_lambda=0.95, discounting_factor=0.99" in str(
+        caught.value
+    )
+    assert "n_minibatches=2)" in str(caught.value)
+    with pytest.raises(TypeError, match=r"PPOConfig\(n_envs=2, clip_range=0.2\)"):
+        ppo.ppo_step(counting_env, state, 2, clip_range=0.2)

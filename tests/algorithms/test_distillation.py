@@ -138,6 +138,18 @@ def test_numpy_counts_and_seeds_are_taken_and_bad_ones_named_by_the_function_cal
         new_distillation_state(ENV, lstm_teacher(ENV), delay_student(ENV), 0, seed=0)
 
 
+def test_bad_callbacks_envs_and_seeds_are_named_before_anything_compiles():
+    teacher, student = lstm_teacher(ENV), delay_student(ENV)
+    with pytest.raises(TypeError, match=r"log_fn is called as log_fn\(metrics, step\), but"):
+        train_distillation(ENV, teacher, student, total_steps=8, log_fn=lambda metrics: None)
+    with pytest.raises(TypeError, match=r"checkpoint_fn is called as checkpoint_fn\(state, st"):
+        train_distillation(ENV, teacher, student, total_steps=8, checkpoint_fn=lambda s: None)
+    with pytest.raises(TypeError, match="train_distillation: eval_env is the name 'memory'"):
+        train_distillation(ENV, teacher, student, total_steps=8, eval_env="memory")  # type: ignore
+    with pytest.raises(ValueError, match=r"DistillationTrainConfig: seed must lie in"):
+        DistillationTrainConfig(seed=2**64)
+
+
 def test_a_student_holding_the_teachers_variables_is_refused():
     teacher = lstm_teacher(ENV)
     with pytest.raises(ValueError, match="the student is the teacher"):

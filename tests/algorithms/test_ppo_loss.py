@@ -222,6 +222,17 @@ def test_mismatched_reward_and_action_trees_are_explained(scripted_network):
         )
 
 
+def test_a_joint_log_likelihood_beside_per_agent_rewards_is_explained():
+    from nnx_ppo.algorithms._loss import _policy_advantages
+
+    per_agent = {"a": jnp.ones((3, 2)), "b": jnp.ones((3, 2))}
+    with pytest.raises(ValueError, match=r"one joint log-likelihood.*combine_advantages=True"):
+        _policy_advantages(per_agent, jnp.zeros((3, 2)), combine=False)
+    np.testing.assert_array_equal(
+        _policy_advantages(per_agent, jnp.zeros((3, 2)), combine=True), 2 * jnp.ones((3, 2))
+    )
+
+
 def test_a_reward_tree_of_one_leaf_is_shared_by_every_action_leaf():
     from nnx_ppo.algorithms._loss import _policy_advantages
 
@@ -232,3 +243,18 @@ def test_a_reward_tree_of_one_leaf_is_shared_by_every_action_leaf():
         assert set(shared) == {"mover", "picker"}
         for leaf in shared.values():
             np.testing.assert_array_equal(leaf, team)
+
+
+def test_whole_and_numpy_numbers_in_the_config_reach_the_loss_as_floats(scripted_network):
+    # 0.3.0 took clip_range=1; the loss's annotations take a float.
+    config = PPOConfig(
+        n_envs=B, n_minibatches=1, clip_range=1, value_clip_range=np.float32(0.5), gae_lambda=1
+    )
+    assert [type(config.clip_range), type(config.value_clip_range)] == [float, float]
+    as_floats = PPOConfig(n_envs=B, n_minibatches=1, clip_range=1.0, value_clip_range=0.5)
+    case = make_case(3, ())
+    network = scripted_network(W, V)
+    np.testing.assert_array_equal(
+        ppo_loss(network, *as_inputs(case, ()), config)[0],
+        ppo_loss(network, *as_inputs(case, ()), as_floats)[0],
+    )

@@ -290,3 +290,13 @@ def test_envs_that_do_not_split_over_the_mesh_are_named(counting_env, scripted_n
     two = jax.sharding.Mesh(np.array([device, device]), (sharding.DATA_AXIS,))
     with pytest.raises(ValueError, match=r"3 envs do not split evenly over the mesh's 2 devices"):
         sharding.shard_training_state(state, two)  # JAX's IndivisibleError before
+
+
+def test_a_shared_table_is_replicated_whatever_its_first_axis():
+    # A Shared table of n_envs rows read as per-env by its shape was split over the
+    # devices, and gathered back in every step.
+    from nnx_ppo.envs.state import Shared
+
+    tree = {"count": np.zeros(5), "obs": np.zeros((8, 3)), "table": Shared(np.zeros((8, 2)))}
+    data, whole = jax.sharding.PartitionSpec("data"), jax.sharding.PartitionSpec()
+    assert sharding._env_specs(tree, 8) == [whole, data, whole]

@@ -382,6 +382,20 @@ def test_recurrent_sampling_policy_replays_its_rollout_exactly():
         assert metrics["losses/clipping_fraction/mean"] == 0.0
 
 
+def test_a_sampler_left_in_eval_mode_is_refused_before_training():
+    env = make("cartpole")
+    rngs = nnx.Rngs(0)
+    network = PPOAdapter(
+        action=Sequential([Dense(4, 2, rngs), CategoricalSampler(rngs, 0.01)]),
+        value=Dense(4, 1, rngs),
+    )
+    network.eval()
+    with pytest.raises(ValueError, match=r"components\['action'\].layers\[1\] is a Categorical"):
+        new_training_state(env, network, 2, seed=0)
+    network.train()
+    new_training_state(env, network, 2, seed=0)
+
+
 def test_video_records_a_deterministic_episode(counting_env, scripted_network):
     class Rendered(type(counting_env)):
         def render(self, trajectory, height, width):
@@ -527,6 +541,8 @@ def test_arguments_of_the_wrong_type_are_named(counting_env, scripted_network):
         train_ppo(counting_env, network, train_config(STEP), checkpoint_fn="runs/x")  # type: ignore
     with pytest.raises(TypeError, match=r"env is the name 'cartpole', .* nnx_ppo.envs.make"):
         train_ppo("cartpole", network, train_config(STEP))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"train_ppo: eval_env is the class CartPole"):
+        train_ppo(counting_env, network, train_config(STEP), eval_env=CartPole)  # type: ignore
     with pytest.raises(TypeError, match="a dict has no reset and no step method"):
         new_training_state({}, network, N_ENVS, seed=0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"env is the class CartPole, .* e.g. CartPole\(\)"):

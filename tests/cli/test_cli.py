@@ -447,6 +447,53 @@ def test_an_error_in_a_users_factory_shows_its_traceback_and_line_with_status_1(
     ) in " ".join(shown.split()), shown
 
 
+@pytest.mark.parametrize(
+    ("name", "source", "expected"),
+    [
+        (  # in the factory, before the run directory exists
+            "read_options",
+            "def read_options():\n"
+            "    options = {}\n"
+            "    return make('cartpole', max_steps=options['max_steps'])\n",
+            "KeyError raised in your code at {path}:5 in read_options: 'max_steps'",
+        ),
+        (  # in env.step, as training first traces it
+            "Miswired",
+            "class Miswired(CartPole):\n"
+            "    def step(self, state, action):\n"
+            "        return super().step(state, action).replace(obs=state.obs.velocity)\n",
+            "AttributeError raised in your code at {path}:5 in step:",
+        ),
+    ],
+    ids=["KeyError in the factory", "AttributeError in step"],
+)
+def test_an_error_of_any_type_in_a_users_code_shows_its_traceback_and_line_with_status_1(
+    name: str,
+    source: str,
+    expected: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    module = f"buggy_{name.lower()}"  # one per case: Python keeps a module once imported
+    path = tmp_path / f"{module}.py"
+    path.write_text(f"from nnx_ppo.envs import CartPole, make\n\n{source}")
+    monkeypatch.syspath_prepend(tmp_path)
+    assert train(tmp_path / "run", 256, "--env", f"{module}:{name}") == 1
+    shown = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in shown
+    assert f"error: {expected.format(path=path)}" in " ".join(shown.split()), shown
+
+
+def test_a_library_error_of_another_type_keeps_pythons_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No frame outside nnx-ppo raised it: a bug to report, not an error line.
+    monkeypatch.setattr(cli_main, "_print_preset", {}.__getitem__)
+    with pytest.raises(KeyError, match="pendulum"):
+        main(["preset", "pendulum"])
+
+
 def test_a_callback_that_raises_in_a_compiled_call_exits_1_naming_its_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

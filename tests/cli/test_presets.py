@@ -1,5 +1,6 @@
 """The preset files: each loads into a valid run config, prints, and works as a --config file."""
 
+import math
 import tomllib
 from pathlib import Path
 
@@ -86,10 +87,31 @@ def test_entropy_weight_reaches_the_sampler_and_bad_values_are_named() -> None:
     assert [sampler.entropy_weight for sampler in samplers] == [0.05]
     config["network"]["entropy_weight"] = 0  # no entropy bonus is a setting, not an error
     assert parse_run_config(config)[0]["network"]["entropy_weight"] == 0
-    for bad in (-1, "high", True):
+    for bad in (-1, "high", True, math.nan, math.inf):
         config["network"]["entropy_weight"] = bad
-        with pytest.raises(ValueError, match=r"network.entropy_weight must be a number >= 0"):
+        with pytest.raises(ValueError, match=r"entropy_weight must be a finite number >= 0"):
             parse_run_config(config)
+
+
+def test_keys_set_inside_one_nested_env_kwargs_table_are_all_kept(tmp_path: Path) -> None:
+    parser = _build_parser()
+    env = ["train", "--env", "my_envs:make"]
+    two_sets = ["--set", "env_kwargs.physics.mass=2.0", "--set", "env_kwargs.physics.length=3.0"]
+    resolved = _resolve_config(parser.parse_args([*env, *two_sets]))
+    assert resolved["env_kwargs"] == {"physics": {"mass": 2.0, "length": 3.0}}
+    config_file = tmp_path / "physics.toml"
+    config_file.write_text("[env_kwargs.physics]\nmass = 2.0\nlength = 3.0\n")
+    one_set = ["--config", str(config_file), "--set", "env_kwargs.physics.length=5.0"]
+    resolved = _resolve_config(parser.parse_args([*env, *one_set]))
+    assert resolved["env_kwargs"] == {"physics": {"mass": 2.0, "length": 5.0}}
+
+
+def test_a_flag_is_compared_with_the_last_set_of_its_key_inside_an_object_too() -> None:
+    # The object's 5000 is set again by the later --set: the run's value agrees with --steps.
+    argv = ["train", "--steps", "6000", "--set", 'ppo={"total_steps": 5000, "n_envs": 8}',
+            "--set", "ppo.total_steps=6000"]  # fmt: skip
+    ppo = _resolve_config(_build_parser().parse_args(argv))["train"]["ppo"]
+    assert (ppo["total_steps"], ppo["n_envs"]) == (6000, 8)
 
 
 def test_cadences_a_user_set_are_kept_and_the_others_follow_a_resumed_runs_length(

@@ -1384,13 +1384,30 @@ class ForgetsStatistics(StatefulModule):
         return self.inner.reset_state(prev_state)
 
 
-def test_a_module_keeping_statistics_beside_its_children_must_be_reached() -> None:
+class CentredDenseOfAnArray(CentredDense):
+    """Keeps its running sum as a plain array attribute, which NNX keeps as state too."""
+
+    def __init__(self) -> None:
+        self.dense = Dense(3, 3, nnx.Rngs(0))
+        self.total = jnp.zeros(3)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        out = self.dense((), x - self.total)
+        return StatefulModuleOutput((), out.output, jnp.zeros(()), {}, x)
+
+    def update_statistics(self, history: Any) -> None:
+        self.total = self.total + history.sum((0, 1))
+
+
+@pytest.mark.parametrize("inner", [CentredDense, CentredDenseOfAnArray])
+def test_a_module_keeping_statistics_beside_its_children_must_be_reached(inner: type) -> None:
     # Its children made it count as a container, whose statistics are its children's: an
     # update_statistics that never reached it passed, and its sum stayed zero.
-    network = Sequential([ForgetsStatistics(CentredDense())])
+    network = Sequential([ForgetsStatistics(inner())])
     extras = network(network.initialize_state(2), jnp.ones((2, 3))).rollout_extras
 
-    with pytest.raises(ContractError, match=r"never reached .*\(CentredDense\), which keeps"):
+    match = rf"never reached .*\({inner.__name__}\), which keeps"
+    with pytest.raises(ContractError, match=match):
         network.update_statistics(jax.tree.map(lambda leaf: leaf[None], extras))
 
 
@@ -1408,3 +1425,36 @@ def test_reset_state_need_not_reach_a_child_without_a_carry() -> None:
     # It was refused: "its carry would go on from the ended episode", of a carry of ().
     network = Sequential([Dense(3, 3, nnx.Rngs(0)), ReadsFrozenMean()])
     network.reset_state(network.initialize_state(2))
+
+
+class CountsInPlace(StatefulModule):
+    """Writes its step counter into the carry it was given and returns that dict."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Any]:
+        return {"t": jnp.zeros((batch_size,), jnp.int32)}
+
+    def reset_state(self, prev_state: dict[str, Any]) -> dict[str, Any]:
+        prev_state["t"] = jnp.zeros_like(prev_state["t"])
+        return prev_state
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        state["t"] = state["t"] + 1
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {})
+
+
+@pytest.mark.parametrize("method", ["__call__", "reset_state"])
+def test_a_carry_changed_in_place_is_named(method: str) -> None:
+    # Training passes one carry to the rollout step and to the next observation's value:
+    # a write into it reached the second call as a leaked tracer, JAX's error naming nothing.
+    module = CountsInPlace()
+    state = module.initialize_state(2)
+    call = {
+        "__call__": lambda: module(state, jnp.ones((2, 3))),
+        "reset_state": lambda: module.reset_state(state),
+    }[method]
+    with pytest.raises(
+        ContractError, match=rf"{method} changed its argument \w+ in place"
+    ) as caught:
+        jax.jit(call)()
+    assert caught.value.leaf is not None and caught.value.leaf.endswith("['t']")
+    assert "replaced during the call" in str(caught.value)

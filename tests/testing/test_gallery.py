@@ -139,6 +139,19 @@ class ResamplesInReplay(NormalSampler):
         return super().__call__(state, x, None)
 
 
+class ReplaysItsStoredLogLikelihood(NormalSampler):
+    """Stores its log-likelihood beside the raw action and hands it back in replay:
+    replay reproduces the rollout, but PPO's ratio stays 1 and the policy never learns."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        out = super().__call__(state, x, None if rollout_extras is None else rollout_extras["raw"])
+        stored = out.output["log_likelihood"] if rollout_extras is None else rollout_extras["logp"]
+        return out.replace(
+            output={**out.output, "log_likelihood": stored},
+            rollout_extras={"raw": out.rollout_extras, "logp": stored},
+        )
+
+
 class ModuleLevelRng(Leaky):
     """Adds noise from an ``nnx.Rngs`` it holds, advanced in every call."""
 
@@ -663,6 +676,12 @@ MODULE_BUGS: dict[
         {"example_input": jnp.zeros(4)},
         ModuleProperty.STORED_ACTION,
         "output['action']",
+    ),
+    "sampler that replays its stored log-likelihood": (
+        lambda: ReplaysItsStoredLogLikelihood(nnx.Rngs(0), 0.01),
+        {"example_input": jnp.zeros(4), "stochastic": True},
+        ModuleProperty.STORED_ACTION,
+        "the output's log-likelihood",
     ),
     "RNG held as a module variable advanced in __call__": (
         ModuleLevelRng,

@@ -90,9 +90,17 @@ def _policy_advantages(
         return jax.tree.map(lambda _: shared, loglikelihoods)
     if jax.tree.structure(advantages) == jax.tree.structure(loglikelihoods):
         return advantages
+    if len(jax.tree.leaves(loglikelihoods)) == 1:
+        raise ValueError(
+            "ppo_loss: the network returns one joint log-likelihood for its actions (one "
+            f"probability ratio), but the reward tree {jax.tree.structure(advantages)} "
+            "gives one advantage per leaf. Set PPOConfig.combine_advantages=True to train "
+            "the joint policy on the summed advantage, return one log-likelihood per "
+            "reward leaf (a dict with the reward's keys), or give a single reward."
+        )
     raise ValueError(
         "ppo_loss: the reward tree "
-        f"{jax.tree.structure(advantages)} and the action tree "
+        f"{jax.tree.structure(advantages)} and the log-likelihood tree "
         f"{jax.tree.structure(loglikelihoods)} differ, so no action leaf has its own "
         "advantage. Give one reward leaf per action leaf, or set "
         "PPOConfig.combine_advantages=True to train every action leaf on the summed advantage."

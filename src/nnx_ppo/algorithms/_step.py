@@ -12,8 +12,10 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import dataclasses
+import functools
 import time
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeAlias, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -522,6 +524,55 @@ def _require_training_state(owner: str, name: str, value: Any) -> None:
         )
 
 
+_PPO_STEP_030_ARGUMENTS = (
+    "n_envs",
+    "rollout_length",
+    "gae_lambda",
+    "discounting_factor",
+    "clip_range",
+    "normalize_advantages",
+    "combine_advantages",
+    "n_epochs",
+    "n_minibatches",
+    "critic_loss_weight",
+    "logging_level",
+    "logging_percentiles",
+)
+"""nnx-ppo 0.3.0's ``ppo_step`` arguments after ``env`` and ``training_state``, in order."""
+
+
+_Step: TypeAlias = Callable[
+    [RLEnv, TrainingState, PPOConfig], tuple[TrainingState, dict[str, float]]
+]
+
+
+def _refuse_030_arguments(given: tuple[Any, ...], keywords: dict[str, Any]) -> None:
+    """Name the :class:`PPOConfig` that 0.3.0's separate ``ppo_step`` arguments make."""
+    fields = dict(zip(_PPO_STEP_030_ARGUMENTS, given, strict=False)) | keywords
+    config = ", ".join(f"{name}={value!r}" for name, value in fields.items())
+    raise TypeError(
+        "ppo_step takes (env, training_state, config): nnx-ppo 0.3.0's separate arguments "
+        f"are the fields of one PPOConfig. Call ppo_step(env, training_state, "
+        f"PPOConfig({config})) (the docs' migration page lists every change)."
+    )
+
+
+def _explaining_030_calls(step: _Step) -> _Step:
+    """``step``, which names the :class:`PPOConfig` a call with 0.3.0's separate
+    arguments means, where Python would say only how many arguments it got."""
+
+    @functools.wraps(step)
+    def call(
+        env: RLEnv, training_state: TrainingState, *rest: Any, **keywords: Any
+    ) -> tuple[TrainingState, dict[str, float]]:
+        if len(rest) > 1 or set(keywords) - {"config"}:
+            _refuse_030_arguments(rest, keywords)
+        return step(env, training_state, *rest, **keywords)
+
+    return call
+
+
+@_explaining_030_calls
 def ppo_step(
     env: RLEnv, training_state: TrainingState, config: PPOConfig
 ) -> tuple[TrainingState, dict[str, float]]:

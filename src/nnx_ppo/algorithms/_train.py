@@ -57,6 +57,7 @@ from nnx_ppo.algorithms.types import (
 from nnx_ppo.contract.arguments import is_int, require_callable, require_int
 from nnx_ppo.contract.checking import format_graph_path, require_no_hijax
 from nnx_ppo.contract.env_checks import require_env
+from nnx_ppo.networks.sampling_layers import ActionSampler
 from nnx_ppo.networks.types import (
     ModuleState,
     StatefulModule,
@@ -237,6 +238,21 @@ def _require_float_parameters(networks: StatefulModule) -> None:
                 )
 
 
+def _require_sampling(networks: StatefulModule) -> None:
+    """Refuse an action sampler left in eval mode: training's rollouts would take its
+    mode action at every step, never exploring, and learn from actions the policy
+    never drew."""
+    for path, node in nnx.iter_graph(networks):
+        if isinstance(node, ActionSampler) and node.deterministic:
+            raise ValueError(
+                f"new_training_state: {type(networks).__name__}"
+                f"{format_graph_path(networks, tuple(path))} is a {type(node).__name__} in "
+                "eval mode (deterministic=True, as networks.eval() sets it): training would "
+                "act on its mode action and never explore. Call networks.train() before "
+                "training; evaluations put the network in eval mode themselves."
+            )
+
+
 def _new_training_state(
     env: RLEnv,
     networks: StatefulModule,
@@ -248,8 +264,12 @@ def _new_training_state(
     *,
     optimizer: optax.GradientTransformation | None,
     while_start_compiles: Callable[[TrainingState], None] | None = None,
+    explores: bool = True,
 ) -> TrainingState:
     """:func:`new_training_state`, running ``while_start_compiles`` while the start compiles.
+
+    ``explores=False`` lets the network's samplers be in eval mode: distillation's
+    student acts in either mode, where PPO's rollouts must sample.
 
     ``while_start_compiles`` gets the state with abstract env states, carries,
     key and optimizer (``jax.ShapeDtypeStruct`` leaves, placed as the real ones
@@ -269,6 +289,8 @@ def _new_training_state(
         )
     _require_seed(seed)
     _require_float_parameters(networks)
+    if explores:
+        _require_sampling(networks)
     require_no_hijax("new_training_state", networks)
     # What an eager call sowed (nnx.Intermediate) is no training state: the step's
     # programs keep none, so their state in and out must hold none either.
@@ -460,7 +482,7 @@ def _require_env_and_callbacks(
     fail only once step 0 had run)."""
     require_env(owner, env)
     if eval_env is not None:
-        require_env(owner, eval_env)
+        require_env(owner, eval_env, name="eval_env")
     for name, (callback, arguments) in callbacks.items():
         require_callable(owner, name, callback, arguments)
 

@@ -238,13 +238,21 @@ class PPOConfig(_FieldsOnly):
         for name in ("normalize_advantages", "combine_advantages"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PPOConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        # Stored as Python floats: the loss's annotations take a float, and an int or a
+        # NumPy scalar (1, np.float32(0.2)) is as good a number here.
         for name in ("gae_lambda", "discounting_factor"):
-            require_number(owner, name, getattr(self, name), minimum=0.0, maximum=1.0)
-        require_number(owner, "clip_range", self.clip_range, minimum=0.0, strict=True)
-        require_number(owner, "critic_loss_weight", self.critic_loss_weight, minimum=0.0)
+            value = require_number(owner, name, getattr(self, name), minimum=0.0, maximum=1.0)
+            setattr(self, name, value)
+        self.clip_range = require_number(
+            owner, "clip_range", self.clip_range, minimum=0.0, strict=True
+        )
+        self.critic_loss_weight = require_number(
+            owner, "critic_loss_weight", self.critic_loss_weight, minimum=0.0
+        )
         for name in ("value_clip_range", "target_kl"):  # None turns these off
             if getattr(self, name) is not None:
-                require_number(owner, name, getattr(self, name), minimum=0.0, strict=True)
+                number = require_number(owner, name, getattr(self, name), minimum=0.0, strict=True)
+                setattr(self, name, number)
         _require_optimizer_options(
             owner, self.learning_rate, self.gradient_clipping, self.weight_decay
         )
@@ -252,7 +260,9 @@ class PPOConfig(_FieldsOnly):
         _require_choice(
             owner, "advantage_normalization", self.advantage_normalization, AdvantageNormalization
         )
-        require_number(owner, "reward_scaling", self.reward_scaling, minimum=0.0, strict=True)
+        self.reward_scaling = require_number(
+            owner, "reward_scaling", self.reward_scaling, minimum=0.0, strict=True
+        )
         _require_choice(
             owner, "learning_rate_schedule", self.learning_rate_schedule, LearningRateSchedule
         )

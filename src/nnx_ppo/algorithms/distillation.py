@@ -41,7 +41,14 @@ from nnx_ppo.algorithms._loss import _replay
 from nnx_ppo.algorithms._removed import missing_attribute
 from nnx_ppo.algorithms._step import _ConfigArgument, _EnvArgument, _finite_leaves
 from nnx_ppo.algorithms._timing import ProgramClock
-from nnx_ppo.algorithms._train import _check_video, _HostWork, _require_seed, _with_overrides
+from nnx_ppo.algorithms._train import (
+    _check_video,
+    _HostWork,
+    _new_training_state,
+    _require_env_and_callbacks,
+    _require_seed,
+    _with_overrides,
+)
 from nnx_ppo.algorithms.checkpointing import _load_checkpoint, make_checkpoint_fn
 from nnx_ppo.algorithms.config import (
     EvalConfig,
@@ -54,7 +61,6 @@ from nnx_ppo.algorithms.config import (
     _require_rollouts_and_minibatches,
 )
 from nnx_ppo.algorithms.metrics import compute_metrics, log_weight_stats, to_host
-from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, TrainingState, Transition
 from nnx_ppo.contract.arguments import require_int, require_number
 from nnx_ppo.contract.axes import BatchedTree, Carry, CarrySlice, Extras, HistoryTree, Scalar
@@ -173,7 +179,9 @@ class DistillationTrainConfig(_FieldsOnly):
                     f"got {type(value).__name__}"
                 )
             value.validate()
-        require_int("DistillationTrainConfig", "seed", self.seed, minimum=None)
+        require_int(
+            "DistillationTrainConfig", "seed", self.seed, minimum=-(2**63), maximum=2**63 - 1
+        )
         require_int(
             "DistillationTrainConfig",
             "checkpoint_every_steps",
@@ -826,8 +834,16 @@ def new_distillation_state(
     _require_unshared(teacher, student)
     frozen = _deterministic_copy(teacher)
     _matched_samplers(frozen, student, obs)
-    start = new_training_state(
-        env, student, n_envs, seed, learning_rate, gradient_clipping, weight_decay
+    start = _new_training_state(
+        env,
+        student,
+        n_envs,
+        seed,
+        learning_rate,
+        gradient_clipping,
+        weight_decay,
+        optimizer=None,
+        explores=False,
     )
     return DistillationState(
         student=student,
@@ -970,6 +986,14 @@ def train_distillation(
         config,
         total_steps,
         seed=seed,
+    )
+    _require_env_and_callbacks(
+        "train_distillation",
+        env,
+        eval_env,
+        log_fn=(log_fn, ("metrics", "step")),
+        video_fn=(video_fn, ("video",)),
+        checkpoint_fn=(checkpoint_fn, ("state", "step")),
     )
     warn_if_mappings_near_cap("train_distillation")
     settings = config.distillation

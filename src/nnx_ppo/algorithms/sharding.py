@@ -11,7 +11,8 @@ and a module's contract checks see the global ``B``.
 
 Which leaves are per-env is read from their shape: a leaf whose leading axis
 (the env axis) has ``n_envs`` entries is split; any other leaf (a model-wide
-simulator field, a ``Shared`` node) is replicated.
+simulator field) is replicated, and so is every leaf of a ``Shared`` node, whatever
+its shape (a table of ``n_envs`` rows too).
 
 Several hosts: call :func:`jax.distributed.initialize` in each process before
 anything else; :func:`data_mesh` then spans every process's devices, and each
@@ -35,6 +36,7 @@ from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms.types import TrainingState
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.checking import is_key, key_data_or_leaf
+from nnx_ppo.envs.state import _is_shared
 
 if TYPE_CHECKING:  # rollout imports this module: its names are not all bound yet
     from nnx_ppo.algorithms.rollout import Tree
@@ -241,16 +243,30 @@ def _env_spec(leaf: Any, n_envs: int) -> PartitionSpec:
     return PartitionSpec(DATA_AXIS) if per_env else PartitionSpec()
 
 
+def _env_specs(tree: Any, n_envs: int) -> list[PartitionSpec]:
+    """Each leaf's placement, in ``jax.tree.leaves(tree)``'s order: a ``Shared`` node's
+    leaves replicated (its first axis may have ``n_envs`` entries by chance, and split it
+    would be gathered back in every step), any other as :func:`_env_spec` says."""
+    specs: list[PartitionSpec] = []
+    for node in jax.tree.leaves(tree, is_leaf=_is_shared):
+        if _is_shared(node):
+            specs.extend(PartitionSpec() for _ in jax.tree.leaves(node))
+        else:
+            specs.append(_env_spec(node, n_envs))
+    return specs
+
+
 def _shard_envs(tree: Tree, mesh: Mesh, n_envs: int, what: str) -> Tree:
-    def place(path: Any, leaf: Any) -> jax.Array:
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    placed = []
+    for (path, leaf), spec in zip(leaves, _env_specs(tree, n_envs), strict=True):
         if not isinstance(leaf, jax.Array | np.ndarray | np.generic | int | float | bool):
             raise ValueError(
                 f"{what}{jax.tree_util.keystr(path)} is a {type(leaf).__name__}, which cannot be "
                 "placed on devices: a state's leaves must be arrays"
             )
-        return _put(leaf, NamedSharding(mesh, _env_spec(leaf, n_envs)))
-
-    return jax.tree_util.tree_map_with_path(place, tree)
+        placed.append(_put(leaf, NamedSharding(mesh, spec)))
+    return jax.tree.unflatten(treedef, placed)
 
 
 def _replicate(tree: Tree, mesh: Mesh) -> Tree:
@@ -341,13 +357,20 @@ def _active() -> bool:
 def constrain_envs(tree: Tree, n_envs: int) -> Tree:
     """While tracing under a data mesh: split each per-env leaf over it along its env axis.
 
-    A leaf is per-env when its leading axis has ``n_envs`` entries; the others
-    are replicated. Without a mesh, ``tree`` is returned as it is.
+    A leaf is per-env when its leading axis has ``n_envs`` entries and it lies outside
+    every ``Shared`` node; the others are replicated. Without a mesh, ``tree`` is
+    returned as it is.
     """
     if not _active():
         return tree
-    return jax.tree.map(
-        lambda leaf: jax.lax.with_sharding_constraint(leaf, _env_spec(leaf, n_envs)), tree
+    leaves, treedef = jax.tree.flatten(tree)
+    specs = _env_specs(tree, n_envs)
+    return jax.tree.unflatten(
+        treedef,
+        [
+            jax.lax.with_sharding_constraint(leaf, spec)
+            for leaf, spec in zip(leaves, specs, strict=True)
+        ],
     )
 
 

@@ -226,6 +226,7 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
         cadences_set_by_hand,
         follow_run_length,
         leaf_keys,
+        lookup,
         merge,
         parse_override,
         preset,
@@ -249,16 +250,16 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
         env_name = str(env_name or "cartpole")
         config = merge(preset(env_name), file_config)
         config["env"] = env_name
-    set_on_command_line: dict[str, Any] = {}
+    set_on_command_line: set[str] = set()
     for assignment in args.overrides:
         parts, value = parse_override(config, assignment)
         config = apply_override(config, assignment)
         key = ".".join(parts)
-        set_on_command_line[key] = value
-        given.add(key)  # an object value sets every key inside it too
-        given.update(
+        set_on_command_line.add(key)  # an object value sets every key inside it too
+        set_on_command_line.update(
             f"{key}.{leaf}" for leaf in (leaf_keys(value) if isinstance(value, dict) else ())
         )
+    given |= set_on_command_line
     for flag, key, value in (
         ("--env", "env", args.env),
         ("--steps", "train.ppo.total_steps", args.steps),
@@ -267,9 +268,11 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
     ):
         if value is None:
             continue
-        if key in set_on_command_line and set_on_command_line[key] != value:
+        # The config holds the last --set of the key, alone or inside an object's.
+        set_value = lookup(config, key)
+        if key in set_on_command_line and set_value != value:
             raise ValueError(
-                f"{flag} {value} and --set {key}={json.dumps(set_on_command_line[key])} "
+                f"{flag} {value} and --set {key}={json.dumps(set_value)} "
                 "disagree: give the value once"
             )
         config = apply_override(config, f"{key}={json.dumps(value)}")
@@ -929,15 +932,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # that code (the built-in envs and presets keep the contract), not bad input.
         _print_error(errors, f"your env or network broke the nnx-ppo contract: {error}")
         return 1
-    except (ValueError, TypeError, OSError, ImportError, RunLockedError) as error:
-        where = _user_code_frame(error)
-        if where is None:  # the library's own refusal of bad input
-            _print_error(errors, str(error))
-            return 2
-        # A bug in the user's env or module: the whole traceback, as Python would show it.
-        traceback.print_exception(error)
-        _print_error(errors, f"{type(error).__name__} raised in your code at {where}: {error}")
-        return 1
     except _InterruptedAgain as error:  # a second Ctrl-C: stop at once, without a traceback
         _print_error(
             errors,
@@ -948,6 +942,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # before a run's first step, or in another command
         _print_error(errors, f"interrupted: nnx-ppo {args.command} stopped at once")
         return 130
+    except Exception as error:
+        where = _user_code_frame(error)
+        if where is None:
+            if isinstance(error, ValueError | TypeError | OSError | ImportError | RunLockedError):
+                _print_error(errors, str(error))  # the library's own refusal of bad input
+                return 2
+            raise  # a bug in nnx-ppo: Python's own traceback, to report
+        # A bug in the user's env or module, of any type: the whole traceback, as Python
+        # would show it.
+        traceback.print_exception(error)
+        _print_error(errors, f"{type(error).__name__} raised in your code at {where}: {error}")
+        return 1
 
 
 def _without_closed_loop_noise(

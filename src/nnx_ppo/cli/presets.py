@@ -41,6 +41,7 @@ __all__ = [
     "follow_run_length",
     "is_factory_name",
     "leaf_keys",
+    "lookup",
     "merge",
     "parse_override",
     "parse_run_config",
@@ -159,12 +160,18 @@ def merge(base: dict[str, Any], update: dict[str, Any], where: str = "") -> dict
     merged = copy.deepcopy(base)
     for key, value in update.items():
         name = f"{where}{key}"
-        if where.rstrip(".") in _FREE_FORM:
-            merged[key] = copy.deepcopy(value)
+        if where.split(".")[0] in _FREE_FORM:
+            # An env's nested option table merges key by key too: two --set inside it
+            # (or a file's table and a --set) keep both.
+            current = merged.get(key)
+            if isinstance(current, dict) and isinstance(value, dict):
+                merged[key] = merge(current, value, f"{name}.")
+            else:
+                merged[key] = copy.deepcopy(value)
             continue
         if key not in merged:
             nested = [f"{section}.{key}" for section in ("train", "train.ppo", "train.eval")
-                      if key in (_lookup(merged, section) or {})]  # fmt: skip
+                      if key in (lookup(merged, section) or {})]  # fmt: skip
             hint = f" (did you mean {nested[0]}?)" if nested and not where else ""
             raise ValueError(f"unknown config key {name!r}{hint}; known here: {sorted(merged)}")
         if isinstance(merged[key], dict) and isinstance(value, dict):
@@ -234,7 +241,7 @@ def follow_run_length(config: dict[str, Any], given: set[str]) -> dict[str, Any]
     config = copy.deepcopy(config)
     # A count written 1e6 is the count 1000000 (parse_run_config takes it so too).
     total, n_envs, rollout_length = (
-        as_whole(_lookup(config, f"train.ppo.{key}"))
+        as_whole(lookup(config, f"train.ppo.{key}"))
         for key in ("total_steps", "n_envs", "rollout_length")
     )
     if not all(_positive_int(value) for value in (total, n_envs, rollout_length)):
@@ -242,7 +249,7 @@ def follow_run_length(config: dict[str, Any], given: set[str]) -> dict[str, Any]
     per_step = n_envs * rollout_length
     for key, count in zip(_CADENCES, (EVALUATIONS_PER_RUN, CHECKPOINTS_PER_RUN), strict=True):
         *section, name = key.split(".")
-        table = _lookup(config, ".".join(section))
+        table = lookup(config, ".".join(section))
         if key not in given and isinstance(table, dict):
             table[name] = max(math.ceil(total / count / per_step), 1) * per_step
     return config
@@ -254,10 +261,10 @@ def cadences_set_by_hand(config: dict[str, Any]) -> set[str]:
     A resumed run's other cadences follow its new length (:func:`follow_run_length`).
     """
     by_length = follow_run_length(config, set())
-    return {key for key in _CADENCES if _lookup(config, key) != _lookup(by_length, key)}
+    return {key for key in _CADENCES if lookup(config, key) != lookup(by_length, key)}
 
 
-def _lookup(config: Any, key: str) -> Any:
+def lookup(config: Any, key: str) -> Any:
     """The value at a dotted key, or None where the configuration has none."""
     for part in key.split("."):
         if not isinstance(config, dict):
@@ -318,10 +325,13 @@ def parse_run_config(config: dict[str, Any]) -> tuple[dict[str, Any], TrainConfi
     network["hidden_sizes"] = sizes
     entropy = network.setdefault("entropy_weight", None)
     if entropy is not None and (
-        isinstance(entropy, bool) or not isinstance(entropy, int | float) or entropy < 0
+        isinstance(entropy, bool)
+        or not isinstance(entropy, int | float)
+        or not math.isfinite(entropy)
+        or entropy < 0
     ):
         raise ValueError(
-            "config field network.entropy_weight must be a number >= 0, or null for the "
+            "config field network.entropy_weight must be a finite number >= 0, or null for the "
             f"network's default; got {json.dumps(entropy)}"
         )
     if network.get("activation") not in ACTIVATIONS:

@@ -160,6 +160,12 @@ RULE_NO_WRITES = rule_text(
     "statistics only in update_statistics",
     "variables",
 )
+_RULE_ARGUMENTS_UNCHANGED = rule_text(
+    "__call__ and reset_state read their arguments and return new carries: a state, x or "
+    "rollout_extras is never changed in place (the library passes one carry to more than "
+    "one call)",
+    "the-rules",
+)
 _RULE_KEPT_SHAPES = rule_text(
     "update_statistics leaves every statistic with the structure, shapes and dtypes it "
     "had: the (T, B) samples fold into it, so no per-step or per-env axis stays behind",
@@ -711,6 +717,46 @@ def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> C
     return checked
 
 
+def _leaves_as_given(arguments: _Arguments) -> dict[str, list[tuple[str, Any]]]:
+    """Each argument's leaves by path, to compare after the call (the leaves themselves
+    are kept: an identity compared with ``is`` cannot be reused by a new object)."""
+    return {name: named_leaves(name, value) for name, value in arguments}
+
+
+def _check_arguments_unchanged(
+    site: _Site, method: str, arguments: _Arguments, given: dict[str, list[tuple[str, Any]]]
+) -> None:
+    """A container of an argument changed in place by the call: a leaf replaced, added
+    or removed (``state["t"] = t + 1``)."""
+    for name, value in arguments:
+        now = named_leaves(name, value)
+        before = given[name]
+        if len(now) == len(before) and all(
+            path == old_path and leaf is old_leaf
+            for (path, leaf), (old_path, old_leaf) in zip(now, before, strict=True)
+        ):
+            continue
+        old_leaves, new_leaves = dict(before), dict(now)
+        changes = [
+            *(
+                (path, "replaced")
+                for path in new_leaves.keys() & old_leaves.keys()
+                if new_leaves[path] is not old_leaves[path]
+            ),
+            *((path, "added") for path in new_leaves.keys() - old_leaves.keys()),
+            *((path, "removed") for path in old_leaves.keys() - new_leaves.keys()),
+        ]
+        changed, how = min(changes, default=(name, "reordered"))
+        raise _violation(
+            site,
+            f"{method} changed its argument {name} in place, at {changed}.",
+            leaf=changed,
+            expected=f"{name} as it was given, and a new tree returned",
+            found=f"{changed} {how} during the call",
+            rule=_RULE_ARGUMENTS_UNCHANGED,
+        )
+
+
 def _check_call(
     output_type: type, site: _Site, arguments: _Arguments, call: Callable[[], Any]
 ) -> Any:
@@ -726,10 +772,12 @@ def _check_call(
     before = (
         _variable_values(site.module, _is_forward_state, attributes=True) if checks_writes else {}
     )
+    given = _leaves_as_given(arguments)
     try:
         result = call()
     except TraceContextError as error:
         raise _write_in_transform_violation(site, _variable_written_in(error)) from error
+    _check_arguments_unchanged(site, "__call__", arguments, given)
     if checks_writes:
         _check_unwritten(
             site, before, "__call__", RULE_NO_WRITES, _is_forward_state, attributes=True
@@ -1399,10 +1447,12 @@ def _check_reset_state(site: _Site, arguments: _Arguments, call: Callable[[], An
             if checks_writes
             else {}
         )
+        given = _leaves_as_given(arguments)
         try:
             state = call()
         except TraceContextError as error:
             raise _write_in_transform_violation(site, _variable_written_in(error)) from error
+        _check_arguments_unchanged(site, "reset_state", arguments, given)
         if checks_writes:
             _check_unwritten(
                 site,
@@ -1652,13 +1702,19 @@ def is_stats_bearing(node: Any) -> bool:
 
 
 def _holds_own_statistics(node: Any) -> bool:
-    """Whether a statistic variable of ``node`` lies outside its contract sub-modules."""
+    """Whether a statistic of ``node`` lies outside its contract sub-modules: a statistic
+    variable, or an array held outside variables (``update_statistics`` may write either)."""
     entries = [(tuple(path), value) for path, value in nnx.iter_graph(node) if path]
     children = [path for path, value in entries if _is_contract_module(value)]
     return any(
-        isinstance(value, nnx.Variable)
-        and _is_statistic(value)
-        and not isinstance(value, nnx.Intermediate)
+        (
+            isinstance(value, jax.Array | np.ndarray)
+            or (
+                isinstance(value, nnx.Variable)
+                and _is_statistic(value)
+                and not isinstance(value, nnx.Intermediate)
+            )
+        )
         and not any(path[: len(child)] == child for child in children)
         for path, value in entries
     )

@@ -66,25 +66,27 @@ __all__ = [
 ]
 
 
-def require_env(owner: str, env: Any, needs: tuple[str, ...] = ("reset", "step")) -> None:
-    """Raise ``TypeError`` unless ``env`` is an environment object with the methods
-    ``needs`` (a name instead of one is pointed to :func:`nnx_ppo.envs.make`)."""
+def require_env(
+    owner: str, env: Any, needs: tuple[str, ...] = ("reset", "step"), name: str = "env"
+) -> None:
+    """Raise ``TypeError`` unless ``env`` (the argument ``name``) is an environment object
+    with the methods ``needs`` (a name instead of one is pointed to :func:`nnx_ppo.envs.make`)."""
     if isinstance(env, str):
         raise TypeError(
-            f"{owner}: env is the name {env!r}, not an environment; build it with "
+            f"{owner}: {name} is the name {env!r}, not an environment; build it with "
             f"nnx_ppo.envs.make({env!r})"
         )
     # A class is refused when its reset is an instance method (a class of static
     # methods is an env too).
     if isinstance(env, type) and inspect.isfunction(inspect.getattr_static(env, "reset", None)):
         raise TypeError(
-            f"{owner}: env is the class {env.__name__}, not an environment; pass an "
+            f"{owner}: {name} is the class {env.__name__}, not an environment; pass an "
             f"instance, e.g. {env.__name__}()"
         )
-    missing = [name for name in needs if not callable(getattr(env, name, None))]
+    missing = [method for method in needs if not callable(getattr(env, method, None))]
     if missing:
         raise TypeError(
-            f"{owner}: env must be an environment with reset(key) and step(state, action); "
+            f"{owner}: {name} must be an environment with reset(key) and step(state, action); "
             f"a {type(env).__name__} has no {' and no '.join(missing)} method"
         )
 

@@ -546,6 +546,8 @@ class _ModuleKit:
         self.rtol, self.atol, self.stochastic, self.episodic = rtol, atol, stochastic, episodic
         # Whether a step's outputs depend on the carry's keys: traced once, on first need.
         self.step_reads_its_keys: bool | None = None
+        # Whether replay's log-likelihoods depend on the variables or the input: likewise.
+        self.replay_scores_its_inputs: bool | None = None
         # Compiled once per batch size (the step also per extras given or not, the fold
         # per rollout length); the graphdef is closed over and the variables are an
         # argument, so every example reuses the compiled programs.
@@ -1159,6 +1161,14 @@ def _check_replay_subset(case: _Case) -> None:
     )
 
 
+def _loglikelihoods(out: StatefulModuleOutput) -> list[Any]:
+    """The log-likelihood leaves of a sampler's or a PPO network's output."""
+    if isinstance(out.output, PPONetworkOutput):
+        return jax.tree.leaves(out.output.loglikelihoods)
+    nodes = jax.tree.leaves(out.output, is_leaf=is_sampled_action)
+    return [node["log_likelihood"] for node in nodes if is_sampled_action(node)]
+
+
 def _samples_actions(case: _Case) -> bool:
     return bool(_actions(case.rollout.outputs[0]))
 
@@ -1197,6 +1207,42 @@ def _check_stored_action(case: _Case) -> None:
         ),
         steps=case.all_steps,
     )
+    _check_replay_scores_under_the_parameters(case)
+
+
+def _check_replay_scores_under_the_parameters(case: _Case) -> None:
+    """In replay, each log-likelihood depends on the variables or the input, not on the
+    ``rollout_extras`` alone: one read back from them (stored at the rollout) gives a
+    ratio of 1 and no policy gradient, while replay reproduces the rollout exactly.
+
+    Traced once per ``check_module`` call, as the keys' check is: where the values flow
+    is a property of the program, whatever numbers they take.
+    """
+    kit = case.kit
+    if kit.replay_scores_its_inputs is None:
+        state = jax.tree.map(jnp.asarray, case.initial)
+        stored = jax.tree.map(jnp.asarray, _at_step(case.rollout.extras(), 0))
+        first_inputs = jax.tree.map(jnp.asarray, _at_step(case.ex.inputs, 0))
+
+        def scored(variables: nnx.State, x: Any) -> list[Any]:
+            return _loglikelihoods(kit._step(variables, state, x, stored)[0])
+
+        what = "__call__ in replay traced with the variables and the input as inputs"
+        with _phase(ModuleProperty.STORED_ACTION, what):
+            program = jax.make_jaxpr(scored)(case.variables, first_inputs)
+        reads = _reads_inputs(program.jaxpr, [True] * len(program.jaxpr.invars))
+        kit.replay_scores_its_inputs = all(reads)
+    if not kit.replay_scores_its_inputs:
+        raise case.fail(
+            ModuleProperty.STORED_ACTION,
+            "in replay, a log-likelihood depends on neither the parameters nor the input: "
+            "it is read back from rollout_extras, so the PPO ratio stays 1 and the policy "
+            "gets no gradient.",
+            leaf="the output's log-likelihood",
+            expected="the stored action scored under the distribution the current "
+            "parameters give for the input",
+            found="a log-likelihood computed from rollout_extras alone",
+        )
 
 
 def _check_statistics(case: _Case) -> None:
@@ -1684,7 +1730,9 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         ModuleProperty.STORED_ACTION,
         "in loss replay a sampler scores the stored action it is given back in "
         "rollout_extras, never a fresh sample",
-        "replay fed the extras of a rollout on *other* inputs returns that rollout's actions",
+        "replay fed the extras of a rollout on *other* inputs returns that rollout's "
+        "actions, and in its program each log-likelihood is computed from the variables "
+        "or the input (not read back from the extras)",
         _check_stored_action,
         Condition(
             "the output holds sampled actions (an action sampler, a ``PPOAdapter``)",
