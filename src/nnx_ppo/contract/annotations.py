@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import functools
 import inspect
 import io
 import os
@@ -60,6 +61,34 @@ def annotation_checked(fn: Callable[..., Any], where: str) -> Callable[..., Any]
     naming the method; the contract's own axis checks still run.
     """
     try:
+        typing.get_type_hints(fn)
+    except NameError:
+        # A name the module defines below the class (postponed annotations): it exists
+        # by the first call.
+        return _resolved_at_first_call(fn, where)
+    except Exception:
+        pass  # _annotation_checked_now names the error
+    return _annotation_checked_now(fn, where)
+
+
+def _resolved_at_first_call(fn: Callable[..., Any], where: str) -> Callable[..., Any]:
+    """``fn``, whose annotations are resolved and wrapped when it is first called."""
+    resolved: Callable[..., Any] | None = None
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal resolved
+        if resolved is None:
+            resolved = _annotation_checked_now(fn, where)
+        return resolved(*args, **kwargs)
+
+    return call
+
+
+def _annotation_checked_now(fn: Callable[..., Any], where: str) -> Callable[..., Any]:
+    """:func:`annotation_checked`, resolving the annotations now; ``fn`` itself, with a
+    warning, where they cannot be resolved or checked."""
+    try:
         hints = typing.get_type_hints(fn)
     except Exception as error:
         warnings.warn(
@@ -73,12 +102,14 @@ def annotation_checked(fn: Callable[..., Any], where: str) -> Callable[..., Any]
         return fn
     try:
         return checked_leaf_by_leaf(fn, hints)
-    except Exception as error:  # a method wrapped by another decorator (nnx.jit)
+    except Exception as error:
         warnings.warn(
             f"nnx_ppo: the annotations of {where} are not checked: jaxtyping could not wrap "
-            f"it ({type(error).__name__}: {error}). Put the other decorator inside the "
-            "method, or on a function it calls, to have them checked; the contract's axis "
-            "checks run either way.",
+            f"it ({type(error).__name__}: {error}). A hint that cannot be checked at run "
+            "time (a typing.Protocol without @runtime_checkable) or another decorator "
+            "around the method (nnx.jit) does this: make the hint checkable, or put the "
+            "decorator inside the method, to have them checked; the contract's axis checks "
+            "run either way.",
             stacklevel=_outside_the_library_level(),
         )
         return fn

@@ -95,7 +95,12 @@ _CALL_OBSERVERS: ContextVar[tuple[tuple[Callable[[CallRecord], None], Any], ...]
 """Each observer with the trace it was entered in."""
 
 _CHECKED_MARK = "__nnx_ppo_checked__"
+"""On a wrapper :func:`_checked` made: ``(method, the wrapper itself)``. The wrapper's
+identity tells it from a user's function that ``functools.wraps`` copied it onto."""
 _DEFAULT_MARK = "__nnx_ppo_default__"
+_COPIED_MARK = "__nnx_ppo_copied__"
+"""On a wrapper installed on a class for a method a base outside the contract defines
+(a mixin's): ``True``. The class's subclasses look past it, to what they inherit."""
 FROZEN_STATISTICS_MARK = "__nnx_ppo_frozen_statistics__"
 """A class attribute: ``True`` on a wrapper whose descendants' statistics are deliberately
 never updated, so the routing check does not expect ``update_statistics`` to reach them."""
@@ -603,6 +608,16 @@ _CALLED_WITH = {
 """Each contract method's signature, and the positional arguments the library calls it with."""
 
 
+class _ContractForms:
+    """The contract methods as the library calls them: their parameters name the
+    arguments of a method whose own signature does not, ``(*args, **kwargs)``."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> Any: ...
+    def initialize_state(self, batch_size: Any) -> Any: ...
+    def reset_state(self, prev_state: Any) -> Any: ...
+    def update_statistics(self, rollout_extras: Any) -> Any: ...
+
+
 def _require_callable_as_the_library_calls(
     cls: type, method: str, signature: inspect.Signature
 ) -> None:
@@ -674,16 +689,21 @@ def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> C
     typed = annotation_checked(fn, f"{cls.__qualname__}.{method}")
     signature = inspect.signature(fn)
     _require_callable_as_the_library_calls(cls, method, signature)
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in signature.parameters.values()):
+        # A decorator's (*args, **kwargs) wrapper without functools.wraps: its arguments
+        # are the contract's, named as the contract names them.
+        signature = inspect.signature(getattr(_ContractForms, method))
 
     @functools.wraps(fn)
     def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        running = _RUNNING_METHOD.get()
-        if not checks_enabled() or (
-            running is not None and running[:2] == (id(self), method) and running[2] is not cls
-        ):
-            # A subclass's method calling super()'s: one call of the module, which the
-            # outermost method checks and observers see once.
+        if not checks_enabled():
             return fn(self, *args, **kwargs)
+        running = _RUNNING_METHOD.get()
+        if running is not None and running[:2] == (id(self), method) and running[2] is not cls:
+            # A subclass's method calling super()'s: one call of the module, which the
+            # outermost method checks and observers see once; the annotations of the
+            # method it reaches are its own, and checked (a shape error names them).
+            return _call_annotated(_Site(self, method), typed, self, *args, **kwargs)
         if method == "initialize_state":
             # A NumPy integer batch size is an int to the contract (require_int), so to
             # annotations saying int too.
@@ -713,8 +733,14 @@ def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> C
                 )
                 observer(record)
 
-    setattr(checked, _CHECKED_MARK, method)
+    setattr(checked, _CHECKED_MARK, (method, checked))
     return checked
+
+
+def _checked_method(function: Any) -> str | None:
+    """The contract method ``function`` checks, where it is a wrapper :func:`_checked` made."""
+    mark = getattr(function, _CHECKED_MARK, None)
+    return mark[0] if isinstance(mark, tuple) and mark[1] is function else None
 
 
 def _leaves_as_given(arguments: _Arguments) -> dict[str, list[tuple[str, Any]]]:
@@ -1729,9 +1755,7 @@ def _has_contract_children(node: Any) -> bool:
 def _overrides(node: Any, method: str) -> bool:
     """Whether ``node``'s class defines contract method ``method`` (not the default)."""
     function = getattr(type(node), method)
-    return getattr(function, _CHECKED_MARK, None) == method and not getattr(
-        function, _DEFAULT_MARK, False
-    )
+    return _checked_method(function) == method and not getattr(function, _DEFAULT_MARK, False)
 
 
 @dataclass(frozen=True)
@@ -1859,20 +1883,38 @@ def install_checks(cls: type, output_type: type, *, defaults: bool = False) -> N
     cls.__nnx_ppo_contract__ = True  # type: ignore[attr-defined]
     checks = {"__call__": functools.partial(_check_call, output_type), **_CHECKS}
     for name, check in checks.items():
-        fn = _resolve(cls, name)
-        if fn is None or getattr(fn, _CHECKED_MARK, None) is not None:
+        owner, fn = _resolve(cls, name)
+        if fn is None or _checked_method(fn) is not None:
             continue
-        if not callable(fn):
-            raise TypeError(f"{cls.__qualname__}.{name} is a {type(fn).__name__}, not a method")
+        if isinstance(fn, staticmethod | classmethod) or not callable(fn):
+            raise TypeError(
+                f"{cls.__qualname__}.{name} is a {type(fn).__name__}, not a method: the "
+                f"library calls it on a module, as {_CALLED_WITH[name][0]}"
+            )
         wrapped = _checked(cls, fn, name, check)
         setattr(wrapped, _DEFAULT_MARK, defaults)
+        setattr(wrapped, _COPIED_MARK, owner is not cls)
         # type.__setattr__: a metaclass that re-installs checks on assignment must not recurse.
         type.__setattr__(cls, name, wrapped)
 
 
-def _resolve(cls: type, name: str) -> Any:
-    """``name`` as ``cls``'s instances find it: from the first class in the MRO defining it."""
+def _resolve(cls: type, name: str) -> tuple[type | None, Any]:
+    """``name`` as ``cls``'s instances would find it without this module's wrappers of
+    mixin methods, and the class defining it.
+
+    Such a wrapper, installed on a base of ``cls``, would otherwise hide a mixin later in
+    ``cls``'s MRO that overrides the one it wraps; where it wraps the very function found
+    past it, it is returned, to be inherited as it is.
+    """
+    skipped: Any = None
     for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    return None
+        value = klass.__dict__.get(name)
+        if value is None:
+            continue
+        if klass is not cls and getattr(value, _COPIED_MARK, False):
+            skipped = skipped or value
+            continue
+        if skipped is not None and getattr(skipped, "__wrapped__", None) is value:
+            return klass, skipped
+        return klass, value
+    return None, None
