@@ -204,6 +204,11 @@ def test_a_file_that_is_no_array_and_a_dtype_it_would_ignore_are_named(
     assert check(f"{cells}:make_good", "--example-input", "garbage.npy") == 2
     shown = capsys.readouterr().err
     assert "--example-input garbage.npy is not a .npy or .npz file of numeric arrays" in shown
+    # A .npz reads its arrays lazily: an object array fails at the read, named the same way.
+    np.savez(tmp_path / "objects.npz", a=np.array([1, "x"], dtype=object))
+    assert check(f"{cells}:make_good", "--example-input", "objects.npz") == 2
+    shown = capsys.readouterr().err
+    assert "--example-input objects.npz is not a .npy or .npz file of numeric arrays" in shown
     np.save(tmp_path / "sample.npy", np.zeros(3, np.float32))
     given_a_dtype = ("--example-input", "sample.npy", "--input-dtype", "int32")
     assert check(f"{cells}:make_good", *given_a_dtype) == 2
@@ -229,6 +234,12 @@ def test_negative_sizes_and_seeds_beyond_int64_are_usage_errors(
         check(f"{cells}:make_good", "--input-shape", "-4")
     assert exited.value.code == 2
     assert "-4 is not an axis length" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # the target after --input-shape's numbers
+        main(["check", "--input-shape", "4", f"{cells}:make_good"])
+    assert exited.value.code == 2
+    assert f"MODULE:FACTORY goes before --input-shape, e.g. nnx-ppo check {cells}:make_good" in (
+        capsys.readouterr().err
+    )
     with pytest.raises(SystemExit) as exited:
         main(["eval", "somewhere", "--seed", str(2**70)])
     assert exited.value.code == 2

@@ -88,7 +88,14 @@ def _dimension(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        # --input-shape takes every word up to the next flag, so a target written after it
+        # lands here rather than in MODULE:FACTORY.
+        target_hint = (
+            f"; MODULE:FACTORY goes before --input-shape, e.g. nnx-ppo check {text} --input-shape 4"
+            if ":" in text
+            else ""
+        )
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer{target_hint}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is not an axis length (0 or more)")
     return value
@@ -129,16 +136,16 @@ def _example_input(args: argparse.Namespace) -> Any:
         raise ValueError(f"--example-input must be a .npy or .npz file, got {path}")
     if not path.exists():
         raise FileNotFoundError(f"--example-input {path} does not exist")
-    try:
-        loaded = np.load(path)  # allow_pickle stays off: an input is numeric arrays
+    try:  # allow_pickle stays off: an input is numeric arrays
+        loaded = np.load(path)
+        if isinstance(loaded, np.ndarray):
+            return loaded
+        with loaded:  # a .npz reads each array lazily, here
+            return {name: loaded[name] for name in loaded.files}
     except (ValueError, OSError) as error:
         raise ValueError(
             f"--example-input {path} is not a .npy or .npz file of numeric arrays ({error})"
         ) from error
-    if isinstance(loaded, np.ndarray):
-        return loaded
-    with loaded:
-        return {name: loaded[name] for name in loaded.files}
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
