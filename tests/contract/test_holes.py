@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import re
+import typing
 import warnings
 from collections import OrderedDict
 from typing import Any, NamedTuple
@@ -1234,6 +1235,24 @@ def test_a_jitted_method_with_annotations_is_left_unchecked_with_a_warning() -> 
                 return StatefulModuleOutput(state, x, jnp.zeros(()), {})
 
     assert Jitted()((), jnp.ones((2, 3))).output.shape == (2, 3)
+
+
+class _Scorer(typing.Protocol):  # not @runtime_checkable: beartype cannot check it
+    def score(self) -> float: ...
+
+
+def test_an_uncheckable_hint_leaves_the_method_s_other_annotations_checked() -> None:
+    with pytest.warns(UserWarning, match=r"annotation of rollout_extras in .*Scoring.__call__"):
+
+        class Scoring(StatefulModule):
+            def __call__(
+                self, state: Any, x: Float[Array, "B 3"], rollout_extras: _Scorer | None = None
+            ) -> StatefulModuleOutput:
+                return StatefulModuleOutput(state, x, jnp.zeros(()), {})
+
+    assert Scoring()((), jnp.ones((2, 3))).output.shape == (2, 3)
+    with pytest.raises(ContractError, match="argument x does not match its jaxtyping"):
+        Scoring()((), jnp.ones((2, 4)))
 
 
 class Annotated(StatefulModule):

@@ -60,15 +60,7 @@ def annotation_checked(fn: Callable[..., Any], where: str) -> Callable[..., Any]
     references to names local to a function) are left unchecked, with a warning
     naming the method; the contract's own axis checks still run.
     """
-    try:
-        typing.get_type_hints(fn)
-    except NameError:
-        # A name the module defines below the class (postponed annotations): it exists
-        # by the first call.
-        return _resolved_at_first_call(fn, where)
-    except Exception:
-        pass  # _annotation_checked_now names the error
-    return _annotation_checked_now(fn, where)
+    return _annotation_checked_now(fn, where, defer_unresolved=True)
 
 
 def _resolved_at_first_call(fn: Callable[..., Any], where: str) -> Callable[..., Any]:
@@ -85,12 +77,19 @@ def _resolved_at_first_call(fn: Callable[..., Any], where: str) -> Callable[...,
     return call
 
 
-def _annotation_checked_now(fn: Callable[..., Any], where: str) -> Callable[..., Any]:
+def _annotation_checked_now(
+    fn: Callable[..., Any], where: str, defer_unresolved: bool = False
+) -> Callable[..., Any]:
     """:func:`annotation_checked`, resolving the annotations now; ``fn`` itself, with a
-    warning, where they cannot be resolved or checked."""
+    warning, where they cannot be resolved or checked. With ``defer_unresolved``, a
+    name not defined yet is looked up again at the first call."""
     try:
         hints = typing.get_type_hints(fn)
     except Exception as error:
+        if defer_unresolved and isinstance(error, NameError):
+            # A name the module defines below the class (postponed annotations): it
+            # exists by the first call.
+            return _resolved_at_first_call(fn, where)
         warnings.warn(
             f"nnx_ppo: the annotations of {where} are not checked: resolving them raised "
             f"{type(error).__name__}: {error}. Define the names they use at module level "
@@ -98,21 +97,46 @@ def _annotation_checked_now(fn: Callable[..., Any], where: str) -> Callable[...,
             stacklevel=_outside_the_library_level(),
         )
         return fn
-    if not hints:
+    checkable = {}
+    for name, hint in hints.items():
+        try:
+            _require_checkable(hint)
+        except Exception as error:
+            annotation = "return annotation" if name == "return" else f"annotation of {name}"
+            warnings.warn(
+                f"nnx_ppo: the {annotation} in {where} is not checked: beartype cannot "
+                f"check {_hint_text(hint)} at run time ({type(error).__name__}). A "
+                "typing.Protocol without @runtime_checkable does this: make it checkable "
+                "to have it checked; the method's other annotations and the contract's "
+                "axis checks run either way.",
+                stacklevel=_outside_the_library_level(),
+            )
+        else:
+            checkable[name] = hint
+    if not checkable:
         return fn
     try:
-        return checked_leaf_by_leaf(fn, hints)
+        return checked_leaf_by_leaf(fn, checkable)
     except Exception as error:
         warnings.warn(
             f"nnx_ppo: the annotations of {where} are not checked: jaxtyping could not wrap "
-            f"it ({type(error).__name__}: {error}). A hint that cannot be checked at run "
-            "time (a typing.Protocol without @runtime_checkable) or another decorator "
-            "around the method (nnx.jit) does this: make the hint checkable, or put the "
-            "decorator inside the method, to have them checked; the contract's axis checks "
-            "run either way.",
+            f"it ({type(error).__name__}: {error}). Another decorator around the method "
+            "(nnx.jit) does this: put the decorator inside the method to have them checked; "
+            "the contract's axis checks run either way.",
             stacklevel=_outside_the_library_level(),
         )
         return fn
+
+
+def _require_checkable(hint: Any) -> None:
+    """Raise what beartype raises when asked to check ``hint`` (a ``typing.Protocol``
+    without ``@runtime_checkable`` cannot be), so one such hint leaves the others checked."""
+
+    def probe(value: Any) -> None:
+        del value
+
+    probe.__annotations__ = {"value": hint}
+    beartype(probe)
 
 
 class AnnotationMismatch(Exception):
@@ -153,7 +177,9 @@ def checked_leaf_by_leaf(fn: Callable[..., Any], hints: dict[str, Any]) -> Calla
     with beartype, inside one jaxtyping dimension memo for the whole call (holding the
     arguments, so ``{self.width}`` dimensions resolve), and a violation names its leaf.
     """
-    jaxtyped(typechecker=beartype)(fn)  # refuses, when the class is made, what it cannot check
+    # Refuses, when the class is made, what jaxtyping cannot wrap (a decorator's object
+    # in place of the function), with the hints that will be checked.
+    jaxtyped(typechecker=beartype)(_annotated_copy(fn, hints))
     signature = inspect.signature(fn)
     parameters = signature.parameters
 
@@ -185,6 +211,17 @@ def checked_leaf_by_leaf(fn: Callable[..., Any], hints: dict[str, Any]) -> Calla
     for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
         setattr(run, attribute, getattr(fn, attribute, None))
     return jaxtyped(typechecker=beartype)(run)
+
+
+def _annotated_copy(fn: Callable[..., Any], hints: dict[str, Any]) -> Callable[..., Any]:
+    """A copy of the function ``fn`` whose annotations are ``hints``."""
+    code = typing.cast(types.FunctionType, fn)
+    copy = types.FunctionType(
+        code.__code__, code.__globals__, code.__name__, code.__defaults__, code.__closure__
+    )
+    copy.__kwdefaults__ = code.__kwdefaults__
+    copy.__annotations__ = hints
+    return copy
 
 
 def _require_match(what: str, name: str, value: Any, hint: Any) -> None:
