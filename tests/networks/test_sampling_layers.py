@@ -184,6 +184,14 @@ def test_a_tanh_entropy_of_a_tiny_std_and_its_gradient_stay_exact():
         # dH/dmu -> -2 tanh(mu); dH/d raw = (1/sigma + O(sigma)) * sigmoid(raw) -> 1 - ...
         np.testing.assert_allclose(gradient[0, 0], -2 * np.tanh(mu), rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(gradient[0, 1], 1.0, rtol=1e-4)
+    # A std under float32's floor, at a saturated mean of either sign: the quadrature's
+    # bound overflowed to inf at a negative mean (an entropy and gradient of NaN).
+    tiny = np.finfo(np.float32).tiny
+    for mu in (-50.0, 50.0):
+        entropy, gradient = entropy_and_gradient(jnp.array([[mu, -100.0]], jnp.float32))
+        expected = np.log(tiny * np.sqrt(2 * np.pi * np.e)) - 2 * (abs(mu) - np.log(2.0))
+        np.testing.assert_allclose(entropy, expected, rtol=1e-6)
+        np.testing.assert_allclose(gradient[0], [-2 * np.sign(mu), 0.0], atol=1e-6)
 
 
 def test_tanh_entropy_gradient_matches_finite_differences_of_the_reference():

@@ -374,7 +374,11 @@ def _remainder_nodes(mu: Float[Array, " M"], sigma: Float[Array, " M"]) -> _Rema
     sum is divided by ``sigma``.
     """
     support = _REMAINDER_SUPPORT
-    lo = jnp.maximum(-_INTERVAL_HALF_WIDTH_IN_STDS, (-support - mu) / sigma)
+    # Both bounds capped on both sides: an overflowed bound (a tiny sigma) then makes an
+    # empty interval at one end, for either sign of mu.
+    lo = jnp.clip(
+        (-support - mu) / sigma, -_INTERVAL_HALF_WIDTH_IN_STDS, _INTERVAL_HALF_WIDTH_IN_STDS
+    )
     hi = jnp.maximum(jnp.minimum(_INTERVAL_HALF_WIDTH_IN_STDS, (support - mu) / sigma), lo)
     kink = jnp.clip(-mu / sigma, lo, hi)
     half_width = jnp.stack([kink - lo, hi - kink]) / 2
