@@ -332,6 +332,34 @@ def test_unbatched_env_state_is_named(counting_env, scripted_network):
     assert error.value.leaf == "env_state.done"
 
 
+def test_env_states_another_env_made_are_named_before_its_step_runs(counting_env, scripted_network):
+    # A training state built with the bare env, then stepped with the env wrapped: the
+    # wrapped step read its info key (a KeyError), or the scan named the network's carry.
+    network = scripted_network()
+    wrapped = ClockEnv(counting_env)
+    bare_states = reset_envs(counting_env, jax.random.split(jax.random.key(0), 2))
+    with pytest.raises(
+        ContractError, match=r"ClockEnv.step \(the env states given to it\)"
+    ) as error:
+        unroll_env(wrapped, bare_states, network, network.initialize_state(2), 3, jax.random.key(1))
+    assert "missing state.info['clock']" in str(error.value)
+
+
+@pytest.mark.parametrize("length", [0, -1])
+def test_rollout_lengths_must_be_positive(counting_env, scripted_network, length):
+    network = scripted_network()
+    env_state = reset_envs(counting_env, jax.random.split(jax.random.key(0), 2))
+    carry, key = network.initialize_state(2), jax.random.key(1)
+    with pytest.raises(
+        ValueError, match=f"unroll_env: unroll_length must be a positive int, got {length}"
+    ):
+        unroll_env(counting_env, env_state, network, carry, length, key)
+    with pytest.raises(
+        ValueError, match=f"max_episode_length must be a positive int, got {length}"
+    ):
+        eval_rollout(counting_env, network, 2, length, key)
+
+
 class ClockEnv:
     """The counting env with a clock shared by every env: ``info["clock"]`` is ``Shared``.
 

@@ -117,6 +117,11 @@ def test_a_truncation_flag_must_follow_done_not_the_reward() -> None:
         check_env_state(make_state(reward=reward, info={"truncated": flags}), where="E.step")
     assert error.value.leaf == "state.info['truncated']"
     assert "is neither a scalar nor a pytree with the tree of state.done" in str(error.value)
+    # MuJoCo Playground's name for the flag, checked the same way (a stray axis broadcast
+    # the rollout's flags to (T, B, B)).
+    stray_axis = {"truncation": jax.ShapeDtypeStruct((1,), jnp.float32)}
+    with pytest.raises(ContractError, match=r"E.step: state.info\['truncation'\] has shape \(1,\)"):
+        check_env_state(make_state(info=stray_axis), where="E.step")
 
 
 def test_obs_structure_changing_between_reset_and_step_is_named() -> None:

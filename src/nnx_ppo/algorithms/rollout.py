@@ -53,6 +53,7 @@ from nnx_ppo.contract.env_checks import (
     check_env_keeps_no_tracer,
     check_env_state,
     check_env_unbatched,
+    check_given_env_state,
     plain_values,
 )
 from nnx_ppo.contract.errors import rule_text
@@ -236,6 +237,9 @@ class _BatchedEnv:
         check_action_tree(actions, self.env, where=where, batch_size=n_envs_of(state, where))
 
         def step_one(state: EnvState, action: Unbatched) -> EnvState:
+            if self.reference is not None:
+                given = f"{where} (the env states given to it)"
+                check_given_env_state(state, where=given, reference=self.reference)
             stepped = _env_call(self.env.step, state, action)
             check_env_state(stepped, where=where, reference=self.reference)
             return stepped
@@ -581,6 +585,7 @@ def unroll_env(
       in one call over all ``B * T`` steps, rather than step by step (the same
       values, each from its step's carry and observation).
     """
+    require_int("unroll_env", "unroll_length", unroll_length)
     n_envs = n_envs_of(env_state, "unroll_env")
     fresh_states = reset_envs(env, jax.random.split(rng_key_for_env_reset, n_envs))
     return _unroll_from(env, env_state, networks, network_state, unroll_length, fresh_states)
@@ -753,6 +758,8 @@ def eval_rollout(
       ``logging_level``, ``eval/env/...``/``eval/net/...``: each env's metric
       averaged over its episode, then summarised over envs.
     """
+    require_int("eval_rollout", "n_envs", n_envs)
+    require_int("eval_rollout", "max_episode_length", max_episode_length)
     batched = _BatchedEnv(env)
     env_states, network_state = sharding.constrain_envs(
         (batched.reset(jax.random.split(key, n_envs)), _initial_carry(networks, n_envs, key)),

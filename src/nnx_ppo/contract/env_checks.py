@@ -57,6 +57,7 @@ __all__ = [
     "check_env_reset_key",
     "check_env_state",
     "check_env_unbatched",
+    "check_given_env_state",
     "discrete_action_flags",
     "is_size",
     "plain_values",
@@ -121,6 +122,13 @@ _RULE_FIELDS = rule_text(
 _RULE_CARRY = rule_text(
     "env.step returns the tree structure, shapes and dtypes env.reset returned: the env "
     "state is a scan carry, swapped with a fresh reset state where an episode ends",
+    "the-contract",
+    "environments",
+)
+_RULE_GIVEN_STATE = rule_text(
+    "env.step is given the states this env's reset and step make: env states or a "
+    "training state made with another env, or with the same env under other wrappers, "
+    "do not fit it",
     "the-contract",
     "environments",
 )
@@ -296,7 +304,9 @@ def _check_mapping(where: str, name: str, value: Any) -> None:
         )
 
 
-def _check_same_as_reference(where: str, name: str, value: Any, reference: Any) -> None:
+def _check_same_as_reference(
+    where: str, name: str, value: Any, reference: Any, rule: str = _RULE_CARRY
+) -> None:
     ref_name = name.replace("state", "reference", 1)
     ref_def = jax.tree_util.tree_structure(reference)
     if jax.tree_util.tree_structure(value) != ref_def:
@@ -306,7 +316,7 @@ def _check_same_as_reference(where: str, name: str, value: Any, reference: Any) 
             leaf=name,
             expected=f"the structure of the reset state's {name.removeprefix('state.')}: {ref_def}",
             found=structure_difference(ref_name, reference, name, value),
-            rule=_RULE_CARRY,
+            rule=rule,
         )
     for (_, ref_leaf), (leaf_name, leaf) in zip(
         named_leaves(ref_name, reference), named_leaves(name, value), strict=True
@@ -326,7 +336,7 @@ def _check_same_as_reference(where: str, name: str, value: Any, reference: Any) 
                 expected=f"shape {format_shape(tuple(ref_leaf.shape))} {ref_dtype} "
                 "(as returned by env.reset)",
                 found=describe_leaf(leaf),
-                rule=_RULE_CARRY,
+                rule=rule,
             )
 
 
@@ -398,10 +408,11 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
     _require_each(where, obs_leaves, _is_array, "is not an array", "an array", _RULE_FIELDS)
     _check_mapping(where, "state.metrics", metrics)
     _check_mapping(where, "state.info", info)
-    if "truncated" in info:
-        truncated = info["truncated"]
-        flag = "one time-limit flag"
-        _check_scalar_or_like(where, "state.info['truncated']", truncated, "state.done", done, flag)
+    for name in ("truncated", "truncation"):  # ours and MuJoCo Playground's
+        if name in info:
+            flag = "one time-limit flag"
+            leaf = f"state.info[{name!r}]"
+            _check_scalar_or_like(where, leaf, info[name], "state.done", done, flag)
     if reference is None:
         return
     for name in _STATE_FIELDS:
@@ -409,6 +420,17 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
             where, f"state.{name}", getattr(state, name), getattr(reference, name)
         )
     _check_same_as_reference(where, "state", state, reference)
+
+
+def check_given_env_state(state: Any, *, where: str, reference: Any) -> None:
+    """Check one env's state as ``step`` is given it against its reset state ``reference``.
+
+    Env states made by another env (a training state built with the bare env, then
+    stepped with it wrapped) are named here, rather than as a ``KeyError`` inside
+    ``step`` or a scan's carry mismatch.
+    """
+    if checks_enabled():
+        _check_same_as_reference(where, "state", state, reference, rule=_RULE_GIVEN_STATE)
 
 
 _NOT_WALKED = (
