@@ -48,7 +48,7 @@ EXPECTED_OUTPUT = {
         "leaf:     EagerTrace.mean (BatchStat)",
         "ContractError: EagerTrace.__call__: __call__ wrote the variable "
         "EagerTrace.mean (BatchStat).",
-        "found:    wrote during the call",
+        "found:    EagerTrace.mean (BatchStat) written during the call",
         "check_module(Residual): property 'update_statistics routing' fails at B=1, T=1",
         "update_statistics never reached Residual.inner (DecayingTrace)",
         "found:    Residual inherits the no-op default",

@@ -260,6 +260,11 @@ def test_a_child_reset_with_another_childs_carry_is_caught() -> None:
     assert "was given a carry that is not the one its initialize_state builds" in str(error)
     assert "called by _ResetsCrosswise" in str(error)
     assert "prev_state['buffer'] (..., 3, 2) float32" in str(error.expected)
+    # Two delay lines of one length and other widths: their shapes are settings, not
+    # variables, and told them apart only once they entered the structure's key.
+    network = _ResetsCrosswise(a=Delay(jnp.zeros(2), 2), b=Delay(jnp.zeros(5), 2))
+    with pytest.raises(ContractError, match="was given a carry that is not the one"):
+        network.reset_state(network.initialize_state(4))
     assert error.found == "prev_state shape (4, 2) float32"
 
 
@@ -315,6 +320,7 @@ def test_a_statistic_written_in_call_is_named_eagerly() -> None:
         network(network.initialize_state(2), jnp.ones((2, 3)))
     error = caught.value
     assert error.leaf == "Sequential.layers[1].mean (BatchStat)"
+    assert error.found == "Sequential.layers[1].mean (BatchStat) written during the call"
     assert "statistics only in update_statistics" in str(error.rule)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -269,3 +270,13 @@ def test_pytree_observations_follow_the_example_with_a_batch_axis(carry: Any) ->
     # Per-env keys must differ, or every env would draw the same random numbers.
     key_data = np.asarray(jax.random.key_data(carry["keys"]))
     assert len({row.tobytes() for row in key_data}) == 5
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "error"), [(0, ValueError), (-1, ValueError), (2.0, TypeError)]
+)
+def test_pytree_observations_refuse_a_batch_size_that_is_no_positive_int(
+    batch_size: Any, error: type
+) -> None:
+    with pytest.raises(error, match="pytree_observations: batch_size must be"):
+        nst.pytree_observations(batch_size=batch_size)

@@ -312,6 +312,20 @@ def test_a_population_that_receives_or_feeds_nothing_is_refused():
     graph.connect("i", "a")
     with pytest.raises(ValueError, match="population 'a' feeds nothing and is no output"):
         graph.finalize()
+    # Fed back to itself, or to populations that reach no output, it is read by nothing
+    # still: its parameters got no gradient.
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("i", 3, input_from="obs")
+    graph.add_population("a", 4)
+    graph.add_population("b", 4)
+    graph.add_output("o", 4)
+    graph.connect("i", "o")
+    graph.connect("i", "a")
+    graph.connect("a", "b")
+    graph.connect("b", "b", delay=1)
+    message = r"population 'a' feeds only \['b'\], on no path to an output, and is no output"
+    with pytest.raises(ValueError, match=message):
+        graph.finalize()
     graph = PopulationGraph(nnx.Rngs(0))
     graph.add_input("i", 3, input_from="obs")
     graph.add_output("o", 4)

@@ -102,11 +102,9 @@ class TruncationPerCoordinate(Walker):
 def test_a_truncation_flag_with_a_stray_axis_is_named() -> None:
     with pytest.raises(ContractPropertyError) as caught:
         check_env(TruncationPerCoordinate(), n_envs=2, steps=2, action_fn=walker_action)
-    assert caught.value.property == EnvProperty.TRUNCATION
-    assert "state.info['truncation'] from env.reset is not one scalar per environment" in str(
-        caught.value
-    )
-    assert "found:    shape (2,) per environment" in str(caught.value)
+    # The contract's own check at the single env's reset, as for info['truncated'].
+    assert caught.value.property == EnvProperty.RESET
+    assert "state.info['truncation'] has shape (2,), not a scalar" in str(caught.value)
 
 
 def test_the_checks_run_even_when_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -126,11 +124,29 @@ def test_the_checks_run_even_when_switched_off(monkeypatch: pytest.MonkeyPatch) 
     [
         ({"n_envs": 0}, ValueError, "n_envs must be a positive int"),
         ({"steps": True}, TypeError, "steps must be an int, got bool"),
+        ({"key": 0}, TypeError, r"key must be one PRNG key, got int 0; .* jax.random.key\(0\)"),
+        (
+            {"key": jax.random.split(jax.random.key(0))},
+            ValueError,
+            r"got keys of shape \(2,\); pass one of them, e.g. key\[0\]",
+        ),
+        ({"action_fn": 2}, TypeError, "action_fn must be a function or None, got int 2"),
+        ({"random_reset": "no"}, TypeError, "random_reset must be True or False, got str 'no'"),
     ],
 )
 def test_bad_arguments_are_named(keywords: dict[str, Any], error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         check_env(envs.make("cartpole"), **keywords)
+
+
+def test_an_error_in_the_action_function_is_raised_as_its_own() -> None:
+    def broken_action(key: jax.Array) -> jax.Array:
+        raise RuntimeError("a bug in the caller's action function")
+
+    # Not a property failure of the env: the caller's own error, with its traceback.
+    with pytest.raises(RuntimeError, match="a bug in the caller's action function") as caught:
+        check_env(Walker(), n_envs=2, steps=2, action_fn=broken_action)
+    assert "check_env: raised by action_fn" in "\n".join(caught.value.__notes__)
 
 
 def test_an_object_without_reset_and_step_is_refused() -> None:

@@ -287,7 +287,7 @@ def test_the_environment_variable_sets_the_default_number_of_examples(
 ) -> None:
     TraceCounter.eager_calls = 0
     monkeypatch.setenv(MAX_EXAMPLES_ENV_VAR, "4")
-    check_module(TraceCounter(2), jnp.zeros(2), batch_sizes=(2,), time_lengths=(1,))
+    check_module(TraceCounter(2), jnp.zeros(2), batch_sizes=(2,), time_lengths=(2,))
     # Each example calls the module eagerly twice (the eager-vs-compiled property).
     assert TraceCounter.eager_calls == 2 * 4
     monkeypatch.setenv(MAX_EXAMPLES_ENV_VAR, "many")
@@ -295,8 +295,16 @@ def test_the_environment_variable_sets_the_default_number_of_examples(
         check_module(TraceCounter(2), jnp.zeros(2))
     TraceCounter.eager_calls = 0
     monkeypatch.setenv(MAX_EXAMPLES_ENV_VAR, "")  # a CI variable left blank: unset
-    check_module(TraceCounter(2), jnp.zeros(2), batch_sizes=(2,), time_lengths=(1,))
+    check_module(TraceCounter(2), jnp.zeros(2), batch_sizes=(2,), time_lengths=(2,))
     assert TraceCounter.eager_calls == 2 * 10
+
+
+@pytest.mark.filterwarnings("error")
+def test_an_example_input_in_numpy_s_default_dtypes_draws_without_a_warning() -> None:
+    # float64 and int64, which JAX (x64 off) truncates with a warning at every draw: a
+    # suite run with -W error failed.
+    example = {"value": np.zeros(2), "scale": np.zeros((), np.int64), "on": np.zeros((), bool)}
+    check_module(Accumulator(), example, batch_sizes=(2,), time_lengths=(2,), max_examples=2)
 
 
 def test_batch_sizes_without_two_envs_are_refused() -> None:
@@ -318,6 +326,12 @@ def test_batch_sizes_without_two_envs_are_refused() -> None:
             ValueError,
             "example_input has no elements (['x'] (0, 2))",
         ),
+        (
+            (RunningSum(2), {"obs": jnp.zeros(2), "name": np.array(["ab", "c"])}),
+            TypeError,
+            "example_input['name'] has dtype <U2, which the kit cannot draw inputs of (it "
+            "draws floats",
+        ),
     ],
 )
 def test_bad_arguments_are_named(arguments: tuple[Any, Any], error: type, message: str) -> None:
@@ -331,6 +345,9 @@ def test_bad_arguments_are_named(arguments: tuple[Any, Any], error: type, messag
         ({"batch_sizes": ()}, TypeError, "batch_sizes must be a non-empty sequence"),
         ({"batch_sizes": 3}, TypeError, "batch_sizes must be a non-empty sequence"),
         ({"time_lengths": (2, 0)}, ValueError, r"time_lengths\[1\] must be a positive int"),
+        ({"time_lengths": (1,)}, ValueError, r"time_lengths \(1,\) has no length of 2 or more"),
+        ({"episodic": "false"}, TypeError, "episodic must be True or False, got str 'false'"),
+        ({"stochastic": 1}, TypeError, "stochastic must be True, False or 'per_episode'"),
         ({"batch_sizes": (1, 2.0)}, TypeError, r"batch_sizes\[1\] must be an int"),
         ({"rtol": -1e-3}, ValueError, "rtol must be >= 0"),
         ({"atol": float("nan")}, TypeError, "atol must be a finite number"),
@@ -373,13 +390,17 @@ def test_bad_cell(check_module):
     check_module(Batchy(2), jnp.zeros(2))
 
 
+def test_bad_argument(check_module):
+    check_module(RunningSum(2), jnp.zeros(2), max_examples=0)
+
+
 def test_env(check_env):
     from nnx_ppo import envs
     check_env(envs.make("pendulum"), n_envs=2, steps=2)
 
 
 def test_the_option_reaches_a_direct_call():
-    kit_check_module(EagerCounter(2), jnp.zeros(2), batch_sizes=(2,), time_lengths=(1,))
+    kit_check_module(EagerCounter(2), jnp.zeros(2), batch_sizes=(2,), time_lengths=(2,))
     # Each example calls the module eagerly twice (the eager-vs-compiled property).
     assert EagerCounter.eager_calls == 2 * 3
 """
@@ -427,13 +448,17 @@ def test_the_pytest_plugin_serves_the_kit_and_reports_a_failure_in_a_few_lines(
     (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TESTS))
     result = _pytest_session(tmp_path, "--nnx-ppo-max-examples=3", "test_user.py")
     output = result.stdout + result.stderr
-    assert "1 failed, 3 passed" in output, output
+    assert "2 failed, 3 passed" in output, output
     headline = "check_module(Batchy): property 'batch-of-one agreement' fails at B=2"
     report = _failure_section(output, "test_bad_cell")
     # The test's own line, the message once, Hypothesis's example; no library frames.
     assert len(report) <= 20, "\n".join(report)
     assert sum(headline in line for line in report) == 1, "\n".join(report)
     assert not any("site-packages" in line or "nnx_ppo/" in line for line in report)
+    # An argument error too: the validator's frames (require_int's source) are hidden.
+    report = _failure_section(output, "test_bad_argument")
+    assert any("max_examples must be a positive int" in line for line in report), output
+    assert not any("nnx_ppo/" in line or "def require_int" in line for line in report)
 
 
 WITHOUT_HYPOTHESIS_TESTS = """

@@ -1136,6 +1136,7 @@ def test_statistics_order_moves_the_last_sample_even_at_two_samples() -> None:
     # One step of two envs: a seeded shuffle of two samples can be the identity.
     with pytest.raises(ContractPropertyError) as caught:
         check_module(
-            AveragesSampleBySample, jnp.zeros(FEATURES), batch_sizes=(2,), time_lengths=(1,)
+            AveragesSampleBySample, jnp.zeros(FEATURES), batch_sizes=(2,), time_lengths=(1, 2)
         )
     assert caught.value.property == ModuleProperty.STATISTICS_ORDER, str(caught.value)
+    assert caught.value.sizes == {"B": 2, "T": 1}

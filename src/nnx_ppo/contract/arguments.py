@@ -1,9 +1,11 @@
 """Validation of constructor and config arguments, with errors that name the argument.
 
 This is the one place where the library checks that an argument is an int or a
-finite number within bounds; every constructor, config and checker calls it.
-NumPy scalars are accepted alongside Python's (a size computed with NumPy is
-still a size); ``bool`` is not, although Python counts it as an ``int``.
+finite number within bounds, a flag or a PRNG key; every constructor, config and
+checker calls it. NumPy scalars are accepted alongside Python's (a size computed
+with NumPy is still a size); ``bool`` is not an int, although Python counts it as
+one. Each helper hides its own frame from pytest's tracebacks
+(``__tracebackhide__``): a failing test shows the caller's line and the message.
 """
 
 import inspect
@@ -11,13 +13,16 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 __all__ = [
     "as_whole",
     "is_int",
+    "require_bool",
     "require_callable",
     "require_int",
+    "require_key",
     "require_number",
     "require_sizes",
 ]
@@ -65,6 +70,7 @@ def require_int(
       TypeError: ``value`` is not an ``int`` or NumPy integer (a ``bool`` is not accepted).
       ValueError: ``value`` lies outside ``[minimum, maximum]``.
     """
+    __tracebackhide__ = True
     if not is_int(value):
         raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__} {value!r}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
@@ -98,6 +104,7 @@ def require_number(
         or no number at all.
       ValueError: ``value`` lies outside the bounds.
     """
+    __tracebackhide__ = True
     real = isinstance(value, int | float | np.integer | np.floating)
     if isinstance(value, bool) or not real or not math.isfinite(value):
         raise TypeError(
@@ -109,6 +116,28 @@ def require_number(
     return float(value)
 
 
+def require_bool(owner: str, name: str, value: Any, *, also: str | None = None) -> bool:
+    """``value`` as a ``bool`` if it is one (a NumPy ``bool`` too); else a clear error.
+
+    A flag is never taken by its truth: ``bool("false")`` is ``True``.
+
+    Args:
+      owner: who takes the argument (a class or function name), for the message.
+      name: the argument's name, for the message.
+      value: the argument.
+      also: the argument's other settings, which the caller handles before calling
+        this, for the message (``"'per_episode'"``).
+
+    Raises:
+      TypeError: ``value`` is not a ``bool``.
+    """
+    __tracebackhide__ = True
+    if not isinstance(value, bool | np.bool_):
+        allowed = "True or False" if also is None else f"True, False or {also}"
+        raise TypeError(f"{owner}: {name} must be {allowed}, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
 def require_sizes(owner: str, name: str, value: Any) -> list[int]:
     """``value``, a sequence of positive ints (layer widths), as a list; else a clear error.
 
@@ -117,6 +146,7 @@ def require_sizes(owner: str, name: str, value: Any) -> list[int]:
         an int.
       ValueError: an entry is not positive.
     """
+    __tracebackhide__ = True
     if not isinstance(value, Sequence) or isinstance(value, str):
         raise TypeError(
             f"{owner}: {name} must be a sequence of ints, e.g. [64, 64], got "
@@ -130,6 +160,7 @@ def require_callable(
 ) -> None:
     """Raise ``TypeError`` unless ``value`` is callable or ``None`` (an optional callback),
     and, given the names of the ``arguments`` it will be called with, can take them."""
+    __tracebackhide__ = True
     if value is None:
         return
     if not callable(value):
@@ -156,3 +187,35 @@ def require_callable(
                 f"{getattr(value, '__name__', type(value).__name__)}{signature} cannot take "
                 f"that: {error}"
             ) from None
+
+
+def require_key(owner: str, name: str, value: Any) -> Any:
+    """``value`` if it is one PRNG key: a typed key of shape ``()`` (``jax.random.key``) or
+    a raw ``uint32`` key of shape ``(k,)``, its words (``(2,)`` from
+    ``jax.random.PRNGKey``); else a clear error.
+
+    Raises:
+      TypeError: ``value`` is no key (an int seed, an array of another dtype).
+      ValueError: ``value`` holds several keys, or a raw key of another shape.
+    """
+    __tracebackhide__ = True
+    dtype = getattr(value, "dtype", None)
+    typed = dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)
+    if not typed and dtype != np.uint32:
+        seed = f"; for the seed {value}, pass jax.random.key({value})" if is_int(value) else ""
+        found = (
+            f"{type(value).__name__} {value!r}"
+            if dtype is None or is_int(value)
+            else f"a {dtype} array of shape {tuple(np.shape(value))}"
+        )
+        raise TypeError(f"{owner}: {name} must be one PRNG key, got {found}{seed}")
+    shape, one_ndim = tuple(value.shape), (0 if typed else 1)  # a raw key's axis: its words
+    if len(shape) != one_ndim:
+        several = len(shape) > one_ndim
+        fix = f"; pass one of them, e.g. {name}[0]" if several else ""
+        raise ValueError(
+            f"{owner}: {name} must be one PRNG key, a typed key of shape () or a raw uint32 "
+            f"key of shape (2,), got {'keys' if typed else 'a uint32 array'} of shape "
+            f"{shape}{fix}"
+        )
+    return value

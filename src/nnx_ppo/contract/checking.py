@@ -1074,7 +1074,7 @@ def _check_unwritten(
             problem,
             leaf=name,
             expected="the value it held before the call",
-            found=f"{change} during the call",
+            found=f"{name} {'written' if change == 'wrote' else change} during the call",
             rule=rule,
         )
     # Variables and arrays first: a Python value added with them (an nnx.Rngs stream's
@@ -1087,7 +1087,7 @@ def _check_unwritten(
             f"{method} added {_the(added)}{name}." + _why(added, "added"),
             leaf=name,
             expected="only what the module held before the call",
-            found="added during the call",
+            found=f"{name} added during the call",
             rule=rule,
         )
 
@@ -1295,6 +1295,8 @@ def _structure_key(module: Any) -> Any:
             key.append((tuple(path), type(node), tuple(leaves)))
         elif isinstance(node, _SETTINGS):
             key.append((tuple(path), type(node), node))
+        elif isinstance(node, jax.ShapeDtypeStruct):  # a shape kept as a setting (a delay's)
+            key.append((tuple(path), type(node), tuple(node.shape), str(node.dtype)))
         else:
             key.append((tuple(path), type(node)))
     return tuple(key)

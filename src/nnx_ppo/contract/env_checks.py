@@ -72,6 +72,7 @@ def require_env(
 ) -> None:
     """Raise ``TypeError`` unless ``env`` (the argument ``name``) is an environment object
     with the methods ``needs`` (a name instead of one is pointed to :func:`nnx_ppo.envs.make`)."""
+    __tracebackhide__ = True
     if isinstance(env, str):
         raise TypeError(
             f"{owner}: {name} is the name {env!r}, not an environment; build it with "

@@ -28,7 +28,7 @@ from jaxtyping import Bool, Int, PRNGKeyArray
 
 from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import checks
-from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.arguments import require_bool, require_callable, require_int, require_key
 from nnx_ppo.contract.axes import Unbatched
 from nnx_ppo.contract.checking import named_leaves
 from nnx_ppo.contract.env_checks import (
@@ -82,6 +82,7 @@ _RESETS_COMPARED = 32
 
 
 def _action_size(env: Any) -> Any:
+    __tracebackhide__ = True
     action_size = getattr(env, "action_size", None)
     if action_size is None:
         raise TypeError(
@@ -338,39 +339,18 @@ class _EnvKit:
 
     def check_truncation(self) -> None:
         states, trajectory, _ = self.result
-        for stage, batch, lead in (
-            ("reset", states, (self.n_envs,)),
-            ("step", trajectory, (self.steps, self.n_envs)),
-        ):
+        for stage, batch in (("reset", states), ("step", trajectory)):
             for key in TRUNCATION_KEYS:
                 if key in batch.info:
-                    self._check_flag(stage, f"state.info[{key!r}]", batch.info[key], batch, lead)
+                    self._check_flag(stage, f"state.info[{key!r}]", batch.info[key], batch)
 
-    def _check_flag(
-        self, stage: str, name: str, flag: Any, batch: Any, lead: tuple[int, ...]
-    ) -> None:
+    def _check_flag(self, stage: str, name: str, flag: Any, batch: Any) -> None:
+        # Its shape and tree (one flag, or one per done leaf) are the contract's, checked
+        # at every reset and step of the rollout; here its values.
         flags = named_leaves(name, flag)
         done = named_leaves("state.done", batch.done)
-        if len(flags) != 1 and [n.removeprefix(name) for n, _ in flags] != [
-            n.removeprefix("state.done") for n, _ in done
-        ]:
-            raise self.fail(
-                EnvProperty.TRUNCATION,
-                f"{name} is neither one flag nor one flag per leaf of state.done.",
-                leaf=name,
-                expected=f"the tree of state.done: {jax.tree.structure(batch.done)}",
-                found=f"{jax.tree.structure(flag)}",
-            )
         for flag_name, leaf in flags:
             values = np.asarray(leaf)
-            if values.shape != lead:
-                raise self.fail(
-                    EnvProperty.TRUNCATION,
-                    f"{flag_name} from env.{stage} is not one scalar per environment.",
-                    leaf=flag_name,
-                    expected="shape () per environment",
-                    found=f"shape {values.shape[len(lead) :]} per environment",
-                )
             if values.dtype != np.bool_ and not np.isin(values, (0, 1)).all():
                 odd = values[~np.isin(values, (0, 1))]
                 raise self.fail(
@@ -505,6 +485,21 @@ def _same_run(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a, b))
 
 
+def _trace_action_fn(action_fn: Callable[[PRNGKeyArray], Any], key: PRNGKeyArray) -> None:
+    """Trace the caller's ``action_fn`` on one key before any property runs: an error in
+    it is the caller's, and inside a property it would read as the env's."""
+    __tracebackhide__ = True
+    try:
+        jax.eval_shape(action_fn, jax.random.split(key)[1])
+    except Exception as error:
+        # The caller's own exception, with its traceback into action_fn, is the clearest.
+        error.add_note(
+            "check_env: raised by action_fn, the function given to check_env, traced on one "
+            "key before the env was reset or stepped"
+        )
+        raise
+
+
 def check_env(
     env: Any,
     *,
@@ -529,9 +524,11 @@ def check_env(
       env: one unbatched environment with ``reset(key)`` and ``step(state, action)``.
       n_envs: the number of environments vmapped.
       steps: the number of steps of the rollout.
-      key: the PRNG key of the rollout; ``jax.random.key(0)`` if not given.
+      key: the PRNG key of the rollout, one key (typed, or a raw ``uint32`` key of
+        shape ``(2,)``); ``jax.random.key(0)`` if not given.
       action_fn: ``key -> action`` for one environment; by default
         :func:`random_action` from ``env.action_size`` and ``env.discrete_actions``.
+        An error it raises is raised as it is, with a note naming ``action_fn``.
       random_reset: whether ``reset`` draws the start from its key (checked as
         ``reset draws from its key``); ``False`` for an env that starts in one
         state on purpose.
@@ -540,19 +537,24 @@ def check_env(
       ContractPropertyError: a property failed; the message names it, the leaf,
         and quotes the error of the contract check (or of the env) that caused it.
       TypeError, ValueError: the arguments are malformed.
+      Exception: whatever ``action_fn`` raises, unchanged but for a note.
     """
     __tracebackhide__ = True  # pytest shows the caller's line and the message
     require_env("check_env", env)
+    rollout_key = jax.random.key(0) if key is None else require_key("check_env", "key", key)
+    require_callable("check_env", "action_fn", action_fn, ("key",))
     kit = _EnvKit(
         env,
         require_int("check_env", "n_envs", n_envs),
         require_int("check_env", "steps", steps),
-        jax.random.key(0) if key is None else key,
+        rollout_key,
         (lambda k: random_action(env, k)) if action_fn is None else action_fn,
-        bool(random_reset),
+        require_bool("check_env", "random_reset", random_reset),
     )
     if action_fn is None:
         _action_size(env)  # a missing action_size is a usage error, raised now
+    else:
+        _trace_action_fn(action_fn, rollout_key)
     try:
         with checks(True):
             for row in ENV_PROPERTIES:

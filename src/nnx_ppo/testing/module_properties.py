@@ -41,7 +41,7 @@ from jaxtyping import Array, Bool, Float, PyTree, Shaped
 
 from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import ContractError, checks
-from nnx_ppo.contract.arguments import require_int, require_number
+from nnx_ppo.contract.arguments import require_bool, require_int, require_number
 from nnx_ppo.contract.axes import (
     BatchedTree,
     BoolHistory,
@@ -77,7 +77,7 @@ from nnx_ppo.testing._harness import (
     property_failure,
     show_values,
 )
-from nnx_ppo.testing.strategies import pytree_observations
+from nnx_ppo.testing.strategies import _DRAWN_DTYPES, _can_draw, pytree_observations
 
 __all__ = [
     "DEFAULT_BATCH_SIZES",
@@ -1798,6 +1798,7 @@ _RULES: dict[str, str] = {row.property: row.rule for row in MODULE_PROPERTIES}
 def _build(
     module_factory_or_module: StatefulModule | Callable[[], StatefulModule],
 ) -> StatefulModule:
+    __tracebackhide__ = True
     module = module_factory_or_module
     if not isinstance(module, StatefulModule) and callable(module):
         module = module()
@@ -1810,6 +1811,7 @@ def _build(
 
 
 def _input_spec(example_input: Any) -> PyTree[jax.ShapeDtypeStruct]:
+    __tracebackhide__ = True
     flat, _ = jax.tree_util.tree_flatten_with_path(example_input)
     if not flat:
         raise ValueError("check_module: example_input has no array leaves")
@@ -1819,6 +1821,13 @@ def _input_spec(example_input: Any) -> PyTree[jax.ShapeDtypeStruct]:
                 f"check_module: example_input{jax.tree_util.keystr(path)} is a "
                 f"{type(leaf).__name__}; give one sample's input as arrays or "
                 "jax.ShapeDtypeStruct leaves, without a batch axis"
+            )
+        if not _can_draw(leaf.dtype):
+            raise TypeError(
+                f"check_module: example_input{jax.tree_util.keystr(path)} has dtype "
+                f"{leaf.dtype}, which the kit cannot draw inputs of (it draws "
+                f"{_DRAWN_DTYPES}); a module's input is JAX arrays, which hold no strings or "
+                "Python objects: encode the leaf as numbers (a string as an integer id)"
             )
     if all(math.prod(leaf.shape) == 0 for _, leaf in flat):
         shapes = ", ".join(
@@ -1856,6 +1865,7 @@ _SHAPE_PROPERTIES = frozenset(
 
 
 def _sizes(name: str, sizes: Sequence[int]) -> tuple[int, ...]:
+    __tracebackhide__ = True
     if isinstance(sizes, int | str) or not isinstance(sizes, Sequence) or not sizes:
         raise TypeError(f"check_module: {name} must be a non-empty sequence of ints, got {sizes!r}")
     checked = {require_int("check_module", f"{name}[{i}]", size) for i, size in enumerate(sizes)}
@@ -1864,6 +1874,7 @@ def _sizes(name: str, sizes: Sequence[int]) -> tuple[int, ...]:
 
 
 def _max_examples(max_examples: int | None) -> int:
+    __tracebackhide__ = True
     if max_examples is not None:
         return require_int("check_module", "max_examples", max_examples)
     configured = os.environ.get(MAX_EXAMPLES_ENV_VAR, "").strip()
@@ -1918,10 +1929,12 @@ def check_module(
       example_input: **one** sample's input, without the batch axis: a pytree of
         arrays or ``jax.ShapeDtypeStruct``. Inputs are drawn with its tree, shapes
         and dtypes (floats standard normal, integers in ``[-3, 3]``, ``[0, 3]`` if
-        unsigned, booleans).
+        unsigned, booleans, PRNG keys), as JAX holds them: NumPy's float64 and int64
+        as float32 and int32 unless x64 is on. Strings and objects are refused.
       batch_sizes: the batch sizes to draw ``B`` from; one compile per size. At
         least one must be 2 or more, for the properties that compare envs.
-      time_lengths: the rollout lengths to draw ``T`` from.
+      time_lengths: the rollout lengths to draw ``T`` from. At least one must be 2
+        or more, for an episode to end within a rollout.
       max_examples: how many examples Hypothesis runs (before shrinking a
         failure); by default ``NNX_PPO_MAX_EXAMPLES`` from the environment (which
         ``pytest --nnx-ppo-max-examples`` sets), else 10.
@@ -1953,14 +1966,21 @@ def check_module(
             "agreement, minibatch slicing); include 2"
         )
     lengths = _sizes("time_lengths", time_lengths)
+    if max(lengths) < 2:
+        raise ValueError(
+            f"check_module: time_lengths {lengths} has no length of 2 or more: an episode "
+            "ends between two steps of a rollout, so in rollouts of one step none does and "
+            "no property sees what follows a reset_state (episodes are independent, replay "
+            "across an end); include a longer one (the default is (1, 4))"
+        )
     examples = _max_examples(max_examples)
     rtol = require_number("check_module", "rtol", rtol, minimum=0.0)
     atol = require_number("check_module", "atol", atol, minimum=0.0)
-    if stochastic not in (True, False, "per_episode"):
-        raise ValueError(
-            f"check_module: stochastic must be True, False or 'per_episode', got {stochastic!r}"
-        )
-    kit = _ModuleKit(module, rtol, atol, stochastic, bool(episodic))
+    if not (isinstance(stochastic, str) and stochastic == "per_episode"):
+        stochastic = require_bool("check_module", "stochastic", stochastic, also="'per_episode'")
+    kit = _ModuleKit(
+        module, rtol, atol, stochastic, require_bool("check_module", "episodic", episodic)
+    )
     hint = batched_example_hint(spec, "the kit")
 
     @settings(

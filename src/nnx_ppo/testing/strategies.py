@@ -67,6 +67,12 @@ FEATURE_SHAPES: tuple[tuple[int, ...], ...] = ((), (1,), (3,), (2, 3))
 INPUT_WIDTHS: tuple[int, ...] = (2, 3, 4)
 """The input feature counts :func:`container_nestings` draws from."""
 
+_DRAWN_KINDS = (jax.dtypes.prng_key, jnp.bool_, jnp.integer, jnp.inexact)
+"""The kinds of dtype :func:`pytree_observations` invents values of."""
+
+_DRAWN_DTYPES = "floats (complex too), integers, booleans and PRNG keys"
+"""What :func:`pytree_observations` invents leaves of, in words, for messages."""
+
 _KEYS = ("a", "b", "c")
 _SEEDS = st.integers(0, 2**32 - 1)
 
@@ -87,9 +93,16 @@ def time_lengths() -> st.SearchStrategy[int]:
 # ------------------------------------------------------------------------ observations
 
 
+def _can_draw(dtype: Any) -> bool:
+    """Whether :func:`pytree_observations` can invent values of ``dtype``."""
+    return any(jnp.issubdtype(dtype, kind) for kind in _DRAWN_KINDS)
+
+
 def _random_leaf(
     rng: np.random.Generator, shape: tuple[int, ...], dtype: Any
 ) -> Shaped[Array, "..."]:
+    # The dtype JAX holds: asked for float64 with x64 off, it warns at every draw.
+    dtype = jax.dtypes.canonicalize_dtype(dtype, allow_extended_dtype=True)
     if jnp.issubdtype(dtype, jax.dtypes.prng_key):
         seed = int(rng.integers(0, 2**31 - 1))
         return jax.random.split(jax.random.key(seed), math.prod(shape)).reshape(shape)
@@ -101,7 +114,9 @@ def _random_leaf(
         return jnp.asarray(rng.integers(-3, 4, shape), dtype=dtype)
     if jnp.issubdtype(dtype, jnp.inexact):
         return jnp.asarray(rng.standard_normal(shape), dtype=dtype)
-    raise TypeError(f"pytree_observations cannot invent values of dtype {dtype}")
+    raise TypeError(
+        f"pytree_observations cannot invent values of dtype {dtype}; it draws {_DRAWN_DTYPES}"
+    )
 
 
 def _batched_like(example: Any, batch_size: int, seed: int) -> Any:
@@ -134,14 +149,23 @@ def pytree_observations(
         from ``"a"``, ``"b"``, ``"c"``) of float32 leaves with per-sample shapes
         from :data:`FEATURE_SHAPES`. Otherwise a pytree describing **one**
         sample, with arrays or ``jax.ShapeDtypeStruct`` leaves: the result has its
-        structure, and each leaf ``(B, *leaf.shape)`` of the leaf's dtype (floats
-        standard normal, integers in ``[-3, 3]`` (``[0, 3]`` unsigned), booleans, or PRNG
-        keys). Use it for carry states and rollout_extras, e.g. ``jax.eval_shape`` of
+        structure, and each leaf ``(B, *leaf.shape)`` of the leaf's dtype as JAX
+        holds it, float64 as float32 unless x64 is on (floats standard normal,
+        integers in ``[-3, 3]`` (``[0, 3]`` unsigned), booleans, or PRNG keys). Use it
+        for carry states and rollout_extras, e.g. ``jax.eval_shape`` of
         ``initialize_state(1)`` with the leading axis dropped.
-      batch_size: the ``B`` of every leaf; drawn from :func:`batch_sizes` if None.
+      batch_size: the ``B`` of every leaf, a positive int; drawn from
+        :func:`batch_sizes` if None.
+
+    Raises:
+      TypeError, ValueError: ``batch_size`` is not a positive int.
     """
     specs = _observation_specs(depth=2) if example is None else st.just(example)
-    sizes = batch_sizes() if batch_size is None else st.just(batch_size)
+    sizes = (
+        batch_sizes()
+        if batch_size is None
+        else st.just(require_int("pytree_observations", "batch_size", batch_size))
+    )
     return st.builds(_batched_like, specs, sizes, _SEEDS)
 
 

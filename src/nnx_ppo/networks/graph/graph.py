@@ -352,6 +352,20 @@ class PopulationGraph(StatefulModule):
                     f"PopulationGraph.finalize: population {name!r} feeds nothing and is no "
                     "output, so nothing reads it; connect it to a population or remove it"
                 )
+        read = _reaching_an_output(
+            [pop.name for pop in self._declared_populations() if pop.output_to is not None],
+            edges,
+        )
+        for name in self.declared:
+            if name not in read:
+                # Fed back to itself, or to others that reach no output: no loss reaches
+                # its parameters.
+                feeds = sorted({e.dst for e in edges if e.src == name})
+                raise ValueError(
+                    f"PopulationGraph.finalize: population {name!r} feeds only {feeds}, on no "
+                    "path to an output, and is no output, so nothing reads it; connect it to "
+                    "a population on a path to an output, or remove it"
+                )
         for edge in edges:
             source = self.populations[edge.src]
             source.max_outgoing_delay = max(source.max_outgoing_delay, edge.delay)
@@ -489,6 +503,19 @@ class PopulationGraph(StatefulModule):
     def update_statistics(self, rollout_extras: GraphHistory) -> None:
         for edge, history in zip(self.connections, rollout_extras["connections"], strict=True):
             edge.transform.update_statistics(history)
+
+
+def _reaching_an_output(outputs: list[str], edges: list[Connection]) -> set[str]:
+    """The populations with a path of connections (any delay) to one of ``outputs``,
+    the outputs included: those whose state some output reads."""
+    reached, frontier = set(outputs), list(outputs)
+    while frontier:
+        name = frontier.pop()
+        for edge in edges:
+            if edge.dst == name and edge.src not in reached:
+                reached.add(edge.src)
+                frontier.append(edge.src)
+    return reached
 
 
 def _evaluation_order(names: tuple[str, ...], edges: list[tuple[str, str]]) -> tuple[str, ...]:
