@@ -6,6 +6,7 @@ one finished run is shared, copied by the tests that change it.
 
 import itertools
 import json
+import logging
 import os
 import random
 import shutil
@@ -102,7 +103,7 @@ def test_a_refused_resume_leaves_the_run_resumable_and_logs_every_step_once(
 
     # Steps logged after the last checkpoint by a killed session, the last line cut short.
     (first,) = run_dir.glob("events.out.tfevents.*")
-    killed = run_dir_module.RunLogger(run_dir, purge_from=4 * STEP + 1)
+    killed = run_dir_module.RunLogger(run_dir)
     killed({"losses/total/mean": 1e6}, 5 * STEP)
     killed.close()
     with (run_dir / "metrics.jsonl").open("a") as stream:
@@ -393,7 +394,7 @@ def test_a_checkpoint_that_cannot_be_written_is_named_and_never_taken_as_latest(
     shutil.copy(finished_run / "config.json", run_dir / "config.json")
     (run_dir / "checkpoints").write_text("a file where the checkpoint directory should be")
     capsys.readouterr()
-    assert train(run_dir, STEP) == 2
+    assert train(run_dir, STEP) == 1  # the run stopped: not bad input
     shown = capsys.readouterr().err
     assert f"could not write the checkpoint of step 0 under {run_dir / 'checkpoints'}" in shown
     assert "Traceback" not in shown
@@ -435,7 +436,7 @@ def test_an_interrupt_outside_training_is_one_line(
 
 
 def test_a_full_disk_during_a_checkpoint_write_is_named(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import orbax.checkpoint as ocp
 
@@ -458,18 +459,23 @@ def test_a_full_disk_during_a_checkpoint_write_is_named(
     assert find_checkpoint(tmp_path / "checkpoints")[1] == 0
 
     def tensorstore_full(self: Any, step: int, *args: Any, **kwargs: Any) -> bool:
+        # Orbax's writer threads log the failure, with a traceback, before it is raised.
+        logging.getLogger("absl").error("_SignalingThread.run() raised an exception")
         raise ValueError(  # how Orbax's array store reports it
             'RESOURCE_EXHAUSTED: Error writing "11/0" in OCDBT database: No space left on '
-            "device [os_error_code='28']\nmore detail"
+            "device [os_error_code='28'] [tensorstore_spec='{\"context\": {}}']\nmore detail"
         )
 
     monkeypatch.setattr(ocp.CheckpointManager, "save", tensorstore_full)
-    with pytest.raises(CheckpointError) as error:
+    with caplog.at_level(logging.INFO), pytest.raises(CheckpointError) as error:
         save(state.replace(steps_taken=20), 20)
-    assert str(error.value).startswith(
+    assert str(error.value) == (
         f"could not write the checkpoint of step 20 under {tmp_path / 'checkpoints'}: "
-        "RESOURCE_EXHAUSTED"
+        'RESOURCE_EXHAUSTED: Error writing "11/0" in OCDBT database: No space left on '
+        f"device [os_error_code='28'] ({tmp_path / 'checkpoints'}); the checkpoints already "
+        "there are intact"
     )
+    assert not [record for record in caplog.records if record.name == "absl"]
 
 
 def test_config_json_and_the_plot_are_replaced_whole_or_not_at_all(
@@ -631,10 +637,23 @@ def test_sessions_that_open_the_run_in_one_second_keep_both_event_files(
     clock = itertools.chain([1_700_000_000_999_999_000], itertools.count(1_700_000_001_000_001_000))
     monkeypatch.setattr(time, "time_ns", lambda: next(clock))
     for step, value in ((0, 1.0), (128, 2.0)):
-        logger = RunLogger(tmp_path, purge_from=step)
+        logger = RunLogger(tmp_path)
         logger({"loss": value}, step)
         logger.close()
     assert _tensorboard_scalars(tmp_path, "loss") == [(0, 1.0), (128, 2.0)]
+
+
+def test_a_session_writes_again_the_scalars_a_killed_one_held_in_memory(tmp_path: Path) -> None:
+    from nnx_ppo.cli.run_dir import RunLogger
+
+    # A session killed with its events still in tensorboardX's queue (flushed every two
+    # minutes): metrics.jsonl alone holds its steps, the NaN as null.
+    records = [{"step": 0, "time": 1.0, "loss": 1.0}, {"step": 128, "time": 2.0, "loss": None}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    logger = RunLogger(tmp_path)
+    logger({"loss": 3.0}, 256)
+    logger.close()
+    assert _tensorboard_scalars(tmp_path, "loss") == [(0, 1.0), (256, 3.0)]
 
 
 def test_a_long_runs_metrics_are_trimmed_and_plotted_without_holding_the_file(

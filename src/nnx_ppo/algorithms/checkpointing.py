@@ -25,13 +25,15 @@ so a crash mid-write leaves the previous checkpoint as the latest usable one.
 Only the newest ``keep_last`` checkpoints are kept.
 """
 
+import contextlib
 import dataclasses
 import enum
 import json
+import logging
 import re
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, get_args, runtime_checkable
 
@@ -485,17 +487,18 @@ def make_checkpoint_fn(
         }
         manifest["manifest_checksum"] = _manifest_checksum(manifest)
         try:
-            manager.save(
-                step,
-                args=ocp.args.Composite(
-                    arrays=ocp.args.StandardSave(arrays),
-                    manifest=ocp.args.JsonSave(manifest),
-                    config=ocp.args.JsonSave(config_json),
-                    metadata=ocp.args.JsonSave(metadata_json),
-                ),
-                force=True,
-            )
-            manager.wait_until_finished()
+            with _orbax_errors_held():
+                manager.save(
+                    step,
+                    args=ocp.args.Composite(
+                        arrays=ocp.args.StandardSave(arrays),
+                        manifest=ocp.args.JsonSave(manifest),
+                        config=ocp.args.JsonSave(config_json),
+                        metadata=ocp.args.JsonSave(metadata_json),
+                    ),
+                    force=True,
+                )
+                manager.wait_until_finished()
         except (OSError, ValueError) as error:  # a full disk reaches Orbax as a ValueError
             raise CheckpointError(_write_failure(root, step, error)) from error
         latest[:] = [(step, checksums)]
@@ -538,11 +541,40 @@ def _holds(root: Path, step: int, arrays: list[np.ndarray], entries: list[dict[s
     return all(np.array_equal(np.asarray(a), b) for a, b in zip(stored, arrays, strict=True))
 
 
+@contextlib.contextmanager
+def _orbax_errors_held() -> Iterator[None]:
+    """Hold the errors Orbax's writer threads log while a save runs.
+
+    Each thread that fails a write (a full disk) logs it with its traceback before
+    the save raises it: dozens of lines around the one error the caller reports.
+    Where the save fails they are dropped; where it succeeds they are passed on.
+    """
+    orbax_logger = logging.getLogger("absl")
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        held.append(record)
+        return False
+
+    orbax_logger.addFilter(hold)
+    try:
+        yield
+    except BaseException:
+        orbax_logger.removeFilter(hold)
+        raise
+    orbax_logger.removeFilter(hold)
+    for record in held:
+        orbax_logger.handle(record)
+
+
 def _write_failure(root: Path, step: int, error: OSError | ValueError) -> str:
     if isinstance(error, OSError):
         reason, where = error.strerror or str(error), error.filename or root
-    else:  # Orbax's, whose message names the file
-        reason, where = next(iter(str(error).splitlines()), type(error).__name__), root
+    else:  # Orbax's, whose message names the file, then spells out its store (a page of JSON)
+        first_line = next(iter(str(error).splitlines()), type(error).__name__)
+        reason, where = first_line.split(" [tensorstore_spec=")[0], root
     return (
         f"could not write the checkpoint of step {step} under {root}: {reason} ({where}); "
         "the checkpoints already there are intact"

@@ -482,6 +482,7 @@ def _train_locked(
     from nnx_ppo.algorithms.callbacks import gif_video_fn
     from nnx_ppo.algorithms.checkpointing import (
         CHECKPOINT_SUBDIR,
+        CheckpointError,
         NoCheckpointError,
         config_to_dict,
         find_checkpoint,
@@ -587,7 +588,7 @@ def _train_locked(
             video_fn = _discard_video
     stop = _StopFlag(run_dir)
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    logger = RunLogger(run_dir, purge_from=logged_until + 1) if primary else None
+    logger = RunLogger(run_dir) if primary else None
     simulator_log = _log_simulator_warnings(run_dir) if primary else None
     trained = False
     try:
@@ -621,6 +622,12 @@ def _train_locked(
                 if jax.process_count() == 1:
                     raise _CallFailed(str(error), run_dir) from error
                 raise _ProcessLost(str(error), run_dir) from error
+            except (OSError, CheckpointError) as error:
+                if _user_code_frame(error) is not None:
+                    raise
+                # The run's logs or checkpoints could not be written (a full disk, a
+                # folder made read-only): the run stopped, its input was fine.
+                raise _WriteFailed(str(error), run_dir) from error
         trained = True
     finally:
         for sig, handler in previous.items():
@@ -735,6 +742,10 @@ class _ProcessLost(_RunStopped):
     """A collective of a multi-process run failed: another process most likely stopped."""
 
 
+class _WriteFailed(_RunStopped):
+    """The run's logs or checkpoints could not be written; the message says what is kept."""
+
+
 class _CallFailed(_RunStopped):
     """A compiled call failed as it ran: a host callback of the env or network raised,
     or the device ran out of memory."""
@@ -767,7 +778,7 @@ def _close_logger(logger: RunLogger, *, raise_errors: bool) -> None:
         logger.close()
     except OSError as error:
         if raise_errors:
-            raise
+            raise _WriteFailed(str(error), logger.run_dir) from error
         Console(stderr=True, emoji=False).print(
             f"[yellow]warning:[/yellow] the run's logs were not closed cleanly: "
             f"{escape(str(error))}",
@@ -914,6 +925,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "options, on every process",
         )
         _exit_at_once(1)
+    except _WriteFailed as error:
+        _print_error(errors, str(error))
+        return 1
     except _CallFailed as error:
         # JAX's message holds the callback's own traceback, if one raised: its last line
         # is the callback's error.

@@ -108,12 +108,16 @@ def hold_run_lock(run_dir: Path) -> Iterator[None]:
 class RunLogger:
     """Appends each iteration's flat metrics to ``metrics.jsonl`` and to TensorBoard.
 
-    Use it as the ``log_fn`` of :func:`nnx_ppo.algorithms.ppo.train_ppo`. With
-    ``purge_from``, TensorBoard drops the scalars earlier sessions of the run
-    logged at that step or later (a resumed run logs them again).
+    Use it as the ``log_fn`` of :func:`nnx_ppo.algorithms.ppo.train_ppo`.
+    ``metrics.jsonl`` is the run's record: written a line per step, it holds every
+    step logged up to a kill. TensorBoard's writer holds its events in memory for up
+    to two minutes, so a kill loses some of them; each logger (each session of a run)
+    therefore opens its TensorBoard file by discarding what earlier sessions wrote
+    (TensorBoard's purge from step 0) and writing ``metrics.jsonl``'s records again.
+    TensorBoard then shows what ``metrics.jsonl`` holds, each step once.
     """
 
-    def __init__(self, run_dir: Path, purge_from: int | None = None) -> None:
+    def __init__(self, run_dir: Path) -> None:
         from tensorboardX import SummaryWriter
 
         self.run_dir = run_dir
@@ -127,10 +131,13 @@ class RunLogger:
         # once full, before the next step could say why.
         self._writer = SummaryWriter(
             logdir=str(run_dir),
-            purge_step=purge_from,
+            purge_step=0,
             filename_suffix=f".{time.time_ns()}",
             max_queue=0,
         )
+        for _, record in iter_metrics(self.metrics_path):
+            scalars = {k: v for k, v in record.items() if k not in ("step", "time")}
+            self._to_tensorboard(scalars, record["step"], record.get("time"))
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
         record = {"step": int(step), "time": time.time()}
@@ -153,9 +160,12 @@ class RunLogger:
                 f"already written are intact, and nnx-ppo train --resume {self.run_dir} "
                 "continues from the newest"
             )
+        self._to_tensorboard(metrics, step, record["time"])
+
+    def _to_tensorboard(self, metrics: dict[str, Any], step: int, walltime: float | None) -> None:
         for name, value in metrics.items():
-            if math.isfinite(float(value)):
-                self._writer.add_scalar(name, float(value), int(step))
+            if value is not None and math.isfinite(float(value)):  # None: a NaN in the file
+                self._writer.add_scalar(name, float(value), int(step), walltime=walltime)
 
     def close(self) -> None:
         """Flush and close the TensorBoard file.
