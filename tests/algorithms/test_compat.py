@@ -72,3 +72,11 @@ def test_ppo_step_with_the_030_arguments_names_the_config_they_make(counting_env
     assert "n_minibatches=2)" in str(caught.value)
     with pytest.raises(TypeError, match=r"PPOConfig\(n_envs=2, clip_range=0.2\)"):
         ppo.ppo_step(counting_env, state, 2, clip_range=0.2)
+    # Half migrated: a config, and a field of it beside it.
+    config = PPOConfig(n_envs=2, rollout_length=8, n_minibatches=2)
+    with pytest.raises(
+        TypeError, match=r"no more arguments: set logging_level=... on the PPOConfig"
+    ):
+        ppo.ppo_step(counting_env, state, config, logging_level=LoggingLevel.LOSSES)
+    with pytest.raises(TypeError, match=r"no more arguments: 1 more argument\(s\) were given"):
+        ppo.ppo_step(counting_env, state, config, 5)

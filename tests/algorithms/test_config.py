@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms._train import _default_optimizer
-from nnx_ppo.algorithms.checkpointing import config_from_dict
+from nnx_ppo.algorithms.checkpointing import config_from_dict, config_to_dict
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig, VideoConfig
 from nnx_ppo.algorithms.distillation import DistillationConfig, DistillationTrainConfig
 from nnx_ppo.algorithms.ppo import new_training_state
@@ -125,6 +125,16 @@ def test_configs_accept_numpy_scalars(counting_env, scripted_network):
     # The state a config's n_envs sizes takes the NumPy integer too.
     state = new_training_state(counting_env, scripted_network(), config.n_envs, 0)
     assert state.env_states.done.shape == (8,)
+    # Stored as Python ints: a checkpoint's JSON config refused NumPy's.
+    train = TrainConfig(
+        ppo=config,
+        eval=EvalConfig(n_envs=np.int64(4), logging_percentiles=(np.int64(50),)),
+        seed=np.int64(3),
+        devices=np.int64(1),
+    )
+    stored = config_to_dict(train)
+    assert stored["seed"] == 3 and stored["devices"] == 1 and stored["ppo"]["n_envs"] == 8
+    assert type(train.ppo.n_minibatches) is int and train.eval.logging_percentiles == (50,)
 
 
 @pytest.mark.parametrize(("weight_decay", "decay"), [(True, 1e-4), (0.5, 0.5), (False, 0.0)])

@@ -27,6 +27,7 @@ from nnx_ppo.networks.containers import Concat, FrozenStatistics, Parallel, Sequ
 from nnx_ppo.networks.delay import Delay
 from nnx_ppo.networks.factories import make_lstm_actor_critic
 from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.normalizer import NormalizerStatistics
 from nnx_ppo.networks.sampling_layers import (
     ActionSampler,
     CategoricalSampler,
@@ -248,8 +249,18 @@ def test_a_step_that_diverges_raises_and_leaves_the_student_as_it_was():
     # An infinite weight makes the student's loss NaN.
     kernel = student.layers[2].linear.kernel
     kernel[0, 0] = jnp.inf
+    # NaN statistics in a teacher's Normalizer: its parameters are finite, its actions too.
+    nan_statistics = make_lstm_actor_critic(
+        ENV.observation_size, ENV.action_size, 32, nnx.Rngs(0), discrete=True,
+        activation=nnx.tanh, normalize_obs=True,
+    )  # fmt: skip
+    _filled(nan_statistics, jnp.nan, NormalizerStatistics)
+    teacher_is_nan = r"step 48: the teacher's parameters or statistics are NaN or infinite \(\["
+    statistics_state = new_distillation_state(ENV, nan_statistics, student, STEP[0], 0, 1e-3)
+    with pytest.raises(FloatingPointError, match=teacher_is_nan + r"'layers'\]\[0\]"):
+        distillation_step(ENV, nan_statistics, statistics_state, *STEP)
     for diverging_teacher, message in (
-        (nan_teacher, r"step 48: the teacher's parameters are NaN or infinite \(\['layers'\]\[0\]"),
+        (nan_teacher, teacher_is_nan + r"'layers'\]\[0\]"),
         (teacher, r"step 48: the distillation loss is NaN or infinite \(epoch 0, minibatch 0\)"),
     ):
         before = student_and_optimizer()
@@ -261,8 +272,6 @@ def test_a_step_that_diverges_raises_and_leaves_the_student_as_it_was():
 
 
 def test_a_step_adds_the_regularization_folds_statistics_and_carries_the_teacher_on():
-    from nnx_ppo.networks.normalizer import NormalizerStatistics
-
     teacher = lstm_teacher(ENV)
     student = make_lstm_actor_critic(  # its sampler's entropy bonus is a regularization
         ENV.observation_size, ENV.action_size, 16, nnx.Rngs(3), discrete=True,
@@ -457,7 +466,10 @@ def test_a_video_of_an_eval_env_without_render_fails_before_the_first_evaluation
 
 def test_train_distillation_resumes_without_repeating_its_start_and_saves_its_end():
     config = _train_config(
-        LoggingLevel.LOSSES | LoggingLevel.WEIGHTS | LoggingLevel.THROUGHPUT,
+        LoggingLevel.LOSSES
+        | LoggingLevel.WEIGHTS
+        | LoggingLevel.THROUGHPUT
+        | LoggingLevel.NETWORK_METRICS,
         checkpoint_every_steps=64,
     )
     events = []
@@ -485,6 +497,9 @@ def test_train_distillation_resumes_without_repeating_its_start_and_saves_its_en
     step_keys = events[3][2]
     assert "total_steps" in events[0][2] and "eval/episode_reward/mean" in events[0][2]
     assert {"throughput/train_sps", "throughput/eval_sps", "weights/mean"} <= set(step_keys)
+    # The student's network metrics under 0.3.0's name for them.
+    assert any(key.startswith("student/") for key in step_keys), step_keys
+    assert not any(key.startswith("net/") for key in step_keys)
 
     resumed = first.training_state
     with pytest.raises(ValueError, match=r"student is not initial_state\.student"):

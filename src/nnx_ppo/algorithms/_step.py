@@ -59,10 +59,12 @@ from nnx_ppo.networks.types import (
 
 
 def _finite_leaves(tree: Any) -> dict[str, Bool[Array, ""]]:
-    """Whether each leaf is finite, by its path: the step's own record of what diverged."""
+    """Whether each floating-point leaf is finite, by its path: the step's own record of
+    what diverged (integers and keys are always finite)."""
     return {
         jax.tree_util.keystr(path): jnp.all(jnp.isfinite(leaf))
         for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+        if jnp.issubdtype(leaf.dtype, jnp.inexact)
     }
 
 
@@ -547,7 +549,20 @@ _Step: TypeAlias = Callable[
 
 
 def _refuse_030_arguments(given: tuple[Any, ...], keywords: dict[str, Any]) -> None:
-    """Name the :class:`PPOConfig` that 0.3.0's separate ``ppo_step`` arguments make."""
+    """Name the :class:`PPOConfig` that 0.3.0's separate ``ppo_step`` arguments make, or,
+    beside a config, the fields of it that the other arguments are."""
+    config_given = keywords.get("config", given[0] if given else None)
+    if isinstance(config_given, PPOConfig):
+        extra = [*given[1:], *(value for name, value in keywords.items() if name != "config")]
+        fields = ", ".join(f"{name}=..." for name in keywords if name != "config")
+        where = (
+            f"set {fields} on the PPOConfig instead, e.g. dataclasses.replace(config, {fields})"
+            if fields
+            else f"{len(extra)} more argument(s) were given after it"
+        )
+        raise TypeError(
+            f"ppo_step takes (env, training_state, config) and no more arguments: {where}."
+        )
     fields = dict(zip(_PPO_STEP_030_ARGUMENTS, given, strict=False)) | keywords
     config = ", ".join(f"{name}={value!r}" for name, value in fields.items())
     raise TypeError(

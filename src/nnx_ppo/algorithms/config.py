@@ -96,7 +96,16 @@ def _accept_030_forms(config: Any) -> None:
         config.logging_percentiles = None
 
 
-def _require_logging(owner: str, level: Any, percentiles: Any) -> None:
+def _store_int(owner: str, config: Any, name: str, **bounds: int | None) -> None:
+    """Check the int field ``name`` of ``config`` and store it as a Python ``int``: a NumPy
+    integer is as good a count, but a checkpoint's JSON config cannot hold one."""
+    setattr(config, name, require_int(owner, name, getattr(config, name), **bounds))
+
+
+def _require_logging(owner: str, config: Any) -> None:
+    """Check ``config``'s ``logging_level`` and ``logging_percentiles``, storing the
+    percentiles as Python ints."""
+    level, percentiles = config.logging_level, config.logging_percentiles
     if not isinstance(level, LoggingLevel):
         raise TypeError(
             f"{owner}.logging_level must be a LoggingLevel flag, got {type(level).__name__}"
@@ -107,8 +116,10 @@ def _require_logging(owner: str, level: Any, percentiles: Any) -> None:
         raise TypeError(
             f"{owner}.logging_percentiles must be a tuple of ints or None, got {percentiles!r}"
         )
-    for p in percentiles:
+    config.logging_percentiles = tuple(
         require_int(owner, "logging_percentiles entry", p, minimum=0, maximum=100)
+        for p in percentiles
+    )
 
 
 def _require_rollouts_and_minibatches(owner: str, config: Any, *more_ints: str) -> None:
@@ -116,7 +127,7 @@ def _require_rollouts_and_minibatches(owner: str, config: Any, *more_ints: str) 
     whole environments."""
     names = ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches", *more_ints)
     for name in names:
-        require_int(owner, name, getattr(config, name))
+        _store_int(owner, config, name)
     if config.n_envs % config.n_minibatches:
         raise ValueError(
             f"{owner}.n_envs ({config.n_envs}) must be divisible by n_minibatches "
@@ -256,7 +267,7 @@ class PPOConfig(_FieldsOnly):
         _require_optimizer_options(
             owner, self.learning_rate, self.gradient_clipping, self.weight_decay
         )
-        _require_logging(owner, self.logging_level, self.logging_percentiles)
+        _require_logging(owner, self)
         _require_choice(
             owner, "advantage_normalization", self.advantage_normalization, AdvantageNormalization
         )
@@ -319,10 +330,10 @@ class EvalConfig(_FieldsOnly):
         _accept_030_forms(self)
         if not isinstance(self.enabled, bool):
             raise TypeError(f"EvalConfig.enabled must be a bool, got {self.enabled!r}")
-        require_int("EvalConfig", "every_steps", self.every_steps, minimum=0)
+        _store_int("EvalConfig", self, "every_steps", minimum=0)
         for name in ("n_envs", "max_episode_length"):
-            require_int("EvalConfig", name, getattr(self, name))
-        _require_logging("EvalConfig", self.logging_level, self.logging_percentiles)
+            _store_int("EvalConfig", self, name)
+        _require_logging("EvalConfig", self)
 
 
 @dataclass
@@ -350,8 +361,8 @@ class VideoConfig(_FieldsOnly):
         _accept_030_forms(self)
         if not isinstance(self.enabled, bool):
             raise TypeError(f"VideoConfig.enabled must be a bool, got {self.enabled!r}")
-        require_int("VideoConfig", "every_steps", self.every_steps, minimum=0)
-        require_int("VideoConfig", "episode_length", self.episode_length)
+        _store_int("VideoConfig", self, "every_steps", minimum=0)
+        _store_int("VideoConfig", self, "episode_length")
         if not isinstance(self.render_kwargs, dict):
             raise TypeError(
                 f"VideoConfig.render_kwargs must be a dict, got {type(self.render_kwargs).__name__}"
@@ -392,10 +403,10 @@ class TrainConfig(_FieldsOnly):
                 )
             value.validate()
         # The int64 range jax.random.key takes (its keys keep the low 32 bits).
-        require_int("TrainConfig", "seed", self.seed, minimum=-(2**63), maximum=2**63 - 1)
-        require_int("TrainConfig", "checkpoint_every_steps", self.checkpoint_every_steps, minimum=0)
+        _store_int("TrainConfig", self, "seed", minimum=-(2**63), maximum=2**63 - 1)
+        _store_int("TrainConfig", self, "checkpoint_every_steps", minimum=0)
         if self.devices is not None:
-            require_int("TrainConfig", "devices", self.devices)
+            _store_int("TrainConfig", self, "devices")
 
 
 def _warn_unused_video(

@@ -59,6 +59,7 @@ from nnx_ppo.algorithms.config import (
     _require_logging,
     _require_optimizer_options,
     _require_rollouts_and_minibatches,
+    _store_int,
 )
 from nnx_ppo.algorithms.metrics import compute_metrics, log_weight_stats, to_host
 from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, TrainingState, Transition
@@ -142,7 +143,7 @@ class DistillationConfig(_FieldsOnly):
         _require_rollouts_and_minibatches(owner, self)
         learning_rate = require_number(owner, "learning_rate", self.learning_rate, minimum=0.0)
         _require_optimizer_options(owner, learning_rate, self.gradient_clipping, self.weight_decay)
-        _require_logging(owner, self.logging_level, self.logging_percentiles)
+        _require_logging(owner, self)
 
     @property
     def steps_per_iteration(self) -> int:
@@ -179,15 +180,9 @@ class DistillationTrainConfig(_FieldsOnly):
                     f"got {type(value).__name__}"
                 )
             value.validate()
-        require_int(
-            "DistillationTrainConfig", "seed", self.seed, minimum=-(2**63), maximum=2**63 - 1
-        )
-        require_int(
-            "DistillationTrainConfig",
-            "checkpoint_every_steps",
-            self.checkpoint_every_steps,
-            minimum=0,
-        )
+        owner = "DistillationTrainConfig"
+        _store_int(owner, self, "seed", minimum=-(2**63), maximum=2**63 - 1)
+        _store_int(owner, self, "checkpoint_every_steps", minimum=0)
 
 
 def default_distillation_config() -> DistillationTrainConfig:
@@ -527,13 +522,18 @@ def _step(
     data = (states["student"], transitions, targets)
     diagnostics = _learn(pair.student, optimizer, data, learn_key, config)
     pair.student.update_statistics(extras["student"])
-    metrics = compute_metrics(
-        diagnostics, transitions, config.logging_level, config.logging_percentiles
-    )
+    metrics = {  # the student's network metrics under 0.3.0's name for them, student/...
+        _STUDENT_PREFIX + name.removeprefix("net/") if name.startswith("net/") else name: value
+        for name, value in compute_metrics(
+            diagnostics, transitions, config.logging_level, config.logging_percentiles
+        ).items()
+    }
     if LoggingLevel.WEIGHTS in config.logging_level:
         log_weight_stats(metrics, pair.student, config.logging_percentiles)
     health = {
-        "teacher_parameters_finite": _finite_leaves(nnx.state(pair.teacher, nnx.Param)),
+        # Statistics too: the teacher's Normalizer is never updated here, so NaN statistics
+        # (a teacher that diverged, a damaged checkpoint) would teach NaN-fed actions.
+        "teacher_variables_finite": _finite_leaves(nnx.state(pair.teacher, nnx.Not(nnx.RngState))),
         "observations_finite": _finite_leaves(transitions.obs),
         "teacher_actions_finite": {
             name: jnp.all(jnp.isfinite(_leaf_at(extras["teacher"], path)))
@@ -546,21 +546,27 @@ def _step(
     return (final_states, final_env_states, next_key), metrics, health
 
 
+_STUDENT_PREFIX = "student/"
+"""Where a distillation step logs the student's ``NETWORK_METRICS`` (PPO: ``net/``)."""
+
+
 def _raise_if_distillation_diverged(health: dict[str, Any], steps: int) -> None:
     """Raise ``FloatingPointError`` naming the step and the first non-finite quantity.
 
-    A teacher's non-finite parameter is named even where its actions stay finite: a
-    categorical teacher's NaN logits still choose an action, and the student would learn it.
+    A teacher's non-finite parameter or statistic is named even where its actions stay
+    finite: a categorical teacher's NaN logits still choose an action, and the student
+    would learn it.
     """
     step = f"distillation step ending at env step {steps}"
     unchanged = "the student and optimizer are left as they were before the call."
-    teacher = [name for name, finite in health["teacher_parameters_finite"].items() if not finite]
+    teacher = [name for name, finite in health["teacher_variables_finite"].items() if not finite]
     if teacher:
         raise FloatingPointError(
-            f"{step}: the teacher's parameters are NaN or infinite ({', '.join(teacher[:5])}): "
-            "what it teaches means nothing, even where its actions are finite (a categorical "
-            f"sampler still picks one); {unchanged} Distil a teacher with finite parameters "
-            "(one that diverged in training has none)."
+            f"{step}: the teacher's parameters or statistics are NaN or infinite "
+            f"({', '.join(teacher[:5])}): what it teaches means nothing, even where its "
+            f"actions are finite (a categorical sampler still picks one); {unchanged} Distil "
+            "a teacher whose parameters and statistics are finite (one that diverged in "
+            "training has none)."
         )
     actions = [name for name, finite in health["teacher_actions_finite"].items() if not finite]
     bad_updates = np.argwhere(~np.asarray(health["loss_finite"]))
