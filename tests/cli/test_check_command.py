@@ -71,6 +71,10 @@ def make_broken():
     raise RuntimeError("no weights on disk")
 
 
+def make_and_exit():
+    raise SystemExit("bad config")
+
+
 class Pair:
     @staticmethod
     def normalizer():
@@ -177,6 +181,11 @@ def test_the_example_input_may_be_an_npy_array(cells: str, tmp_path: Path) -> No
             [],
             "kit_cli_cells:make_broken() raised RuntimeError: no weights on disk",
         ),
+        (
+            "kit_cli_cells:make_and_exit",
+            [],
+            "kit_cli_cells:make_and_exit() raised SystemExit: bad config",
+        ),
         ("kit_cli_cells:make_good", ["--input-dtype", "floaty"], "'floaty' is not a dtype"),
     ],
 )
@@ -217,7 +226,12 @@ def test_a_file_that_is_no_array_and_a_dtype_it_would_ignore_are_named(
 
 @pytest.mark.parametrize(
     ("source", "raised"),
-    [("def broken(:\n", "SyntaxError"), ("raise RuntimeError('no GPU here')\n", "RuntimeError")],
+    [
+        ("def broken(:\n", "SyntaxError"),
+        ("raise RuntimeError('no GPU here')\n", "RuntimeError"),
+        # A script module that runs and exits at import: no exit 0 with nothing checked.
+        ("import sys\nsys.exit(0)\n", "SystemExit"),
+    ],
 )
 def test_a_package_that_fails_to_import_exits_2_not_as_a_failed_property(
     cells: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str, raised: str

@@ -111,7 +111,7 @@ def load_named(target: str) -> Any:
         sys.path.insert(0, os.getcwd())
     try:  # importing runs the user's code: whatever it raises means it cannot be imported
         found: Any = importlib.import_module(module_name)
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # a script's sys.exit() too: not a pass
         raise ValueError(f"cannot import {module_name}: {type(error).__name__}: {error}") from error
     for part in attribute.split("."):
         if not hasattr(found, part):
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if not isinstance(module, StatefulModule) and callable(module):
         try:
             module = module()
-        except Exception as error:
+        except (Exception, SystemExit) as error:
             raise ValueError(f"{args.target}() raised {type(error).__name__}: {error}") from error
     if not isinstance(module, StatefulModule):
         env_hint = (
