@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import jax
 import pytest
@@ -100,9 +101,56 @@ def test_playground_options_through_set_and_unknown_fields_named():
     assert _make_env(config)._config.episode_length == 300
     assert "impl=jax (the fastest on cpu" in _simulator_backend(config)
     told = run_config("--env", "CartpoleBalance", "--set", "env_kwargs.impl=warp")
-    assert _simulator_backend(told) == "simulator backend impl=warp (set by env_kwargs.impl)"
+    assert _simulator_backend(told) == "simulator backend impl=warp (set by env_kwargs)"
+    told = run_config(
+        "--env", "CartpoleBalance", "--set", 'env_kwargs.config_overrides={"impl": "warp"}'
+    )
+    assert _simulator_backend(told) == "simulator backend impl=warp (set by env_kwargs)"
     with pytest.raises(ValueError, match="flavour is not a field of its Playground config"):
         envs.make("CartpoleBalance", flavour=3)
+    # A table for a sub-config changes its fields one by one: the others keep their defaults.
+    vision = envs.make("CartpoleBalance", vision_config={"nworld": 4})._config.vision_config
+    assert vision.nworld == 4 and tuple(vision.cam_res) == (64, 64)
+
+
+class _Table(dict):
+    """A sub-config, as Playground's ConfigDict is one: updated key by key."""
+
+    def update_from_flattened_dict(self, flattened: dict) -> None:
+        raise NotImplementedError  # read by make only as the mark of a table
+
+
+class RecordingRegistry:
+    """A Playground registry that keeps the overrides its ``load`` is given."""
+
+    ALL_ENVS = ("Walker",)
+    loaded: ClassVar[dict] = {}
+
+    @staticmethod
+    def get_default_config(name: str) -> _Table:
+        return _Table(sim_dt=0.01, reward=_Table(scales=_Table(speed=1.0, energy=0.1)))
+
+    @staticmethod
+    def load(name: str, config: object = None, config_overrides: dict | None = None) -> str:
+        RecordingRegistry.loaded = dict(config_overrides or {})
+        return "env"
+
+
+def test_playground_overrides_reach_it_as_dotted_fields_each_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Playground sets a nested dict as a sub-config's whole value: the other reward
+    # scales were dropped, and a misspelt one was taken.
+    monkeypatch.setattr(envs, "_playground_registry", lambda: RecordingRegistry)
+    envs.make("Walker", reward={"scales": {"speed": 2.0}}, config_overrides={"sim_dt": 0.02})
+    assert RecordingRegistry.loaded == {"reward.scales.speed": 2.0, "sim_dt": 0.02}
+    misspelt = r"reward.scales.sped is not a field .*; the fields of reward.scales: energy, speed"
+    with pytest.raises(ValueError, match=misspelt):
+        envs.make("Walker", reward={"scales": {"sped": 2.0}})
+    with pytest.raises(ValueError, match=r"sim_dt of its Playground config is a value, not a"):
+        envs.make("Walker", config_overrides={"sim_dt.x": 1})
+    with pytest.raises(ValueError, match=r"config must be a whole Playground ConfigDict"):
+        envs.make("Walker", config={"sim_dt": 0.02})
 
 
 class OfflineRegistry:

@@ -143,12 +143,18 @@ def _make_env(run_config: dict[str, Any]) -> Any:
     if is_factory_name(run_config["env"]):
         env = check.load_named(run_config["env"])(**options)
     else:
-        if options.get("impl", envs.playground_backend(run_config["env"])) == "warp":
+        if (_chosen_impl(options) or envs.playground_backend(run_config["env"])) == "warp":
             _quiet_warp()
         env = envs.make(run_config["env"], **options)
     if run_config.get("episode_length"):
         env = EpisodeWrapper(env, int(run_config["episode_length"]))
     return env
+
+
+def _chosen_impl(env_kwargs: dict[str, Any]) -> Any:
+    """The simulator backend ``env_kwargs`` choose, directly or in ``config_overrides``
+    (``envs.make`` merges the two); ``None`` where they leave it to the default."""
+    return env_kwargs.get("impl", (env_kwargs.get("config_overrides") or {}).get("impl"))
 
 
 def _quiet_warp() -> None:
@@ -168,9 +174,9 @@ def _simulator_backend(run_config: dict[str, Any]) -> str | None:
     default = envs.playground_backend(run_config["env"])
     if default is None:
         return None
-    chosen = run_config.get("env_kwargs", {}).get("impl")
+    chosen = _chosen_impl(run_config.get("env_kwargs", {}))
     if chosen is not None:
-        return f"simulator backend impl={chosen} (set by env_kwargs.impl)"
+        return f"simulator backend impl={chosen} (set by env_kwargs)"
     return (
         f"simulator backend impl={default} (the fastest on {jax.default_backend()}; "
         "choose another with --set env_kwargs.impl=...)"

@@ -87,20 +87,60 @@ _PLAYGROUND_WRAPPER_FIELDS = ("action_repeat", "episode_length")
 env: set through :func:`make`, they would cut no episode and repeat no action."""
 
 
+_PLAYGROUND_IMPLS = ("jax", "warp")
+"""The simulator backends a Playground env runs on: MJX's ``jax`` and MuJoCo Warp (MJX's
+``cpp``, MuJoCo's C library, steps no JAX program)."""
+
+
 def _require_known_impl(name: str, impl: str) -> None:
-    """``impl`` is a simulator backend MuJoCo knows (MJX's ``Impl``), or a ValueError
-    naming the option and the backends (MuJoCo's own names neither)."""
-    try:
-        backends = importlib.import_module("mujoco.mjx").Impl
-    except ImportError:
-        return
-    try:
-        backends(impl)
-    except ValueError:
-        known = ", ".join(repr(value) for value in sorted({b.value for b in backends}))
+    """``impl`` is a simulator backend a Playground env runs on, or a ValueError naming
+    the option and the backends (MuJoCo's own message names neither)."""
+    if impl not in _PLAYGROUND_IMPLS:
+        known = ", ".join(repr(value) for value in _PLAYGROUND_IMPLS)
         raise ValueError(
-            f"make({name!r}): impl={impl!r} is not a simulator backend; MuJoCo has {known}"
-        ) from None
+            f"make({name!r}): impl={impl!r} is not a simulator backend a Playground env runs "
+            f"on; they are {known}"
+        )
+
+
+def _dotted_overrides(name: str, defaults: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with each table for a sub-config written as dotted keys
+    (``{"reward_config": {"scales": {"x": 2}}}`` as ``"reward_config.scales.x"``), each
+    checked against the config ``defaults``.
+
+    Playground sets a nested dict as a sub-config's whole value, which dropped the
+    sub-config's other defaults and took a misspelt key inside it without a word.
+    """
+    dotted: dict[str, Any] = {}
+
+    def is_table(node: Any) -> bool:  # a sub-config, which Playground updates key by key
+        return hasattr(node, "update_from_flattened_dict")
+
+    def add(path: tuple[str, ...], value: Any) -> None:
+        node = defaults
+        for depth, part in enumerate(path):
+            if depth and not is_table(node):
+                raise ValueError(
+                    f"make({name!r}): {'.'.join(path[:depth])} of its Playground config is "
+                    f"a value, not a table: {'.'.join(path)} names no field"
+                )
+            if part not in node:
+                within = ".".join(path[:depth])
+                raise ValueError(
+                    f"make({name!r}): {'.'.join(path)} is not a field of its Playground "
+                    f"config; {f'the fields of {within}' if within else 'its fields'}: "
+                    f"{', '.join(sorted(node))}"
+                )
+            node = node[part]
+        if isinstance(value, dict) and is_table(node):
+            for key, item in value.items():
+                add((*path, *str(key).split(".")), item)
+        else:
+            dotted[".".join(path)] = value
+
+    for key, value in overrides.items():
+        add(tuple(key.split(".")), value)
+    return dotted
 
 
 def names() -> tuple[str, ...]:
@@ -163,14 +203,16 @@ def make(name: str, **kwargs: Any) -> RLEnv:
     registry = _playground_registry()
     if registry is not None and name in registry.ALL_ENVS:
         config = kwargs.pop("config", None)
+        if isinstance(config, dict):
+            raise ValueError(
+                f"make({name!r}): config must be a whole Playground ConfigDict (from "
+                "mujoco_playground.registry.get_default_config), not a dict; give the fields "
+                "to change as keywords or config_overrides instead (on the command line, "
+                "--set env_kwargs.FIELD=...)"
+            )
         overrides = dict(kwargs.pop("config_overrides", None) or {}) | kwargs
         defaults = registry.get_default_config(name) if config is None else config
-        unknown = sorted(key for key in overrides if key not in defaults)
-        if unknown:
-            raise ValueError(
-                f"make({name!r}): {', '.join(unknown)} is not a field of its Playground config; "
-                f"its fields: {', '.join(sorted(defaults))}"
-            )
+        overrides = _dotted_overrides(name, defaults, overrides)
         wrapper_only = sorted(key for key in _PLAYGROUND_WRAPPER_FIELDS if key in overrides)
         if wrapper_only:
             warnings.warn(
