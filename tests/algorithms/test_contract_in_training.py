@@ -49,8 +49,26 @@ def test_an_unsummed_log_likelihood_is_caught_in_the_rollout(counting_env, scrip
     error = caught.value
     assert error.where == "unroll_env"
     assert error.leaf == "network_output.loglikelihoods"
-    assert error.expected == "(B,) with B=2"
+    assert error.expected == "(B,) floats with B=2"
     assert error.found == "shape (2, 1) float32"
+
+
+class RoundedValues(UnsummedLogLikelihood):
+    """Hands back its value estimates rounded to integers."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        out = self.inner(state, x, rollout_extras)
+        rounded = out.output.value_estimates.astype(jnp.int32)
+        return out.replace(output=out.output.replace(value_estimates=rounded))
+
+
+def test_integer_value_estimates_are_caught_in_the_rollout(counting_env, scripted_network):
+    network = RoundedValues(scripted_network())
+    env_state = reset_envs(counting_env, jax.random.split(jax.random.key(0), 2))
+    with pytest.raises(ContractError) as caught:
+        unroll_env(counting_env, env_state, network, jnp.zeros(2), 3, jax.random.key(1))
+    assert caught.value.leaf == "network_output.value_estimates"
+    assert caught.value.found == "shape (2,) int32"
 
 
 def test_an_unsummed_log_likelihood_is_caught_in_loss_replay(counting_env, scripted_network):

@@ -254,6 +254,7 @@ def test_output_with_a_different_batch_size_from_the_input() -> None:
     message = _message(lambda: HalvesOutputBatch()(*_batch()))
 
     assert "HalvesOutputBatch.__call__: returned output has B=4 on axis 0" in message
+    assert "If not, its B axis was cut to 4 of 8 (a slice): pass it whole." in message
     assert "expected: (B, *feat) with B=8 (bound by x)" in message
     assert "found:    shape (4, 3) float32" in message
 

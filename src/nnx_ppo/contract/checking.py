@@ -421,13 +421,23 @@ def _check_leading(
         for index, (axis, size) in enumerate(zip(axes, shape, strict=False)):
             if not axis.bind(int(size), leaf_name):
                 later = [a for a in axes[index + 1 :] if size in (a.size, a.usual_size)]
-                hint = (
-                    f" Its axis {index} has the size of {later[0].label}: did it lose its "
-                    f"{axis.label} axis?"
-                    if later
-                    else f" If {size} is a feature size, it has no {axis.label} axis (dropped "
-                    "by a reduction or an index, or never added)."
+                dropped = (
+                    f"If {size} is a feature size, it has no {axis.label} axis (dropped by a "
+                    "reduction or an index, or never added)."
                 )
+                if later:
+                    hint = (
+                        f" Its axis {index} has the size of {later[0].label}: did it lose its "
+                        f"{axis.label} axis?"
+                    )
+                elif axis.size is not None and size < axis.size:
+                    hint = (
+                        f" {dropped} If not, its {axis.label} axis was cut to {size} of "
+                        f"{axis.size} (a slice{' such as [-1:]' * (axis.label == 'T')}): "
+                        "pass it whole."
+                    )
+                else:
+                    hint = f" {dropped}"
                 raise _violation(
                     site,
                     f"{what} {leaf_name} has {axis.label}={size} on axis "

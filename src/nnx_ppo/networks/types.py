@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any, TypeAlias
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import PyTree
 
@@ -169,8 +170,8 @@ def checked_ppo_output(
             f"tree {likelihood_tree}",
         )
     for name, leaf in named_leaves("loglikelihoods", output.loglikelihoods):
-        if getattr(leaf, "shape", None) != (batch,):
-            _ppo_output_violation(where, name, f"(B,) with B={batch}", leaf)
+        if getattr(leaf, "shape", None) != (batch,) or not _is_float(leaf):
+            _ppo_output_violation(where, name, f"(B,) floats with B={batch}", leaf)
     if rewards is not None and jax.tree.structure(output.value_estimates) != jax.tree.structure(
         rewards
     ):
@@ -183,9 +184,15 @@ def checked_ppo_output(
             ),
         )
     for name, leaf in named_leaves("value_estimates", output.value_estimates):
-        if getattr(leaf, "shape", None) != (batch,):
-            _ppo_output_violation(where, name, f"(B,) with B={batch}", leaf)
+        if getattr(leaf, "shape", None) != (batch,) or not _is_float(leaf):
+            _ppo_output_violation(where, name, f"(B,) floats with B={batch}", leaf)
     return output
+
+
+def _is_float(leaf: Any) -> bool:
+    """Whether ``leaf`` holds floats: an integer value or log-likelihood would round the
+    loss's ratios and targets."""
+    return jnp.issubdtype(getattr(leaf, "dtype", jnp.int32), jnp.floating)
 
 
 def _leading_size(leaf: Any) -> int | None:
