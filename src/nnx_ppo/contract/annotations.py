@@ -97,6 +97,10 @@ def _annotation_checked_now(
             stacklevel=_outside_the_library_level(),
         )
         return fn
+    if not hints:
+        return fn
+    with contextlib.suppress(Exception):  # most often every hint is checkable
+        return checked_leaf_by_leaf(fn, hints)
     checkable = {}
     for name, hint in hints.items():
         try:

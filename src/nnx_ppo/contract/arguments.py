@@ -19,6 +19,7 @@ import numpy as np
 __all__ = [
     "as_whole",
     "is_int",
+    "one_key_ndim",
     "require_bool",
     "require_callable",
     "require_int",
@@ -199,9 +200,9 @@ def require_key(owner: str, name: str, value: Any) -> Any:
       ValueError: ``value`` holds several keys, or a raw key of another shape.
     """
     __tracebackhide__ = True
-    dtype = getattr(value, "dtype", None)
-    typed = dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)
-    if not typed and dtype != np.uint32:
+    one_ndim = one_key_ndim(value)
+    if one_ndim is None:
+        dtype = getattr(value, "dtype", None)
         seed = f"; for the seed {value}, pass jax.random.key({value})" if is_int(value) else ""
         found = (
             f"{type(value).__name__} {value!r}"
@@ -209,7 +210,7 @@ def require_key(owner: str, name: str, value: Any) -> Any:
             else f"a {dtype} array of shape {tuple(np.shape(value))}"
         )
         raise TypeError(f"{owner}: {name} must be one PRNG key, got {found}{seed}")
-    shape, one_ndim = tuple(value.shape), (0 if typed else 1)  # a raw key's axis: its words
+    shape, typed = tuple(value.shape), one_ndim == 0
     if len(shape) != one_ndim:
         several = len(shape) > one_ndim
         fix = f"; pass one of them, e.g. {name}[0]" if several else ""
@@ -219,3 +220,15 @@ def require_key(owner: str, name: str, value: Any) -> Any:
             f"{shape}{fix}"
         )
     return value
+
+
+def one_key_ndim(value: Any) -> int | None:
+    """The rank of one PRNG key of ``value``'s kind: 0 for a typed key, 1 for a raw
+    ``uint32`` key (its axis holds the key's words: 2 for threefry, 4 for rbg); ``None``
+    where ``value`` is no key array."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        return None
+    if jax.numpy.issubdtype(dtype, jax.dtypes.prng_key):
+        return 0
+    return 1 if dtype == np.uint32 else None

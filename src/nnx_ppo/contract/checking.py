@@ -418,8 +418,9 @@ def _check_leading(
                 found=describe_leaf(leaf),
                 rule=rule,
             )
-        for index, (axis, size) in enumerate(zip(axes, shape, strict=False)):
-            if not axis.bind(int(size), leaf_name):
+        for index, (axis, length) in enumerate(zip(axes, shape, strict=False)):
+            size = int(length)
+            if not axis.bind(size, leaf_name):
                 later = [a for a in axes[index + 1 :] if size in (a.size, a.usual_size)]
                 dropped = (
                     f"If {size} is a feature size, it has no {axis.label} axis (dropped by a "

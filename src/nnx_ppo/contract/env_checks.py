@@ -40,7 +40,7 @@ import numpy as np
 from jax.core import Tracer
 from jaxtyping import PyTree
 
-from nnx_ppo.contract.arguments import is_int
+from nnx_ppo.contract.arguments import is_int, one_key_ndim
 from nnx_ppo.contract.checking import (
     _equal_static,
     checks_enabled,
@@ -180,13 +180,8 @@ def check_env_reset_key(key: Any, *, where: str = "env.reset") -> None:
             found=describe_leaf(key),
             rule=_RULE_KEY,
         )
-    shape = tuple(key.shape)
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        key_ndim, one_key = 0, "shape ()"
-    elif key.dtype == jnp.uint32:
-        # A raw key's last axis holds its words: 2 for threefry, 4 for rbg.
-        key_ndim, one_key = 1, "shape (k,) with k the key's words, (2,) for threefry"
-    else:
+    shape, key_ndim = tuple(key.shape), one_key_ndim(key)
+    if key_ndim is None:
         raise _violation(
             where,
             f"the reset key has dtype {key.dtype}, not a PRNG key's.",
@@ -197,6 +192,9 @@ def check_env_reset_key(key: Any, *, where: str = "env.reset") -> None:
         )
     if len(shape) == key_ndim:
         return
+    one_key = (
+        "shape ()" if key_ndim == 0 else "shape (k,) with k the key's words, (2,) for threefry"
+    )
     if len(shape) > key_ndim:
         batch_shape = shape[: len(shape) - key_ndim]
         problem = (
