@@ -1,6 +1,8 @@
 """The nnx-ppo command end to end: run directory, resume, interruption, broken checkpoints."""
 
+import asyncio
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -643,6 +645,34 @@ def test_a_warp_simulator_is_asked_for_warnings_only(monkeypatch: pytest.MonkeyP
             cli_main._make_env(config)
     assert current.config.log_level == 30  # type: ignore[attr-defined]
     assert older.config.quiet is True  # type: ignore[attr-defined]
+    current.config.log_level = 20  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "warp", current)
+    with pytest.raises(ValueError, match="vision is not an option"):  # Playground's renders
+        cli_main._make_env({"env": "cartpole", "env_kwargs": {"vision": True}})  # with Warp
+    assert current.config.log_level == 30  # type: ignore[attr-defined]
+
+
+class _UnsupportedOnThisBackend:
+    """An env whose sizes, traced from its reset, raise ``NotImplementedError`` inside a
+    package, as Playground's ``vision=True`` does on the CPU. The property is a C-level
+    partial of the standard library's method, so no frame of this test is in the error's
+    traceback: to the command, it is a package's refusal, not the user's bug."""
+
+    observation_size = property(functools.partial(asyncio.AbstractEventLoop.run_forever))
+
+
+def test_env_options_this_backend_cannot_run_are_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli_main, "_make_env", lambda config: _UnsupportedOnThisBackend())
+    run_dir = tmp_path / "run"
+    assert train(run_dir, 256, "--set", "env_kwargs.max_steps=9") == 2
+    said = capsys.readouterr()
+    assert "Traceback" not in said.err and not run_dir.exists()
+    assert said.err.count("error:") == 1
+    backend = jax.default_backend()
+    refused = " ".join(said.err.split())
+    assert f"env_kwargs {{'max_steps': 9}} cannot run on this machine's {backend}" in refused
 
 
 def test_a_network_and_its_optimizer_load_as_a_training_state_does(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo import envs
-from nnx_ppo.cli.main import _build_parser, _make_network, _resolve_config, main
+from nnx_ppo.cli.main import _build_parser, _make_env_and_network, _resolve_config, main
 from nnx_ppo.cli.presets import (
     GENERIC_PRESET,
     PRESET_DIR,
@@ -18,7 +18,6 @@ from nnx_ppo.cli.presets import (
     preset_names,
     preset_path,
 )
-from nnx_ppo.envs import make
 from nnx_ppo.networks.sampling_layers import ActionSampler
 
 BUILT_IN = ("cartpole", "pendulum", "memory", "two_agent")
@@ -82,7 +81,7 @@ def test_a_copied_preset_file_resolves_to_the_same_config(tmp_path: Path) -> Non
 def test_entropy_weight_reaches_the_sampler_and_bad_values_are_named() -> None:
     config = apply_override(preset("cartpole"), "network.entropy_weight=0.05")
     config, _ = parse_run_config(config)
-    network = _make_network(make("cartpole"), config)
+    _, network = _make_env_and_network(config)
     samplers = [m for _, m in nnx.iter_modules(network) if isinstance(m, ActionSampler)]
     assert [sampler.entropy_weight for sampler in samplers] == [0.05]
     config["network"]["entropy_weight"] = 0  # no entropy bonus is a setting, not an error

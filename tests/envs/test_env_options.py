@@ -113,6 +113,19 @@ def test_playground_options_through_set_and_unknown_fields_named():
     assert vision.nworld == 4 and tuple(vision.cam_res) == (64, 64)
 
 
+@needs_playground
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="vision runs with Warp on a GPU")
+def test_vision_on_the_cpu_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from nnx_ppo.cli.main import main
+
+    argv = ["train", "--env", "CartpoleBalance", "--set", "env_kwargs.vision=true"]
+    assert main([*argv, "--run-dir", str(tmp_path / "run")]) == 2
+    said = capsys.readouterr()
+    assert "Traceback" not in said.err and said.out == ""
+    assert said.err.count("error:") == 1 and "MuJoCo Warp" in said.err
+    assert "{'vision': True} cannot run on this machine's cpu backend" in said.err
+
+
 class _Table(dict):
     """A sub-config, as Playground's ConfigDict is one: updated key by key."""
 

@@ -143,7 +143,8 @@ def _make_env(run_config: dict[str, Any]) -> Any:
     if is_factory_name(run_config["env"]):
         env = check.load_named(run_config["env"])(**options)
     else:
-        if (_chosen_impl(options) or envs.playground_backend(run_config["env"])) == "warp":
+        backend = _chosen_impl(options) or envs.playground_backend(run_config["env"])
+        if backend == "warp" or options.get("vision"):  # vision renders with Warp
             _quiet_warp()
         env = envs.make(run_config["env"], **options)
     if run_config.get("episode_length"):
@@ -183,19 +184,36 @@ def _simulator_backend(run_config: dict[str, Any]) -> str | None:
     )
 
 
-def _make_network(env: Any, run_config: dict[str, Any]) -> Any:
+def _make_env_and_network(run_config: dict[str, Any]) -> tuple[Any, Any]:
+    """The run's env and its network, built from the run config.
+
+    The network's sizes come from tracing the env's ``reset``. An env whose options this
+    backend cannot run raises ``NotImplementedError`` there (Playground's ``vision=True``
+    renders with MuJoCo Warp alone): that is the options' refusal, not a bug to report.
+    """
     from nnx_ppo.networks.factories import make_default_network
 
     network = run_config["network"]
     seed = int(run_config["train"]["seed"])
-    return make_default_network(
-        env,
-        nnx.Rngs(seed),
-        kind=network["kind"],
-        hidden_sizes=network["hidden_sizes"],
-        activation=network["activation"],
-        entropy_weight=network.get("entropy_weight"),
-    )
+    try:
+        env = _make_env(run_config)
+        return env, make_default_network(
+            env,
+            nnx.Rngs(seed),
+            kind=network["kind"],
+            hidden_sizes=network["hidden_sizes"],
+            activation=network["activation"],
+            entropy_weight=network.get("entropy_weight"),
+        )
+    except NotImplementedError as error:
+        if _user_code_frame(error) is not None:
+            raise
+        options = run_config.get("env_kwargs") or {}
+        given = f" with env_kwargs {options}" if options else ""
+        raise ValueError(
+            f"env {run_config['env']}{given} cannot run on this machine's "
+            f"{jax.default_backend()} backend: {error}"
+        ) from error
 
 
 def _read_run_config(run_dir: Path) -> dict[str, Any]:
@@ -371,10 +389,9 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     ppo = train_config.ppo
     eval_envs = train_config.eval.n_envs if train_config.eval.enabled else None
     sharding.require_divisible("train", mesh, ppo.n_envs, ppo.n_minibatches, eval_envs)
-    env = _make_env(run_config)
+    env, network = _make_env_and_network(run_config)
     if train_config.video.enabled:
         _require_rendering(env, run_config["env"], train_config.video.render_kwargs)
-    network = _make_network(env, run_config)
     if args.resume is not None:
         run_dir = args.resume
         _refuse_changed_settings(run_dir, run_config)
@@ -819,8 +836,7 @@ def _evaluate(args: argparse.Namespace, console: Console) -> int:
         shaping = [key for key in FIXED_ON_RESUME if not key.startswith("train.")]
         newest = "the newest checkpoint"
         _refuse_changed_since_checkpoint(args.run_dir, checkpointed, run_config, shaping, newest)
-    env = _make_env(run_config)
-    network = _make_network(env, run_config)
+    env, network = _make_env_and_network(run_config)
     loaded = load_checkpoint(args.run_dir, network)
     network.eval()
     max_length = int(run_config["train"]["eval"]["max_episode_length"])
