@@ -144,6 +144,24 @@ def test_a_child_given_only_the_last_step_is_caught() -> None:
     assert error.found == "shape (4, 4) float32"
 
 
+class _FirstStepDropped(Sequential):
+    def update_statistics(self, rollout_extras: list[Any]) -> None:
+        for layer, extras in zip(self.layers, rollout_extras, strict=True):
+            layer.update_statistics(jax.tree.map(lambda h: h[1:], extras))
+
+
+def test_a_nested_calls_axes_name_the_call_that_bound_them() -> None:
+    # The child's argument has the top-level call's name: the axis names whose leaf it is.
+    network = _FirstStepDropped([Normalizer(4), Dense(4, 2, nnx.Rngs(0))])
+    with pytest.raises(ContractError) as caught:
+        network.update_statistics(history_of(network, jnp.ones((4, 4)), steps=6))
+    error = caught.value
+    assert error.where == "_FirstStepDropped.layers[0] (Normalizer).update_statistics"
+    assert "was cut to 5 of 6 (a slice such as [-1:])" in str(error)
+    bound = "T=6 (bound by rollout_extras[0] of _FirstStepDropped.update_statistics)"
+    assert bound in str(error) and bound in str(error.expected)
+
+
 class _WholeDictToEach(Parallel):
     def update_statistics(self, rollout_extras: dict[str, Any]) -> None:
         for _, child in self.children():

@@ -389,11 +389,22 @@ class _Axis:
     """A size the axis usually has, for hints only: a nested history's ``B`` may be a
     multiple of the top-level call's, but most often it is that very size."""
 
-    def bind(self, size: int, source: str) -> bool:
+    binder: _Site | None = None
+    """The call whose argument bound the axis, where a call checks its own leaves against
+    axes that another call bound: a nested ``update_statistics`` against the top-level T."""
+
+    def bind(self, size: int, source: str, binder: _Site | None = None) -> bool:
         if self.size is None:
-            self.size, self.source = size, source
+            self.size, self.source, self.binder = size, source, binder
             return True
         return self.size == size
+
+    def seen_from(self, site: _Site) -> str:
+        """The axis as ``site``'s message names it: a leaf of another call's arguments is
+        named with that call (a nested call's argument may have the same name)."""
+        if self.binder is None or self.binder.module is site.module:
+            return str(self)
+        return f"{self.label}={self.size} (bound by {self.source} of {self.binder})"
 
     def __str__(self) -> str:
         if self.size is None:
@@ -408,7 +419,7 @@ def _check_leading(
     pattern = ", ".join(a.label for a in axes) + ", *feat"
     for leaf_name, leaf in named_leaves(name, tree):
         shape = getattr(leaf, "shape", None)
-        bound = ", ".join(str(a) for a in axes)
+        bound = ", ".join(a.seen_from(site) for a in axes)
         if shape is None or len(shape) < len(axes):
             raise _violation(
                 site,
@@ -420,7 +431,7 @@ def _check_leading(
             )
         for index, (axis, length) in enumerate(zip(axes, shape, strict=False)):
             size = int(length)
-            if not axis.bind(size, leaf_name):
+            if not axis.bind(size, leaf_name, site):
                 later = [a for a in axes[index + 1 :] if size in (a.size, a.usual_size)]
                 dropped = (
                     f"If {size} is a feature size, it has no {axis.label} axis (dropped by a "
@@ -442,7 +453,7 @@ def _check_leading(
                 raise _violation(
                     site,
                     f"{what} {leaf_name} has {axis.label}={size} on axis "
-                    f"{index}, but {axis}.{hint}",
+                    f"{index}, but {axis.seen_from(site)}.{hint}",
                     leaf=leaf_name,
                     expected=f"({pattern}) with {bound}",
                     found=describe_leaf(leaf),
