@@ -135,6 +135,27 @@ def test_configs_accept_numpy_scalars(counting_env, scripted_network):
     stored = config_to_dict(train)
     assert stored["seed"] == 3 and stored["devices"] == 1 and stored["ppo"]["n_envs"] == 8
     assert type(train.ppo.n_minibatches) is int and train.eval.logging_percentiles == (50,)
+    # The optimizer's numbers too: a float32 learning rate failed the checkpoint's config.
+    rates = {"learning_rate": np.float32(3e-4), "gradient_clipping": np.float32(0.5)}
+    decayed = PPOConfig(**rates, weight_decay=np.float64(1e-4))
+    stored = config_to_dict(TrainConfig(ppo=decayed))["ppo"]
+    assert [type(stored[name]) for name in (*rates, "weight_decay")] == [float] * 3
+    distill = DistillationConfig(**rates, weight_decay=np.float32(0.0))
+    assert {type(distill.learning_rate), type(distill.weight_decay)} == {float}
+
+
+def test_a_learning_rate_schedule_must_take_the_update_count():
+    with pytest.raises(TypeError, match=r"learning_rate .*count"):
+        PPOConfig(learning_rate=lambda: 1e-3)
+    PPOConfig(learning_rate=optax.linear_schedule(1e-3, 0.0, 100))
+
+
+def test_one_sample_minibatches_with_normalized_advantages_are_refused():
+    # A lone advantage standardises to 0: the policy would never learn.
+    with pytest.raises(ValueError, match="each minibatch holds one sample"):
+        PPOConfig(n_envs=4, rollout_length=1, n_minibatches=4)
+    PPOConfig(n_envs=4, rollout_length=1, n_minibatches=4, normalize_advantages=False)
+    PPOConfig(n_envs=4, rollout_length=2, n_minibatches=4)
 
 
 @pytest.mark.parametrize(("weight_decay", "decay"), [(True, 1e-4), (0.5, 0.5), (False, 0.0)])

@@ -1248,6 +1248,35 @@ def test_a_numpy_batch_size_is_an_int_to_shipped_annotations() -> None:
         assert all(leaf.shape[0] == 4 for leaf in leaves)
 
 
+def test_built_in_layers_take_a_numpy_batch_as_they_take_a_jax_one() -> None:
+    # The contract's aliases take NumPy leaves; the layers' own annotations refused them,
+    # so an eager call of a factory network on a NumPy env's observations failed.
+    from nnx_ppo.networks.containers import Splitter
+    from nnx_ppo.networks.factories import make_mlp_actor_critic
+    from nnx_ppo.networks.recurrent import LSTM
+    from nnx_ppo.networks.sampling_layers import NormalSampler
+    from nnx_ppo.networks.variational import VariationalBottleneck
+
+    x = np.linspace(-1.0, 1.0, 24, dtype=np.float32).reshape(4, 6)
+    modules: list[StatefulModule] = [
+        Dense(6, 2, nnx.Rngs(0)),
+        GRU(6, 3, nnx.Rngs(0)),
+        LSTM(6, 3, nnx.Rngs(0)),
+        Splitter(a=2, b=4),
+        NormalSampler(nnx.Rngs(0), 0.01),
+        VariationalBottleneck(3, nnx.Rngs(0)),
+        make_mlp_actor_critic(6, 2, [8], [8], nnx.Rngs(0), normalize_obs=False),
+    ]
+    for module in modules:
+        state = module.initialize_state(4)
+        given_numpy = module(state, x).output
+        given_jax = module(state, jnp.asarray(x)).output
+        assert jax.tree.all(jax.tree.map(np.array_equal, given_numpy, given_jax))
+    gru = modules[1]
+    assert isinstance(gru, GRU)
+    assert gru.reset_state(np.zeros((4, 3), np.float32)).shape == (4, 3)
+
+
 def test_a_jitted_method_with_annotations_is_left_unchecked_with_a_warning() -> None:
     with pytest.warns(UserWarning, match=r"annotations of .*Jitted.__call__ are not checked"):
 

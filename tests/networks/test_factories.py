@@ -227,6 +227,27 @@ def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type, match: str
 def test_discrete_needs_two_actions():
     with pytest.raises(ValueError, match="n_actions must be >= 2"):
         factories.make_discrete_mlp_actor_critic(OBS, 1, [8], [8], nnx.Rngs(0))
+    with pytest.raises(ValueError, match="make_lstm_actor_critic action_size must be >= 2"):
+        factories.make_lstm_actor_critic(OBS, 1, 8, nnx.Rngs(0), discrete=True)
+
+
+def test_flags_are_bools_not_truths():
+    # bool("False") is True: a flag read by its truth built the other network.
+    builds = {
+        "discrete": lambda flag: factories.make_lstm_actor_critic(
+            OBS, 2, 8, nnx.Rngs(0), discrete=flag
+        ),
+        "normalize_obs": lambda flag: factories.make_mlp_actor_critic(
+            OBS, ACTIONS, [8], [8], nnx.Rngs(0), normalize_obs=flag
+        ),
+        "activation_last_layer": lambda flag: factories.make_mlp_layers(
+            [OBS, 8], nnx.Rngs(0), activation_last_layer=flag
+        ),
+    }
+    for name, build in builds.items():
+        with pytest.raises(TypeError, match=f"{name} must be True or False, got str"):
+            build("False")
+        build(np.bool_(False))  # a NumPy bool is one
 
 
 def test_the_lstm_preset_names_why_it_was_chosen_for_a_dict_observation():

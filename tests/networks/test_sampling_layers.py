@@ -512,6 +512,8 @@ def test_rng_must_be_an_rngs_and_action_size_positive():
         CategoricalSampler(jax.random.key(0), entropy_weight=0.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="action_size must be a positive int"):
         NormalSampler(nnx.Rngs(0), entropy_weight=0.0, action_size=0)
+    with pytest.raises(ValueError, match=r"initial_log_std=-1\.0 sets the learned log_std"):
+        NormalSampler(nnx.Rngs(0), entropy_weight=0.0, initial_log_std=-1.0)  # no action_size
 
 
 def test_output_is_a_sampled_action_dict():

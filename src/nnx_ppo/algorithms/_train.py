@@ -296,7 +296,7 @@ def _new_training_state(
     # programs keep none, so their state in and out must hold none either.
     nnx.pop(networks, nnx.Intermediate)
     if optimizer is None:
-        _require_optimizer_options(
+        learning_rate, gradient_clipping, weight_decay = _require_optimizer_options(
             "new_training_state", learning_rate, gradient_clipping, weight_decay
         )
         optimizer = _default_optimizer(learning_rate, gradient_clipping, weight_decay)

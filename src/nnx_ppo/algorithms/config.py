@@ -25,7 +25,7 @@ import optax
 from jaxtyping import UInt8
 
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
-from nnx_ppo.contract.arguments import as_whole, require_int, require_number
+from nnx_ppo.contract.arguments import as_whole, require_callable, require_int, require_number
 
 __all__ = [
     "EvalConfig",
@@ -140,16 +140,23 @@ def _require_optimizer_options(
     learning_rate: float | Callable[[Any], Any],
     gradient_clipping: float | None,
     weight_decay: float | bool | None,
-) -> None:
-    """``learning_rate`` a rate >= 0 or an optax schedule; ``gradient_clipping`` a positive
-    norm or None (off); ``weight_decay`` a rate >= 0, True (optax's default decay) or None
-    (plain Adam)."""
-    if not callable(learning_rate):
-        require_number(owner, "learning_rate", learning_rate, minimum=0.0)
+) -> tuple[float | Callable[[Any], Any], float | None, float | bool | None]:
+    """The three options checked, numbers as Python floats (a NumPy scalar is as good a
+    rate, but a checkpoint's JSON config cannot hold one): ``learning_rate`` a rate >= 0
+    or an optax schedule of the update count; ``gradient_clipping`` a positive norm or
+    None (off); ``weight_decay`` a rate >= 0, True (optax's default decay) or None (plain
+    Adam)."""
+    if callable(learning_rate):
+        require_callable(owner, "learning_rate", learning_rate, ("count",))
+    else:
+        learning_rate = require_number(owner, "learning_rate", learning_rate, minimum=0.0)
     if gradient_clipping is not None:
-        require_number(owner, "gradient_clipping", gradient_clipping, minimum=0.0, strict=True)
+        gradient_clipping = require_number(
+            owner, "gradient_clipping", gradient_clipping, minimum=0.0, strict=True
+        )
     if not isinstance(weight_decay, bool | None):
-        require_number(owner, "weight_decay", weight_decay, minimum=0.0)
+        weight_decay = require_number(owner, "weight_decay", weight_decay, minimum=0.0)
+    return learning_rate, gradient_clipping, weight_decay
 
 
 def _require_choice(owner: str, name: str, value: Any, choices: Any) -> None:
@@ -249,6 +256,14 @@ class PPOConfig(_FieldsOnly):
         for name in ("normalize_advantages", "combine_advantages"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PPOConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.normalize_advantages and self.steps_per_iteration == self.n_minibatches:
+            raise ValueError(
+                f"PPOConfig: each minibatch holds one sample (rollout_length "
+                f"{self.rollout_length} x n_envs {self.n_envs} / n_minibatches "
+                f"{self.n_minibatches}), whose advantage normalize_advantages standardises "
+                "to 0: the policy would get no gradient. Use fewer minibatches or a longer "
+                "rollout, or set normalize_advantages=False"
+            )
         # Stored as Python floats: the loss's annotations take a float, and an int or a
         # NumPy scalar (1, np.float32(0.2)) is as good a number here.
         for name in ("gae_lambda", "discounting_factor"):
@@ -264,7 +279,7 @@ class PPOConfig(_FieldsOnly):
             if getattr(self, name) is not None:
                 number = require_number(owner, name, getattr(self, name), minimum=0.0, strict=True)
                 setattr(self, name, number)
-        _require_optimizer_options(
+        self.learning_rate, self.gradient_clipping, self.weight_decay = _require_optimizer_options(
             owner, self.learning_rate, self.gradient_clipping, self.weight_decay
         )
         _require_logging(owner, self)

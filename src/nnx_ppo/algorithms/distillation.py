@@ -141,8 +141,10 @@ class DistillationConfig(_FieldsOnly):
         owner = "DistillationConfig"
         _accept_030_forms(self)
         _require_rollouts_and_minibatches(owner, self)
-        learning_rate = require_number(owner, "learning_rate", self.learning_rate, minimum=0.0)
-        _require_optimizer_options(owner, learning_rate, self.gradient_clipping, self.weight_decay)
+        self.learning_rate = require_number(owner, "learning_rate", self.learning_rate, minimum=0.0)
+        _, self.gradient_clipping, self.weight_decay = _require_optimizer_options(
+            owner, self.learning_rate, self.gradient_clipping, self.weight_decay
+        )
         _require_logging(owner, self)
 
     @property

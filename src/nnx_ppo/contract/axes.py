@@ -29,6 +29,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Key, PyTree, Shaped
 
 __all__ = [
+    "AnyArray",
     "Batched",
     "BatchedTree",
     "BoolHistory",
@@ -47,57 +48,59 @@ __all__ = [
     "align_leading",
 ]
 
-_Arrays: TypeAlias = Array | np.ndarray
+AnyArray: TypeAlias = Array | np.ndarray
+"""A JAX or a NumPy array, the leaf of every alias here; for a layer's own annotation of
+an input, as in ``Float[AnyArray, "B {self.in_features}"]``."""
 
-Batched: TypeAlias = Shaped[_Arrays, "B ..."]
+Batched: TypeAlias = Shaped[AnyArray, "B ..."]
 """One array of a module call, the batch axis then features (each argument its own)."""
 
-BatchedTree: TypeAlias = PyTree[Shaped[_Arrays, "B ..."]]
+BatchedTree: TypeAlias = PyTree[Shaped[AnyArray, "B ..."]]
 """A module's input or output: a pytree whose every leaf leads with ``B``."""
 
-Carry: TypeAlias = PyTree[Shaped[_Arrays, "B ..."]]
+Carry: TypeAlias = PyTree[Shaped[AnyArray, "B ..."]]
 """A module's carry (its scan state): every leaf leads with ``B``."""
 
-CarrySlice: TypeAlias = PyTree[Shaped[_Arrays, "..."]]
+CarrySlice: TypeAlias = PyTree[Shaped[AnyArray, "..."]]
 """What ``reset_state`` sees: a batched carry, or under ``vmap`` one env's slice of it."""
 
-Extras: TypeAlias = PyTree[Shaped[_Arrays, "B ..."]] | None
+Extras: TypeAlias = PyTree[Shaped[AnyArray, "B ..."]] | None
 """The ``rollout_extras`` of one call, ``(B, *feat)`` leaves or ``None``."""
 
-History: TypeAlias = Shaped[_Arrays, "T B ..."]
+History: TypeAlias = Shaped[AnyArray, "T B ..."]
 """One leaf of a rollout history, time then batch then features (each leaf its own)."""
 
-HistoryTree: TypeAlias = PyTree[Shaped[_Arrays, "T B ..."]]
+HistoryTree: TypeAlias = PyTree[Shaped[AnyArray, "T B ..."]]
 """What ``update_statistics`` receives: the stacked emissions, leaves ``(T, B, *feat)``."""
 
-FloatBatch: TypeAlias = Float[_Arrays, " B"]
+FloatBatch: TypeAlias = Float[AnyArray, " B"]
 """One float per sample, such as a log-likelihood or a value estimate."""
 
-FloatHistory: TypeAlias = Float[_Arrays, "T B"]
+FloatHistory: TypeAlias = Float[AnyArray, "T B"]
 """One float per step and env, such as the rewards, values or advantages of a rollout."""
 
-BoolHistory: TypeAlias = Bool[_Arrays, "T B"]
+BoolHistory: TypeAlias = Bool[AnyArray, "T B"]
 """One flag per step and env, such as where episodes ended and which were truncated."""
 
-RegularizationLoss: TypeAlias = Float[_Arrays, ""] | Float[_Arrays, " B"]
+RegularizationLoss: TypeAlias = Float[AnyArray, ""] | Float[AnyArray, " B"]
 """A module's regularization, a scalar or one value per sample."""
 
 PerEnvKeys: TypeAlias = Key[Array, " B"]
 """One typed PRNG key per environment, carried in state."""
 
-Mask: TypeAlias = Bool[_Arrays, " B"]
+Mask: TypeAlias = Bool[AnyArray, " B"]
 """One boolean per environment (e.g. which envs reset)."""
 
-Scalar: TypeAlias = Shaped[_Arrays, ""]
+Scalar: TypeAlias = Shaped[AnyArray, ""]
 """A zero-dimensional array."""
 
-Unbatched: TypeAlias = PyTree[Shaped[_Arrays, "..."]]
+Unbatched: TypeAlias = PyTree[Shaped[AnyArray, "..."]]
 """One environment's observation, action or state: no batch axis."""
 
 
 def align_leading(
-    values: Shaped[_Arrays, "*lead"], leaf: Shaped[_Arrays, "..."]
-) -> Shaped[_Arrays, "..."]:
+    values: Shaped[AnyArray, "*lead"], leaf: Shaped[AnyArray, "..."]
+) -> Shaped[AnyArray, "..."]:
     """``values`` with size-1 axes appended up to ``leaf``'s rank.
 
     ``values`` covers ``leaf``'s leading axes (a ``(B,)`` mask for a ``(B, ...)`` leaf,

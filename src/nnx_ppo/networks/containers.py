@@ -19,6 +19,7 @@ from jaxtyping import Array, Shaped
 from nnx_ppo.contract import ContractError, describe_module
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.axes import (
+    AnyArray,
     BatchedTree,
     Carry,
     CarrySlice,
@@ -314,7 +315,7 @@ class Splitter(StatefulModule):
         self.sizes = nnx.static(tuple(sizes.items()))
 
     def __call__(
-        self, state: tuple[()], x: Shaped[Array, "B n"], rollout_extras: None = None
+        self, state: tuple[()], x: Shaped[AnyArray, "B n"], rollout_extras: None = None
     ) -> StatefulModuleOutput:
         total = sum(size for _, size in self.sizes)
         if x.shape[-1] != total:
@@ -325,7 +326,7 @@ class Splitter(StatefulModule):
         outputs: dict[str, Array] = {}
         offset = 0
         for key, size in self.sizes:
-            outputs[key] = x[..., offset : offset + size]
+            outputs[key] = jnp.asarray(x[..., offset : offset + size])
             offset += size
         return StatefulModuleOutput((), outputs, jnp.zeros(()), {}, None)
 

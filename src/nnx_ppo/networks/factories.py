@@ -8,7 +8,7 @@ import jax
 from flax import nnx
 from jaxtyping import Array
 
-from nnx_ppo.contract.arguments import require_int, require_number, require_sizes
+from nnx_ppo.contract.arguments import require_bool, require_int, require_number, require_sizes
 from nnx_ppo.contract.env_checks import discrete_action_flags, require_env
 from nnx_ppo.networks._initializers import variance_scaling_uniform, zeros
 from nnx_ppo.networks.adapter import PPOAdapter
@@ -66,6 +66,9 @@ def make_mlp_layers(
         Sequential([Flattener(), *make_mlp_layers([12, 64, 32], rngs), LSTM(32, 16, rngs)])
     """
     sizes = require_sizes("make_mlp_layers", "sizes", sizes)
+    activation_last_layer = require_bool(
+        "make_mlp_layers", "activation_last_layer", activation_last_layer
+    )
     if len(sizes) < 2:
         raise ValueError(f"an MLP needs an input and an output size, got sizes={sizes}")
     n_layers = len(sizes) - 1
@@ -202,9 +205,7 @@ def make_discrete_mlp_actor_critic(
       actor_obs_keys, critic_obs_keys: the dict observation's entries each side
         reads, as for :func:`make_mlp_actor_critic`.
     """
-    require_int("make_discrete_mlp_actor_critic", "n_actions", n_actions)
-    if n_actions < 2:
-        raise ValueError(f"make_discrete_mlp_actor_critic n_actions must be >= 2, got {n_actions}")
+    _require_choices("make_discrete_mlp_actor_critic", "n_actions", n_actions)
     return _mlp_actor_critic(
         "make_discrete_mlp_actor_critic",
         obs_size,
@@ -267,6 +268,13 @@ def _obs_selection(
     return width, [Filter({key: key for key in keys}), Flattener()]
 
 
+def _require_choices(owner: str, name: str, n_actions: int) -> None:
+    """A discrete action chooses among at least two: one leaves the policy nothing to learn."""
+    require_int(owner, name, n_actions)
+    if n_actions < 2:
+        raise ValueError(f"{owner} {name} must be >= 2 (discrete actions), got {n_actions}")
+
+
 def _mlp_actor_critic(
     owner: str,
     obs_size: int | Mapping[str, int],
@@ -281,6 +289,7 @@ def _mlp_actor_critic(
     obs_keys: tuple[Sequence[str] | None, Sequence[str] | None] = (None, None),
 ) -> StatefulModule:
     activation = _resolve_activation(owner, activation)
+    normalize_obs = require_bool(owner, "normalize_obs", normalize_obs)
     require_number(owner, "initializer_scale", initializer_scale, minimum=0.0, strict=True)
     actor_hidden_sizes = require_sizes(owner, "actor_hidden_sizes", actor_hidden_sizes)
     critic_hidden_sizes = require_sizes(owner, "critic_hidden_sizes", critic_hidden_sizes)
@@ -361,6 +370,10 @@ def make_lstm_actor_critic(
     require_int(owner, "obs_size", obs_size)
     require_int(owner, "action_size", action_size)
     require_int(owner, "hidden_size", hidden_size)
+    discrete = require_bool(owner, "discrete", discrete)
+    normalize_obs = require_bool(owner, "normalize_obs", normalize_obs)
+    if discrete:
+        _require_choices(owner, "action_size", action_size)
     activation = _resolve_activation(owner, activation)
     sampler: ActionSampler
     if discrete:

@@ -8,7 +8,7 @@ from flax import nnx
 from jaxtyping import Array, Float
 
 from nnx_ppo.contract.arguments import require_int
-from nnx_ppo.contract.axes import BatchedTree
+from nnx_ppo.contract.axes import AnyArray, BatchedTree
 from nnx_ppo.networks._matmul import dense_dot_general
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
@@ -59,10 +59,10 @@ class Dense(StatefulModule):
     def __call__(
         self,
         state: tuple[()],
-        x: Float[Array, "B {self.in_features}"],
+        x: Float[AnyArray, "B {self.in_features}"],
         rollout_extras: None = None,
     ) -> StatefulModuleOutput:
-        y = self.linear(x)
+        y = self.linear(jnp.asarray(x))
         if self.activation is not None:
             y = self.activation(y)
         return StatefulModuleOutput(state, y, jnp.zeros(()), {}, None)

@@ -14,6 +14,7 @@ from flax import nnx
 from jaxtyping import Array, Float
 
 from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.axes import AnyArray
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = ["GRU", "LSTM", "LSTMCarry"]
@@ -121,7 +122,7 @@ class LSTM(StatefulModule):
     def __call__(
         self,
         state: LSTMCarry,
-        x: Float[Array, "B {self.in_features}"],
+        x: Float[AnyArray, "B {self.in_features}"],
         rollout_extras: None = None,
     ) -> StatefulModuleOutput:
         for name, leaf in zip(state._fields, state, strict=True):
@@ -131,7 +132,7 @@ class LSTM(StatefulModule):
                     f"(B={x.shape[0]}, hidden_features={self.hidden_features})"
                 )
         # Flax's LSTM cells take and return the carry as (c, h).
-        (cell, hidden), output = self.cell((state.cell, state.hidden), x)
+        (cell, hidden), output = self.cell((state.cell, state.hidden), jnp.asarray(x))
         return StatefulModuleOutput(
             LSTMCarry(cell=cell, hidden=hidden), output, jnp.zeros(()), {}, None
         )
@@ -205,17 +206,17 @@ class GRU(StatefulModule):
 
     def __call__(
         self,
-        state: Float[Array, "B {self.hidden_features}"],
-        x: Float[Array, "B {self.in_features}"],
+        state: Float[AnyArray, "B {self.hidden_features}"],
+        x: Float[AnyArray, "B {self.in_features}"],
         rollout_extras: None = None,
     ) -> StatefulModuleOutput:
-        hidden, output = self.cell(state, x)
+        hidden, output = self.cell(jnp.asarray(state), jnp.asarray(x))
         return StatefulModuleOutput(hidden, output, jnp.zeros(()), {}, None)
 
     def initialize_state(self, batch_size: int) -> Float[Array, "{batch_size} hidden"]:
         return _initial_value(self.initial_hidden, (batch_size, self.hidden_features), jnp.float32)
 
     def reset_state(
-        self, prev_state: Float[Array, "*B {self.hidden_features}"]
+        self, prev_state: Float[AnyArray, "*B {self.hidden_features}"]
     ) -> Float[Array, "*B {self.hidden_features}"]:
         return _initial_value(self.initial_hidden, prev_state.shape, prev_state.dtype)

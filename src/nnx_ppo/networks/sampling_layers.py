@@ -39,7 +39,7 @@ from jaxtyping import Array, Float, Int, Key, PyTree, Shaped
 
 from nnx_ppo.contract import ContractError, describe_module
 from nnx_ppo.contract.arguments import require_int, require_number
-from nnx_ppo.contract.axes import FloatBatch, PerEnvKeys
+from nnx_ppo.contract.axes import AnyArray, FloatBatch, PerEnvKeys
 from nnx_ppo.contract.errors import rule_text
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import (
@@ -157,8 +157,8 @@ class ActionSampler(StatefulModule):
     def __call__(
         self,
         state: PerEnvKeys,
-        x: Float[Array, "B params"],
-        rollout_extras: Shaped[Array, "B *raw"] | None = None,
+        x: Float[AnyArray, "B params"],
+        rollout_extras: Shaped[AnyArray, "B *raw"] | None = None,
     ) -> StatefulModuleOutput:
         """Sample (rollout, inference) or score the stored action (replay).
 
@@ -170,11 +170,11 @@ class ActionSampler(StatefulModule):
         Returns:
           ``output`` is a :class:`SampledAction`; ``rollout_extras`` is the raw action.
         """
-        parameters = self.distribution_parameters(x)
+        parameters = self.distribution_parameters(jnp.asarray(x))
         next_keys, step_keys = split_env_keys(state)
         if rollout_extras is not None:
-            self._check_stored_action(rollout_extras, parameters)
-            raw_action = rollout_extras
+            raw_action = jnp.asarray(rollout_extras)
+            self._check_stored_action(raw_action, parameters)
         elif self.deterministic:
             raw_action = self.mode(parameters)
         else:
@@ -300,6 +300,12 @@ class NormalSampler(_Normal):
         self.std_scale = float(std_scale)
         if action_size is not None:
             require_int("NormalSampler", "action_size", action_size)
+        elif initial_log_std != 0.0:
+            raise ValueError(
+                f"NormalSampler: initial_log_std={initial_log_std} sets the learned log_std "
+                "that action_size creates; without action_size the std is read from the "
+                "input. Pass action_size=N as well, or leave initial_log_std out"
+            )
         self.log_std: nnx.Param[Array] | None = (
             None
             if action_size is None

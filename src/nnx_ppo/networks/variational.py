@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from nnx_ppo.contract.arguments import require_int, require_number
-from nnx_ppo.contract.axes import Mask, PerEnvKeys
+from nnx_ppo.contract.axes import AnyArray, Mask, PerEnvKeys
 from nnx_ppo.networks.sampling_layers import _normal_std
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import (
@@ -92,10 +92,10 @@ class VariationalBottleneck(_GaussianLatent):
     def __call__(
         self,
         state: PerEnvKeys,
-        x: Float[Array, "B params"],
+        x: Float[AnyArray, "B params"],
         rollout_extras: None = None,
     ) -> StatefulModuleOutput:
-        next_keys, z, metrics = self._sample_latent(state, x)
+        next_keys, z, metrics = self._sample_latent(state, jnp.asarray(x))
         return StatefulModuleOutput(
             next_state=next_keys,
             output=z,
@@ -162,10 +162,10 @@ class AR1VariationalBottleneck(_GaussianLatent):
     def __call__(
         self,
         state: AR1State,
-        x: Float[Array, "B params"],
+        x: Float[AnyArray, "B params"],
         rollout_extras: None = None,
     ) -> StatefulModuleOutput:
-        next_keys, z, metrics = self._sample_latent(state["keys"], x)
+        next_keys, z, metrics = self._sample_latent(state["keys"], jnp.asarray(x))
         last_z = state["last_z"]
         if not self.backprop_through_time:
             last_z = jax.lax.stop_gradient(last_z)
