@@ -82,6 +82,11 @@ class Pair:
 
 
 not_a_module = 42
+flax_linear = nnx.Linear(3, 2, rngs=nnx.Rngs(0))  # callable, but no factory to call
+
+
+def make_scalar_normalizer():
+    return Normalizer(())
 
 
 def make_env():
@@ -171,6 +176,12 @@ def test_the_example_input_may_be_an_npy_array(cells: str, tmp_path: Path) -> No
             "kit_cli_cells:not_a_module gives a value of type int: expected a StatefulModule",
         ),
         (
+            "kit_cli_cells:flax_linear",
+            [],
+            "gives a value of type Linear: expected a StatefulModule or a function of no "
+            "arguments that builds one; subclass nnx_ppo.networks.StatefulModule",
+        ),
+        (
             "kit_cli_cells:make_env",
             [],
             "it looks like an environment, which nnx-ppo check does not take: check it with "
@@ -194,6 +205,10 @@ def test_wrong_arguments_exit_2_with_a_message_that_names_them(
 ) -> None:
     assert check(target, "--input-shape", "3", *extra) == 2
     assert message in capsys.readouterr().err
+
+
+def test_no_numbers_after_input_shape_is_a_scalar_sample(cells: str) -> None:
+    assert check(f"{cells}:make_scalar_normalizer", "--input-shape") == 0
 
 
 def test_a_missing_or_unknown_example_file_is_named(

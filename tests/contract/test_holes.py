@@ -1530,3 +1530,9 @@ def test_a_carry_changed_in_place_is_named(method: str) -> None:
         jax.jit(call)()
     assert caught.value.leaf is not None and caught.value.leaf.endswith("['t']")
     assert "replaced during the call" in str(caught.value)
+
+
+def test_check_module_names_a_flax_module_instead_of_calling_it_as_a_factory() -> None:
+    # An nnx.Module is callable: called as a factory it failed on its own missing arguments.
+    with pytest.raises(TypeError, match=r"got Linear; subclass nnx_ppo\.networks\.StatefulModule"):
+        check_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), jnp.zeros(3))

@@ -102,6 +102,16 @@ def test_a_graph_transform_or_frozen_module_given_a_plain_nnx_module_points_to_s
 
 
 def test_a_container_given_a_plain_nnx_module_points_to_stateless() -> None:
-    named = r"layer 0 is a Linear, not a StatefulModule; wrap .* nnx_ppo\.networks\.Stateless"
+    named = r"layer 0 is a Linear, not a StatefulModule; subclass .* nnx_ppo\.networks\.Stateless"
     with pytest.raises(TypeError, match=named):
         Sequential([nnx.Linear(3, 2, rngs=nnx.Rngs(0))])
+
+
+def test_a_container_given_a_class_asks_for_an_instance() -> None:
+    from nnx_ppo.networks.utils import Flattener
+
+    asked = r"layer 0 is the class Flattener, not a module: did you mean Flattener\(\.\.\.\)\?"
+    with pytest.raises(TypeError, match=asked):
+        Sequential([Flattener, Dense(3, 2, nnx.Rngs(0))])
+    with pytest.raises(TypeError, match="layer 0 is the class Linear, not a StatefulModule"):
+        Sequential([nnx.Linear])

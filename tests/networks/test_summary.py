@@ -279,6 +279,40 @@ def test_off_a_terminal_the_summary_is_not_folded_to_the_consoles_width() -> Non
     assert any("[1]['action'][2] (B,) key<fry>" in line for line in lines)
 
 
+def test_on_a_narrow_terminal_every_cell_folds_and_a_narrower_one_gets_blocks() -> None:
+    # Deep paths in a module column kept whole left the other columns no room at all.
+    rngs = nnx.Rngs(0)
+    wide = {f"agent_number_{i}": Sequential([Dense(4, 4, rngs), Dense(4, 2, rngs)]) for i in (1, 2)}
+    network = Sequential([Sequential([Sequential([nnx_ppo.networks.Map(**wide)])])])
+    example = {name: jnp.zeros(4) for name in wide}
+
+    def printed(width: int, terminal: bool) -> str:
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=width, force_terminal=terminal, color_system=None)
+        print_summary(network, example, console)
+        return buffer.getvalue()
+
+    def characters(text: str) -> list[str]:  # folding moves characters, never drops one
+        return sorted(text.replace("─", "").replace(" ", "").replace("\n", ""))
+
+    whole = printed(160, terminal=False)
+    for width in (72, 80):
+        folded = printed(width, terminal=True)
+        assert max(map(len, folded.splitlines())) <= width
+        assert characters(folded) == characters(whole)
+    blocks = printed(50, terminal=True)
+    assert max(map(len, blocks.splitlines())) <= 50
+    assert "    input: ['agent_number_1'] (B, 4)" in blocks
+    assert blocks.count("params:") == len(summary_rows := nnx_ppo.summary(network, example).rows)
+    assert len(summary_rows) == 10
+    # A violation's first line wraps as its others do: it was cut at the console's width.
+    broken = Sequential([nnx_ppo.networks.Parallel(**wide)])  # each Dense given the dict
+    buffer = io.StringIO()
+    print_summary(broken, example, Console(file=buffer, width=60, force_terminal=True))
+    said = buffer.getvalue().replace("\n", "")
+    assert "Sequential.layers[0].components['agent_number_1'].layers[0] (Dense).__call__" in said
+
+
 class StopsTraining(Exception):
     """Raised in place of training: the CLI test needs only what is printed before it."""
 

@@ -44,9 +44,10 @@ def add_parser(commands: Any) -> None:
     example.add_argument(
         "--input-shape",
         type=_dimension,
-        nargs="+",
+        nargs="*",
         metavar="N",
-        help="the shape of one sample's input, without the batch axis, e.g. --input-shape 4",
+        help="the shape of one sample's input, without the batch axis, e.g. --input-shape 4 "
+        "(no numbers: a scalar)",
     )
     example.add_argument(
         "--example-input",
@@ -158,12 +159,15 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(
             "nnx-ppo check needs Hypothesis: pip install 'nnx-ppo[testing]'"
         ) from error
-    from nnx_ppo.networks.types import StatefulModule
+    from flax import nnx
+
+    from nnx_ppo.networks.types import StatefulModule, stateless_hint
 
     found = load_named(args.target)
     example_input = _example_input(args)
     module = found
-    if not isinstance(module, StatefulModule) and callable(module):
+    # A Flax module is callable too, but not a factory: it is named below, not called.
+    if not isinstance(module, StatefulModule | nnx.Module) and callable(module):
         try:
             module = module()
         except (Exception, SystemExit) as error:
@@ -173,7 +177,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "; it looks like an environment, which nnx-ppo check does not take: check it "
             "with nnx_ppo.testing.check_env in your tests"
             if callable(getattr(module, "reset", None)) and callable(getattr(module, "step", None))
-            else ""
+            else stateless_hint(module)
         )
         raise ValueError(
             f"{args.target} gives a value of type {type(module).__name__}: expected a "

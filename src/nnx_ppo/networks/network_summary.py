@@ -54,6 +54,11 @@ _OUTSIDE_THE_GRAPH = "(not in the network's graph)"
 _PLAIN_WIDTH = 160
 """The columns a summary takes off a terminal (``str``, a log file, CI)."""
 
+_TABLE_WIDTH = 7 * (8 + 2)
+"""The narrowest console a summary is a table on: seven columns folded to 8 characters,
+room for a shape such as ``(B, 16)``, each padded by two. On a narrower one each row is
+a block of lines."""
+
 
 @dataclass(frozen=True)
 class LeafShape:
@@ -192,31 +197,53 @@ class NetworkSummary:
             box=box.SIMPLE_HEAD,
             show_edge=False,
         )
-        # On a narrow console every cell folds: nothing is cut off. The module column
-        # shrinks last, so that a name and its class stay on one line.
-        table.add_column("module", overflow="fold", no_wrap=True)
+        # On a narrow console every cell folds, the widest columns first: nothing is cut
+        # off. The module's folds too: kept whole, deep paths left the other columns a
+        # letter a line, or no room at all. (A console narrower than _TABLE_WIDTH is
+        # shown blocks instead, by __rich_console__.)
+        table.add_column("module", overflow="fold")
         for column in ("input", "output", "carry", "extras"):
             table.add_column(column, overflow="fold")
         table.add_column("params", justify="right", overflow="fold")
         table.add_column("statistics", overflow="fold")
+        for module, cells in self._cells():
+            table.add_row(module, *cells.values())
+        return table
+
+    def _cells(self) -> Iterator[tuple[Text, dict[str, str]]]:
+        """Each row's module cell, and its other cells by column."""
         for row, label in zip(self.rows, self._labels(), strict=True):
             statistics = ""
             if row.keeps_statistics and row.history is not None:
                 statistics = _cell(row.history)
             elif row.keeps_statistics:  # FrozenStatistics passes no history on
                 statistics = "yes" if self.error is not None else "frozen"
-            table.add_row(
-                Text(f"{label} ({row.module_class})").append(
-                    " ✗" if row.error is not None else "", style="bold red"
-                ),
-                _cell(row.input),
-                _cell(row.output),
-                _cell(row.carry),
-                _cell(row.extras),
-                "shared" if row.shared else f"{row.parameters:,}",
-                statistics,
+            module = Text(f"{label} ({row.module_class})").append(
+                " ✗" if row.error is not None else "", style="bold red"
             )
-        return table
+            yield (
+                module,
+                {
+                    "input": _cell(row.input),
+                    "output": _cell(row.output),
+                    "carry": _cell(row.carry),
+                    "extras": _cell(row.extras),
+                    "params": "shared" if row.shared else f"{row.parameters:,}",
+                    "statistics": statistics,
+                },
+            )
+
+    def _blocks(self) -> Iterator[Text]:
+        """The rows as blocks of ``column: cell`` lines, for a console too narrow for the
+        table's columns."""
+        yield Text(f"{self.network_class}: {self.parameters:,} parameters", style="italic")
+        for module, cells in self._cells():
+            block = Text("\n").append(module.copy())
+            for column, cell in cells.items():
+                if cell:
+                    indent = "\n" + " " * (len(column) + 6)
+                    block.append(f"\n    {column}: {cell.replace(chr(10), indent)}")
+            yield block
 
     def _labels(self) -> list[str]:
         """Each row's name: its path below the enclosing row's, indented by its depth.
@@ -232,11 +259,15 @@ class NetworkSummary:
         return labels
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        del console, options
-        yield self.table()
+        del console
+        if options.max_width < _TABLE_WIDTH:
+            yield from self._blocks()
+        else:
+            yield self.table()
         if self.error is not None:
-            yield Text(_VIOLATION, style="bold red", end="")
-            yield Text(_error_text(self.error))
+            # One Text: the message's first line, printed after another Text's end="",
+            # was cut at the console's width instead of wrapped.
+            yield Text.assemble((_VIOLATION, "bold red"), _error_text(self.error))
 
     def __str__(self) -> str:
         """The table as plain text, 160 columns wide at most, and the error's message unwrapped."""

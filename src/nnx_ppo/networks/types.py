@@ -44,6 +44,7 @@ __all__ = [
     "StatefulModuleOutput",
     "checked_ppo_output",
     "require_stateful_module",
+    "stateless_hint",
 ]
 
 
@@ -289,7 +290,25 @@ def require_stateful_module(what: str, value: object) -> None:
     :class:`~nnx_ppo.networks.feedforward.Stateless`."""
     if isinstance(value, StatefulModule):
         return
-    message = f"{what} is a {type(value).__name__}, not a StatefulModule"
-    if callable(value) and not isinstance(value, type):  # an nnx.Linear, jnp.tanh
-        message += "; wrap a stateless NNX module or function in nnx_ppo.networks.Stateless"
-    raise TypeError(message)
+    if isinstance(value, type):  # Flattener for Flattener(): its metaclass said nothing
+        if issubclass(value, StatefulModule):
+            raise TypeError(
+                f"{what} is the class {value.__name__}, not a module: did you mean "
+                f"{value.__name__}(...)?"
+            )
+        raise TypeError(f"{what} is the class {value.__name__}, not a StatefulModule instance")
+    hint = stateless_hint(value)
+    raise TypeError(f"{what} is a {type(value).__name__}, not a StatefulModule{hint}")
+
+
+def stateless_hint(value: object) -> str:
+    """What to do with ``value``, a callable that is no ``StatefulModule`` (an
+    ``nnx.Linear``, ``jnp.tanh``): a sentence to append to a message; ``""`` for others."""
+    if isinstance(value, nnx.Module):
+        return (
+            "; subclass nnx_ppo.networks.StatefulModule to write the contract's methods, or "
+            "wrap a stateless NNX module in nnx_ppo.networks.Stateless"
+        )
+    if callable(value) and not isinstance(value, type):
+        return "; wrap a stateless NNX module or function in nnx_ppo.networks.Stateless"
+    return ""

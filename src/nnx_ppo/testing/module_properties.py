@@ -64,7 +64,12 @@ from nnx_ppo.contract.checking import (
     resets_its_carry,
 )
 from nnx_ppo.networks.adapter import is_sampled_action
-from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import (
+    PPONetworkOutput,
+    StatefulModule,
+    StatefulModuleOutput,
+    stateless_hint,
+)
 from nnx_ppo.testing._harness import (
     Condition,
     ContractPropertyError,
@@ -1800,12 +1805,13 @@ def _build(
 ) -> StatefulModule:
     __tracebackhide__ = True
     module = module_factory_or_module
-    if not isinstance(module, StatefulModule) and callable(module):
+    # A Flax module is callable too, but not a factory: it is named below, not called.
+    if not isinstance(module, StatefulModule | nnx.Module) and callable(module):
         module = module()
     if not isinstance(module, StatefulModule):
         raise TypeError(
             "check_module needs a StatefulModule or a function of no arguments that builds "
-            f"one, got {type(module).__name__}"
+            f"one, got {type(module).__name__}{stateless_hint(module)}"
         )
     return module
 
