@@ -154,6 +154,35 @@ def test_an_env_keeping_a_key_trains_in_one_program_as_alone() -> None:
         )
 
 
+def test_python_numbers_in_variables_train_in_one_program_as_alone() -> None:
+    """A Variable may hold a Python number, as train_ppo takes it: the program holds it
+    as JAX does (float32, int32, bool), and each run trains as alone."""
+
+    def with_numbers(seed: int) -> nnx.Module:
+        module = network(seed)
+        module.scale, module.count, module.flag = (
+            nnx.Variable(1.5),
+            nnx.Variable(3),
+            nnx.Variable(True),
+        )
+        return module
+
+    short = copy.deepcopy(config())
+    short.ppo.total_steps, short.eval.enabled = STEP, False
+    results = train_ppo_runs(ENV, with_numbers, short, seeds=[0, 1])
+    for seed, result in enumerate(results):
+        single = copy.deepcopy(short)
+        single.seed = seed
+        alone = with_numbers(seed)
+        train_ppo(ENV, alone, single)
+        trained = result.training_state.networks
+        for got, want in zip(parameters(trained), parameters(alone), strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        for name, value in [("scale", 1.5), ("count", 3), ("flag", True)]:
+            held = getattr(trained, name)[...]
+            assert held == value and held.dtype == jax.numpy.asarray(value).dtype
+
+
 def test_a_video_config_is_warned_of_since_several_runs_record_none() -> None:
     short = copy.deepcopy(config())
     short.ppo.total_steps, short.eval.enabled, short.video.enabled = STEP, False, True
@@ -168,6 +197,17 @@ def test_a_video_config_is_warned_of_since_several_runs_record_none() -> None:
         ({"seeds": []}, ValueError, "seeds is empty"),
         ({"learning_rates": []}, ValueError, "learning_rates is empty"),
         ({"seeds": 3}, TypeError, "seeds must be a sequence with one entry per run, got int"),
+        ({"seeds": np.array(3)}, TypeError, r"seeds must be a sequence .*got a 0-d ndarray"),
+        (
+            {"learning_rates": np.array(1e-3)},
+            TypeError,
+            r"learning_rates must be a sequence .*got a 0-d ndarray of shape \(\); give a 1-d",
+        ),
+        (
+            {"learning_rates": np.array([[1e-3, 2e-3]])},
+            TypeError,
+            r"learning_rates must be a sequence .*got a 2-d ndarray of shape \(1, 2\)",
+        ),
         ({"seeds": [0, 1], "learning_rates": [1e-3]}, ValueError, "2 seeds but 1 learning_rates"),
         ({"learning_rates": [1e-3, 0.0]}, ValueError, r"learning_rates\[1\] must be > 0"),
         ({"learning_rates": [float("inf")]}, TypeError, r"learning_rates\[0\] must be a finite"),
@@ -206,6 +246,13 @@ def test_callbacks_of_train_ppos_form_and_a_network_for_make_networks_are_named(
         train_ppo_runs(ENV, lambda: network(0), config(), seeds=[0, 1])
     with pytest.raises(TypeError, match=r"make_networks must build .* it is a network \(Seq"):
         train_ppo_runs(ENV, network(0), config(), seeds=[0, 1])  # type: ignore[arg-type]
+    # Named where it happened, not as new_training_state's, which the caller never called.
+    with pytest.raises(
+        TypeError,
+        match=r"train_ppo_runs: make_networks\(3\) \(run 0\) returned a NoneType, not a "
+        r"StatefulModule .*forget to return it",
+    ):
+        train_ppo_runs(ENV, lambda seed: None, config(), seeds=[3, 4])  # type: ignore[arg-type]
 
 
 def test_a_static_hyperparameter_that_differs_between_runs_is_refused() -> None:
@@ -294,6 +341,10 @@ def test_numpy_seeds_reach_make_networks_as_ints() -> None:
 
     seeds, _ = _require_runs(np.arange(2), None, config())
     assert seeds == [0, 1] and all(type(seed) is int for seed in seeds)
+    # A 1-d JAX array as a NumPy one.
+    seeds, rates = _require_runs(jax.numpy.arange(2), jax.numpy.array([0.5, 0.25]), config())
+    assert seeds == [0, 1] and all(type(seed) is int for seed in seeds)
+    assert rates == [0.5, 0.25] and all(type(rate) is float for rate in rates)
 
 
 def test_a_diverged_run_leaves_every_network_at_the_last_good_step(monkeypatch) -> None:

@@ -38,6 +38,7 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
+from jaxtyping import Integer, Real
 
 from nnx_ppo._compile import warn_if_mappings_near_cap
 from nnx_ppo.algorithms import _step, sharding
@@ -59,6 +60,7 @@ from nnx_ppo.algorithms.metrics import _key_name
 from nnx_ppo.algorithms.rollout import Tree
 from nnx_ppo.algorithms.types import LoggingLevel, RLEnv, TrainingState
 from nnx_ppo.contract.arguments import require_int, require_number
+from nnx_ppo.contract.axes import AnyArray
 from nnx_ppo.contract.checking import is_key, key_data_or_leaf
 from nnx_ppo.networks.types import StatefulModule
 
@@ -117,7 +119,9 @@ def _as_single_run(state: TrainingState, config: PPOConfig, learning_rate: float
 
 
 def _require_runs(
-    seeds: Sequence[int] | None, learning_rates: Sequence[float] | None, config: TrainConfig
+    seeds: Sequence[int] | Integer[AnyArray, " runs"] | None,
+    learning_rates: Sequence[float] | Real[AnyArray, " runs"] | None,
+    config: TrainConfig,
 ) -> tuple[list[int], list[float] | None]:
     if seeds is None and learning_rates is None:
         raise ValueError("train_ppo_runs: give seeds, learning_rates or both (one entry per run)")
@@ -151,7 +155,17 @@ def _require_runs(
 
 def _per_run(name: str, values: Any) -> list[Any]:
     """``values`` as a list with one entry per run; anything else is a named error."""
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray):
+    if isinstance(values, np.ndarray | jax.Array):
+        if values.ndim != 1:
+            raise TypeError(
+                f"train_ppo_runs: {name} must be a sequence with one entry per run, got a "
+                f"{values.ndim}-d {type(values).__name__} of shape {values.shape}; give a "
+                "1-d array or a list"
+            )
+        # A jax.Array's entries are 0-d arrays, which the entry checks refuse as
+        # numbers; NumPy's are NumPy scalars, which they take.
+        values = np.asarray(values)
+    elif isinstance(values, str | bytes) or not isinstance(values, Sequence):
         raise TypeError(
             f"train_ppo_runs: {name} must be a sequence with one entry per run, got "
             f"{type(values).__name__} {values!r}"
@@ -315,10 +329,12 @@ def _require_like_run_0(
                 jax.tree.leaves(first_split),
                 strict=True,
             ):
-                if (leaf.shape, leaf.dtype) != (other.shape, other.dtype):
+                # As JAX holds them: a Variable's Python number is a 0-d array to the program.
+                held, held_in_0 = jax.typeof(leaf), jax.typeof(other)
+                if (held.shape, held.dtype) != (held_in_0.shape, held_in_0.dtype):
                     problem = (
-                        f"{_split_path_name(path)} is {leaf.dtype}{list(leaf.shape)} "
-                        f"where run 0's is {other.dtype}{list(other.shape)}"
+                        f"{_split_path_name(path)} is {held.dtype}{list(held.shape)} "
+                        f"where run 0's is {held_in_0.dtype}{list(held_in_0.shape)}"
                     )
                     break
     if problem is not None:
@@ -371,8 +387,8 @@ def train_ppo_runs(
     make_networks: Callable[[int], StatefulModule],
     config: TrainConfig | None = None,
     *,
-    seeds: Sequence[int] | None = None,
-    learning_rates: Sequence[float] | None = None,
+    seeds: Sequence[int] | Integer[AnyArray, " runs"] | None = None,
+    learning_rates: Sequence[float] | Real[AnyArray, " runs"] | None = None,
     log_fn: Callable[[int, dict[str, float], int], None] | None = None,
     checkpoint_fn: Callable[[int, TrainingState, int], None] | None = None,
     eval_env: RLEnv | None = None,
@@ -389,9 +405,9 @@ def train_ppo_runs(
         ``make_networks(seeds[i])``; every run's network must have the same
         structure (the runs are stacked along a new leading axis).
       config: the configuration every run shares; :func:`train_ppo`'s default when ``None``.
-      seeds: one seed per run; ``config.seed`` for every run when only
-        ``learning_rates`` is given.
-      learning_rates: one learning rate per run, in place of
+      seeds: one seed per run (a sequence, or a 1-d NumPy or JAX array);
+        ``config.seed`` for every run when only ``learning_rates`` is given.
+      learning_rates: one learning rate per run (as ``seeds``), in place of
         ``config.ppo.learning_rate`` (``config.ppo.learning_rate_schedule``
         still applies to each).
       log_fn: called as ``log_fn(run, metrics, step)`` after every PPO step (and
@@ -423,7 +439,10 @@ def train_ppo_runs(
       last good step, and its ``total_steps`` and ``total_iterations`` count to there.
 
     Raises:
-      TypeError: a seed that is not an integer (named by its index).
+      TypeError: ``seeds`` or ``learning_rates`` neither a sequence nor a 1-d
+        array, a seed that is not an integer or a learning rate that is not a
+        finite number (named by its index), or a ``make_networks`` that returned
+        no network (named with its seed and run).
       ValueError: no runs, lengths that differ, a learning rate that is not
         positive, an ``on_divergence`` other than ``"stop"`` or ``"continue"``,
         networks whose structures differ or one network object for two runs
@@ -496,6 +515,13 @@ def train_ppo_runs(
     states = []
     for run, seed in enumerate(seeds):
         networks = make_networks(seed)
+        # Else new_training_state, which the caller never called, would name it.
+        if not isinstance(networks, StatefulModule):
+            raise TypeError(
+                f"train_ppo_runs: make_networks({seed}) (run {run}) returned a "
+                f"{type(networks).__name__}, not a StatefulModule (the PPO network); "
+                "did it forget to return it?"
+            )
         optimizer = None if rates is None else _run_optimizer(ppo, rates[run])
         state = _new_training_state(
             env,

@@ -457,17 +457,23 @@ def _on_device(tree: Tree) -> Tree:
 
 
 def _abstract(
-    tree: PyTree[jax.ShapeDtypeStruct | jax.Array],
+    tree: PyTree[jax.ShapeDtypeStruct | jax.Array | np.ndarray | bool | int | float],
     placement: jax.sharding.Sharding | None,
     leading: tuple[int, ...] = (),
 ) -> PyTree[jax.ShapeDtypeStruct]:
     """``tree`` as strongly typed ``jax.ShapeDtypeStruct`` leaves placed on ``placement``,
     each with ``leading`` axes in front: what :func:`_on_device` (or a stack of
-    ``leading`` such trees) would hand a compiled program, for compiling it ahead."""
-    return jax.tree.map(
-        lambda leaf: jax.ShapeDtypeStruct((*leading, *leaf.shape), leaf.dtype, sharding=placement),
-        tree,
-    )
+    ``leading`` such trees) would hand a compiled program, for compiling it ahead.
+
+    A leaf may also be a Python number or a NumPy array (a network's Variable may hold
+    one): it is abstracted as JAX would hold it, ``1.0`` as ``float32[]`` without x64.
+    """
+
+    def like(leaf: Any) -> jax.ShapeDtypeStruct:
+        held = jax.typeof(leaf)
+        return jax.ShapeDtypeStruct((*leading, *held.shape), held.dtype, sharding=placement)
+
+    return jax.tree.map(like, tree)
 
 
 def _no_running_episodes(env_states: EnvState) -> RunningEpisodes:
