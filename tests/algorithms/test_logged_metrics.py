@@ -219,6 +219,19 @@ def test_weight_statistics_follow_the_logging_percentiles():
     )
 
 
+def test_no_percentiles_given_as_an_empty_tuple_are_mean_and_std_as_none_is():
+    # The configs read () as None; summarize (eval_rollout's, compute_metrics') gave nothing.
+    from nnx_ppo.algorithms.metrics import summarize
+
+    values = jnp.arange(4.0)
+    for none in (None, ()):
+        summary = summarize("x", {"a": values}, none)
+        assert summary.keys() == {"x/a/mean", "x/a/std"}
+        np.testing.assert_allclose(
+            [summary["x/a/mean"], summary["x/a/std"]], [1.5, np.std([0, 1, 2, 3])]
+        )
+
+
 def test_without_evaluation_the_first_record_is_the_first_ppo_steps(counting_env, scripted_network):
     ppo = PPOConfig(n_envs=2, rollout_length=5, n_minibatches=1, n_epochs=1, total_steps=20)
     logged = []

@@ -113,7 +113,8 @@ def summarize(
     Args:
       name: the prefix, e.g. ``"losses/critic"``.
       tree: a pytree of arrays (or one array).
-      percentiles: report ``p<N>`` for each, instead of ``mean`` and ``std``.
+      percentiles: report ``p<N>`` for each, instead of ``mean`` and ``std`` (``None``
+        or ``()``: ``mean`` and ``std``, as the configs' ``logging_percentiles``).
       always_moments: report ``mean`` and ``std`` even with percentiles.
       ignore_nan: leave NaN entries out (they mark skipped updates).
 
@@ -137,10 +138,10 @@ def summarize(
             summary[leaf_name] = leaf.astype(jnp.float32)
             continue
         leaf = leaf.astype(jnp.float32)
-        if percentiles is None or always_moments:
+        if not percentiles or always_moments:
             summary[f"{leaf_name}/mean"] = mean(leaf)
             summary[f"{leaf_name}/std"] = std(leaf)
-        if percentiles is not None:
+        if percentiles:
             values = percentile(leaf, jnp.asarray(percentiles, jnp.float32))
             for level, value in zip(percentiles, values, strict=True):
                 summary[f"{leaf_name}/p{level}"] = value
