@@ -8,6 +8,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # process wrote (with and without JAX's file lock around the cache).
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import jax
 import pytest
@@ -48,3 +49,17 @@ def _release_compiled_programs() -> Iterator[None]:
     """
     yield
     jax.clear_caches()
+
+
+@pytest.fixture
+def checkpoints_030(tmp_path: Path) -> Path:
+    """A directory as nnx-ppo 0.3.0's ``make_checkpoint_fn`` left it: per step, Orbax
+    checkpoints of the network and the optimizer, and a pickle (their contents stand-ins)."""
+    root = tmp_path / "checkpoints_030"
+    for step in (0, 20):
+        step_dir = root / f"step_{step:010d}"
+        for item in ("networks", "optimizer"):
+            (step_dir / item).mkdir(parents=True)
+            (step_dir / item / "_CHECKPOINT_METADATA").write_text("{}")
+        (step_dir / "metadata.pkl").write_bytes(b"\x80\x04N.")
+    return root

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from nnx_ppo.algorithms.checkpointing import CheckpointError, load_checkpoint, make_checkpoint_fn
+from nnx_ppo.algorithms.checkpointing import (
+    CheckpointError,
+    NoCheckpointError,
+    find_checkpoint,
+    load_checkpoint,
+    make_checkpoint_fn,
+    step_directory,
+)
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
 from nnx_ppo.envs import make
@@ -179,3 +188,70 @@ def test_a_run_resumed_from_an_earlier_checkpoint_of_its_directory_is_told_what_
             checkpoint_fn=make_checkpoint_fn(tmp_path),
         )
     assert "remove the checkpoints after the step resumed from" in str(error.value)
+
+
+def test_a_directory_of_030_checkpoints_is_refused_before_anything_is_written(
+    checkpoints_030: Path,
+) -> None:
+    # Orbax took 0.3.0's step directories for its own: the first save overwrote the one
+    # of its step and keep_last removed the rest, without a word.
+    before = {p: p.read_bytes() if p.is_file() else None for p in checkpoints_030.rglob("*")}
+    state = new_training_state(make("cartpole"), _policy(), 4, seed=0)
+    expected = (
+        f"{step_directory(checkpoints_030, 0)} looks like a checkpoint of nnx-ppo 0.3.0 (it "
+        "holds metadata.pkl, networks/, optimizer/), which this version cannot read or extend"
+    )
+    for step in (0, 20, 40):
+        with pytest.raises(CheckpointError) as caught:
+            make_checkpoint_fn(checkpoints_030, keep_last=1)(state, step)
+        assert expected in str(caught.value)
+    assert {p: p.read_bytes() if p.is_file() else None for p in checkpoints_030.rglob("*")} == (
+        before
+    )
+
+
+def test_a_step_directory_of_something_else_is_refused_and_a_killed_write_is_replaced(
+    tmp_path: Path,
+) -> None:
+    state = new_training_state(make("cartpole"), _policy(), 4, seed=0)
+    notes = step_directory(tmp_path, 16) / "notes.txt"
+    notes.parent.mkdir()
+    notes.write_text("kept")
+    with pytest.raises(CheckpointError, match=r"step_0000000016 is not a checkpoint of make_che"):
+        make_checkpoint_fn(tmp_path)(state, 16)
+    assert notes.read_text() == "kept"
+    # What Orbax leaves of a write killed mid-way is this version's own, written anew.
+    shutil.rmtree(notes.parent)
+    (step_directory(tmp_path, 16) / "arrays.orbax-checkpoint-tmp-1700000000").mkdir(parents=True)
+    make_checkpoint_fn(tmp_path)(state, 16)
+    assert find_checkpoint(tmp_path) == (tmp_path, 16)
+
+
+def test_loading_a_030_checkpoint_names_its_version_not_a_missing_one(
+    checkpoints_030: Path,
+) -> None:
+    # It said "no checkpoint ... expected step directories (e.g. .../step_0000100000)",
+    # for a step directory too, inside it.
+    for path in (checkpoints_030, step_directory(checkpoints_030, 20)):
+        with pytest.raises(CheckpointError) as caught:
+            load_checkpoint(path, _policy())
+        message = str(caught.value)
+        assert not isinstance(caught.value, NoCheckpointError)
+        assert "is a checkpoint of nnx-ppo 0.3.0 (it holds metadata.pkl, networks/, " in message
+        assert "latest/migration.html#checkpoints" in message
+        assert "step_0000100000" not in message
+    assert (
+        "\nCheckpoints\n-----------\n"
+        in (Path(__file__).parents[2] / "docs" / "migration.rst").read_text()
+    )
+
+
+def test_a_step_directory_without_a_manifest_names_its_checkpoints_directory(
+    tmp_path: Path,
+) -> None:
+    step_dir = step_directory(tmp_path, 16)
+    (step_dir / "arrays").mkdir(parents=True)
+    with pytest.raises(NoCheckpointError) as caught:
+        find_checkpoint(step_dir)
+    assert f"pass its checkpoints directory {tmp_path} to load the latest" in str(caught.value)
+    assert "step_0000100000" not in str(caught.value)

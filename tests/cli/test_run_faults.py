@@ -757,6 +757,34 @@ def test_eval_of_a_missing_run_or_checkpoint_is_named(
     assert str(run_dir / "checkpoints" / "step_0000100000") in shown  # where a run keeps them
 
 
+def test_a_run_directory_holding_030_checkpoints_is_refused_and_left_as_it_was(
+    tmp_path: Path, checkpoints_030: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Taken for no checkpoint, a new run there would have written its own over them.
+    run_dir = tmp_path / "run"
+    shutil.copytree(checkpoints_030, run_dir / "checkpoints")
+    (run_dir / "config.json").write_text(json.dumps(preset("cartpole")))
+
+    def files() -> dict[Path, bytes | None]:
+        """Everything under the run directory but the lock, which a trainer leaves."""
+        return {
+            p: p.read_bytes() if p.is_file() else None
+            for p in run_dir.rglob("*")
+            if p.name != run_dir_module.LOCK_FILE
+        }
+
+    before = files()
+    for argv in (
+        ["train", "--resume", str(run_dir), *TINY],
+        ["train", "--run-dir", str(run_dir), *TINY],
+        ["eval", str(run_dir)],
+    ):
+        assert main(argv) == 2
+        shown = " ".join(capsys.readouterr().err.split())
+        assert "step_0000000000 is a checkpoint of nnx-ppo 0.3.0" in shown
+    assert files() == before
+
+
 def test_logging_level_takes_flag_names_and_hidden_sizes_a_single_width() -> None:
     from nnx_ppo.algorithms.types import LoggingLevel
 

@@ -51,6 +51,7 @@ from nnx_ppo.algorithms.config import (
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
 from nnx_ppo.contract.arguments import as_whole
 from nnx_ppo.contract.checking import is_key, key_data_or_leaf
+from nnx_ppo.contract.errors import DOCS_URL
 
 __all__ = [
     "CHECKPOINT_SUBDIR",
@@ -75,6 +76,16 @@ _FORMAT = 1
 _STEP_PREFIX = "step"
 _STEP_DIGITS = 10
 _STEP_NAME = re.compile(rf"{_STEP_PREFIX}_(\d{{{_STEP_DIGITS},}})")
+
+# What a step directory of this version holds: Orbax's files and our items, each of
+# them also under the temporary name Orbax writes it to, which a killed write leaves.
+_OWN_ENTRIES = frozenset(
+    {"_CHECKPOINT_METADATA", "commit_success.txt", "arrays", "manifest", "config", "metadata"}
+)
+_ORBAX_TMP = ".orbax-checkpoint-tmp"
+# 0.3.0's step directory, under the same name as ours: two Orbax checkpoints and a pickle.
+_LEGACY_ENTRIES = ("metadata.pkl", "networks", "optimizer")
+_MIGRATION = f"{DOCS_URL}migration.html#checkpoints"
 
 
 @runtime_checkable
@@ -410,7 +421,9 @@ def make_checkpoint_fn(
     with other arrays, raises :class:`CheckpointError`. A directory that held
     checkpoints before the first save must be the run's own: a first save before
     its latest step, or at that step with other arrays, raises
-    :class:`CheckpointError` instead of mixing two runs' checkpoints. In a run of
+    :class:`CheckpointError` instead of mixing two runs' checkpoints, and so does a step
+    directory there that this version did not write (nnx-ppo 0.3.0's, which the first
+    save would overwrite or remove), before anything is written. In a run of
     several processes every process calls it (arrays split over processes are
     gathered) and process 0 alone writes. A
     write that fails (disk full, read-only directory) raises
@@ -462,6 +475,9 @@ def make_checkpoint_fn(
                 "own, for each run."
             )
         if not managers:
+            # Orbax takes every step directory here for one of its own, to overwrite or
+            # remove: what another writer left must stop the run before that.
+            _refuse_foreign_steps(root)
             try:
                 managers.append(_manager(root, keep_last, create=True))
             except OSError as error:
@@ -504,6 +520,35 @@ def make_checkpoint_fn(
         latest[:] = [(step, checksums)]
 
     return checkpoint_fn
+
+
+def _refuse_foreign_steps(root: Path) -> None:
+    """Raise for a step directory under ``root`` that is not this version's: neither a
+    complete checkpoint nor what Orbax leaves of one when a write is killed."""
+    if not root.is_dir():
+        return
+    for found in sorted(root.iterdir()):
+        if _step_of(found) is None or not found.is_dir() or _complete(found):
+            continue
+        if _is_legacy(found):
+            raise CheckpointError(
+                f"{found} looks like a checkpoint of nnx-ppo 0.3.0 (it holds "
+                f"{_legacy_items(found)}), which this version cannot read or extend, and "
+                f"writing checkpoints into {root} would overwrite or remove it: choose a new "
+                f"directory for this run's checkpoints (see {_MIGRATION})"
+            )
+        foreign = [
+            entry.name
+            for entry in sorted(found.iterdir())
+            if entry.name.split(_ORBAX_TMP)[0] not in _OWN_ENTRIES
+        ]
+        if foreign:
+            raise CheckpointError(
+                f"{found} is not a checkpoint of make_checkpoint_fn (it holds "
+                f"{', '.join(foreign)}), and writing checkpoints into {root} would overwrite "
+                "or remove it: choose a new directory for this run's checkpoints, or move "
+                "it out"
+            )
 
 
 def _require_own_directory(
@@ -620,6 +665,35 @@ def _complete(step_dir: Path) -> bool:
     return (step_dir / "_CHECKPOINT_METADATA").is_file() and (step_dir / "manifest").is_dir()
 
 
+def _is_legacy(step_dir: Path) -> bool:
+    """Whether a step directory is one of nnx-ppo 0.3.0's, written in 0.3.0's layout."""
+    return not (step_dir / "manifest").exists() and any(
+        (step_dir / item).exists() for item in _LEGACY_ENTRIES
+    )
+
+
+def _legacy_items(step_dir: Path) -> str:
+    return ", ".join(
+        f"{item}/" if (step_dir / item).is_dir() else item
+        for item in _LEGACY_ENTRIES
+        if (step_dir / item).exists()
+    )
+
+
+def _refuse_legacy(path: Path) -> None:
+    """Raise for a 0.3.0 checkpoint at ``path`` (one step directory) or under it: read as
+    this version's, it would be no checkpoint at all, or an older one taken as the latest."""
+    candidates = [path] if _step_of(path) is not None else []
+    candidates += [found for found in sorted(path.iterdir()) if _step_of(found) is not None]
+    for found in candidates:
+        if found.is_dir() and _is_legacy(found):
+            raise CheckpointError(
+                f"{found} is a checkpoint of nnx-ppo 0.3.0 (it holds {_legacy_items(found)}), "
+                "which this version cannot read: 0.3.0 pickled part of the state. Train the "
+                f"run again with this version (see {_MIGRATION})"
+            )
+
+
 def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, int]:
     """Resolve a run directory, a checkpoint directory or one step directory.
 
@@ -628,14 +702,17 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
     a crash left without Orbax's metadata or the manifest is never taken.
 
     Raises:
-      CheckpointError: nothing usable there, or a step directory given with another
-        ``step``; the message says what was looked for.
+      CheckpointError: nothing usable there, a step directory given with another
+        ``step``, or a checkpoint of nnx-ppo 0.3.0 there; the message says what was
+        looked for.
     """
     path = Path(path)
     if not path.exists():
         raise NoCheckpointError(f"no checkpoint: {path} does not exist")
     if (path / CHECKPOINT_SUBDIR).is_dir():
         path = path / CHECKPOINT_SUBDIR
+    if path.is_dir():
+        _refuse_legacy(path)
     own_step = _step_of(path)
     if own_step is not None and (path / "manifest").exists():
         if step is not None and step != own_step:
@@ -647,6 +724,12 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
     steps = _complete_steps(path)
     if step is None:
         _refuse_damaged_after(path, steps[-1] if steps else None)
+    if not steps and own_step is not None:
+        raise NoCheckpointError(
+            f"no checkpoint in {path}: this step directory holds no manifest of "
+            "make_checkpoint_fn, as a write cut short leaves it; pass its checkpoints "
+            f"directory {path.parent} to load the latest complete checkpoint"
+        )
     if not steps:
         # A run directory keeps its checkpoints in a subdirectory, absent until the first.
         where = path / CHECKPOINT_SUBDIR if (path / "config.json").is_file() else path
@@ -792,7 +875,8 @@ def load_checkpoint(
 
     Raises:
       CheckpointError: the checkpoint is missing, incomplete or corrupted, or its
-        arrays do not fit the template (the message names the paths that differ).
+        arrays do not fit the template (the message names the paths that differ), or
+        it is nnx-ppo 0.3.0's, which this version cannot read.
     """
     return _load_checkpoint(path, template, optimizer, step, _PPO_OPTIMIZER)
 
