@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given, settings
 from jaxtyping import Array
 
 import nnx_ppo
@@ -27,8 +28,13 @@ from nnx_ppo.networks.recurrent import GRU
 from nnx_ppo.networks.sampling_layers import CategoricalSampler
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.testing import ContractPropertyError, ModuleProperty, check_module
-from nnx_ppo.testing.module_properties import MAX_EXAMPLES_ENV_VAR, MODULE_PROPERTIES
+from nnx_ppo.testing.module_properties import (
+    MAX_EXAMPLES_ENV_VAR,
+    MODULE_PROPERTIES,
+    _dependencies,
+)
 from nnx_ppo.testing.modules import Linear, RunningSum, StatsRecorder
+from nnx_ppo.testing.strategies import pytree_observations
 
 
 class Accumulator(StatefulModule):
@@ -305,6 +311,72 @@ def test_an_example_input_in_numpy_s_default_dtypes_draws_without_a_warning() ->
     # suite run with -W error failed.
     example = {"value": np.zeros(2), "scale": np.zeros((), np.int64), "on": np.zeros((), bool)}
     check_module(Accumulator(), example, batch_sizes=(2,), time_lengths=(2,), max_examples=2)
+
+
+@settings(max_examples=3, database=None, deadline=None)
+@given(pytree_observations(jax.ShapeDtypeStruct((3,), jnp.complex64), batch_size=2))
+def test_complex_inputs_are_drawn_with_an_imaginary_part(x: Array) -> None:
+    # With the imaginary part 0, a module mixing envs through it would pass every check.
+    assert x.dtype == jnp.complex64
+    assert bool((x.imag != 0).all())
+
+
+def _checkpointed(x: Array, y: Array) -> Any:
+    return jax.checkpoint(lambda x, y: (2 * x, y))(x, y)
+
+
+@jax.custom_jvp
+def _triple(x: Array) -> Array:
+    return 3 * x
+
+
+_triple.defjvp(lambda primals, tangents: (3 * primals[0], 3 * tangents[0]))
+
+
+@jax.custom_vjp
+def _double(x: Array) -> Array:
+    return 2 * x
+
+
+_double.defvjp(lambda x: (2 * x, None), lambda _, g: (2 * g,))
+
+
+def _chosen(p: Array, x: Array, y: Array) -> Array:
+    return jax.lax.cond(p.sum() > 0, lambda x, y: x, lambda x, y: 2 * x, x, y)
+
+
+def _scanned(a: Array, b: Array, xs: Array) -> Any:
+    # b takes a's value at each step: only the fixed point over the carry sees it, and
+    # after one step or more b's first value is gone.
+    return jax.lax.scan(lambda carry, x: ((carry[0], carry[0] + x), x), (a, b), xs)
+
+
+def _looped(i: Array, a: Array, b: Array, unused: Array) -> Any:
+    return jax.lax.while_loop(
+        lambda c: c[0].sum() < 3, lambda c: (c[0] + 1, c[1], c[2] + c[1]), (i, a, b)
+    )
+
+
+@pytest.mark.parametrize(
+    ("function", "arguments", "expected"),
+    [
+        (_checkpointed, 2, [{0}, {1}]),
+        (lambda x, y: (_triple(x), _double(y)), 2, [{0}, {1}]),
+        # The branch index decides every output; the operand no branch returns, none.
+        (_chosen, 3, [{0, 1}]),
+        (_scanned, 3, [{0}, {0, 2}, {2}]),
+        # How often the body runs (i) decides every carry the body changes.
+        (_looped, 4, [{0}, {1}, {0, 1, 2}]),
+    ],
+)
+def test_where_values_flow_is_followed_into_inner_programs(
+    function: Any, arguments: int, expected: list[set[int]]
+) -> None:
+    # A wrapper such as jax.checkpoint taken as "every output depends on every input" hid
+    # a module drawing from a fixed key, or reading its log-likelihood back, inside it.
+    program = jax.make_jaxpr(function)(*(jnp.ones(2) for _ in range(arguments)))
+    masks = _dependencies(program.jaxpr, [1 << i for i in range(arguments)])
+    assert [{i for i in range(arguments) if mask >> i & 1} for mask in masks] == expected
 
 
 def test_batch_sizes_without_two_envs_are_refused() -> None:

@@ -7,7 +7,7 @@ reports and that the message names the leaf (or variable) at fault.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +17,7 @@ from jaxtyping import Array
 
 from nnx_ppo import envs
 from nnx_ppo.envs.state import Shared
+from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalSampler
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
@@ -473,6 +474,42 @@ class EpisodeNoiseFromFixedKeys(EpisodeNoise):
         return {**self._drawn(keys.reshape(env.shape)), "env": env}
 
 
+class EpisodeNoiseKeptWhenKeysSplit(EpisodeNoise):
+    """At reset, splits the keys but keeps the episode's noise: every episode of an env
+    gets the noise of its first, though its keys change."""
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return {"keys": split_env_keys(prev_state["keys"])[0], "noise": prev_state["noise"]}
+
+
+def episode_noise_then_sampler() -> StatefulModule:
+    """Correct: a per-episode latent (keys replaced at reset) before a sampler (keys split
+    every step, kept at reset)."""
+    return Sequential([EpisodeNoise(), NormalSampler(nnx.Rngs(0), 0.01, action_size=FEATURES)])
+
+
+class StaleMeanSampler(NormalSampler):
+    """Stores its distribution's mean beside the raw action and scores the replayed action
+    under the stored mean: replay reproduces the rollout, but the mean gets no gradient."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        parameters = self.distribution_parameters(x)
+        out = super().__call__(state, x, None if rollout_extras is None else rollout_extras["raw"])
+        if rollout_extras is not None:
+            stale = {**parameters, "mu": rollout_extras["mu"]}
+            logp = self.log_likelihood(rollout_extras["raw"], stale)
+            out = out.replace(output={**out.output, "log_likelihood": logp})
+        return out.replace(rollout_extras={"raw": out.rollout_extras, "mu": parameters["mu"]})
+
+
+class MixesInTheImaginaryPart(StatefulModule):
+    """A complex-valued layer whose imaginary part adds the batch mean of the input's
+    imaginary part: the real part, all a float64 comparison sees, is per-sample."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return _out((), x + 1j * x.imag.mean(axis=0))
+
+
 class SummedPenalty(Leaky):
     """Penalises large states with a scalar summed over the batch, not averaged: the loss
     averages regularization over samples, so this one grows with the minibatch."""
@@ -683,6 +720,24 @@ MODULE_BUGS: dict[
         ModuleProperty.STORED_ACTION,
         "the output's log-likelihood",
     ),
+    "sampler that replays its stored log-likelihood, under jax.checkpoint": (
+        lambda: Rematerialized(ReplaysItsStoredLogLikelihood(nnx.Rngs(0), 0.01)),
+        {"example_input": jnp.zeros(4), "stochastic": True},
+        ModuleProperty.STORED_ACTION,
+        "the output's log-likelihood",
+    ),
+    "sampler that scores the replayed action under the stored mean": (
+        lambda: StaleMeanSampler(nnx.Rngs(0), 0.01),
+        {"example_input": jnp.zeros(4)},
+        ModuleProperty.STORED_ACTION,
+        "the output's log-likelihood",
+    ),
+    "complex layer mixing envs in the imaginary part only": (
+        MixesInTheImaginaryPart,
+        {"example_input": jnp.zeros(FEATURES, jnp.complex64)},
+        (ModuleProperty.PERMUTATION, ModuleProperty.BATCH_OF_ONE),
+        "output",
+    ),
     "RNG held as a module variable advanced in __call__": (
         ModuleLevelRng,
         {},
@@ -818,9 +873,27 @@ MODULE_BUGS: dict[
     ),
     "per-episode keys kept by reset_state": (
         EpisodeNoiseKeptAtReset,
-        {"stochastic": "per_episode", "time_lengths": (4,)},
+        {"stochastic": "per_episode"},
         ModuleProperty.PER_ENV_KEYS,
-        "state['keys'] after the episode that ended at step",
+        "state['keys'] after reset_state",
+    ),
+    "per-episode keys split at reset, the episode's noise kept": (
+        EpisodeNoiseKeptWhenKeysSplit,
+        {"stochastic": "per_episode"},
+        ModuleProperty.PER_ENV_KEYS,
+        "state['keys']",
+    ),
+    "per-step keys checked as per-episode": (
+        lambda: NormalSampler(nnx.Rngs(0), 0.01, action_size=FEATURES),
+        {"stochastic": "per_episode"},
+        ModuleProperty.PER_ENV_KEYS,
+        "state after reset_state",
+    ),
+    "noise drawn from a fixed key, under jax.checkpoint": (
+        lambda: Rematerialized(NoiseFromAFixedKey()),
+        {"stochastic": True},
+        ModuleProperty.PER_ENV_KEYS,
+        "state",
     ),
     "per-episode keys drawn from a fixed key at reset": (
         EpisodeNoiseFromFixedKeys,
@@ -869,6 +942,22 @@ def test_the_correct_versions_pass() -> None:
     )
     # A module that remembers across episodes on purpose says so.
     check_module(RemembersOnPurpose, jnp.zeros(FEATURES), episodic=False, max_examples=5)
+
+
+@pytest.mark.parametrize("stochastic", [True, "per_episode"])
+def test_a_per_episode_latent_before_a_sampler_passes_either_setting(
+    stochastic: bool | Literal["per_episode"],
+) -> None:
+    # Keys of both kinds: the latent's replaced at reset, the sampler's split every step.
+    # One rule for every key leaf failed it under both settings.
+    check_module(
+        episode_noise_then_sampler,
+        jnp.zeros(FEATURES),
+        stochastic=stochastic,
+        batch_sizes=(2,),
+        time_lengths=(2,),
+        max_examples=3,
+    )
 
 
 def test_purity_bugs_are_reported_at_the_smallest_batch_that_shows_them() -> None:

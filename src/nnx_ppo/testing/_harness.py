@@ -35,6 +35,7 @@ __all__ = [
     "is_key",
     "property_failure",
     "show_values",
+    "widened",
 ]
 
 Case = TypeVar("Case")
@@ -199,6 +200,12 @@ def as_numpy(leaf: Any) -> np.ndarray:
     return np.asarray(key_data_or_leaf(leaf))
 
 
+def widened(values: np.ndarray) -> np.ndarray:
+    """``values`` in float64, or complex128 where complex: compared or subtracted as
+    float64, a complex leaf would lose its imaginary part."""
+    return values.astype(np.complex128 if np.iscomplexobj(values) else np.float64)
+
+
 def show_values(values: np.ndarray) -> str:
     """A short one-line rendering of an array for a message."""
     text = np.array2string(values, precision=4, threshold=8, separator=", ")
@@ -222,6 +229,6 @@ def describe_difference(a: np.ndarray, b: np.ndarray) -> str:
     if count:
         text += f"; first at index {first}: {a[first].item()} vs {b[first].item()}"
     if count and np.issubdtype(a.dtype, np.number):
-        gap = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        gap = np.abs(widened(a) - widened(b))
         text += f"; largest difference {np.nanmax(np.where(differ, gap, 0.0)):.3g}"
     return text

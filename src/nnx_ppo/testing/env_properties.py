@@ -420,8 +420,11 @@ ENV_PROPERTIES: tuple[PropertyCheck[_EnvKit], ...] = (
     ),
     PropertyCheck(
         EnvProperty.DETERMINISM,
-        "an environment is a pure function of its key, state and action: no Python-side "
-        "state or NumPy randomness, which jax.jit would freeze at trace time",
+        "an environment is a pure function of its key, state and action, checked as: two "
+        "runs from the same key, each traced anew, give the same states. Python-side state "
+        "or a NumPy draw that changes from one trace to the next shows; noise fixed at "
+        "trace time (a NumPy generator seeded inside step) is the same in both runs and is "
+        "not caught",
         "a second, freshly traced run from the same key gives the same states: integers, "
         "booleans and keys exactly, floats to float32 rounding (a second program may fuse "
         "differently)",

@@ -25,6 +25,7 @@ import contextlib
 import enum
 import functools
 import math
+import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ import numpy as np
 from flax import nnx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from jaxtyping import Array, Bool, Float, PyTree, Shaped
+from jaxtyping import Array, Bool, Float, Inexact, PyTree, Shaped
 
 from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import ContractError, checks
@@ -81,6 +82,7 @@ from nnx_ppo.testing._harness import (
     is_key,
     property_failure,
     show_values,
+    widened,
 )
 from nnx_ppo.testing.strategies import _DRAWN_DTYPES, _can_draw, pytree_observations
 
@@ -271,8 +273,8 @@ def _first_mismatch(
             # about 1e-2, and XLA rounds a fused program differently from eager ops.
             floor = 4 * float(jnp.finfo(want_np.dtype).eps)
             bad = ~np.isclose(
-                got_np.astype(np.float64),
-                want_np.astype(np.float64),
+                widened(got_np),
+                widened(want_np),
                 rtol=max(rtol, floor),
                 atol=max(atol, floor),
                 equal_nan=True,
@@ -285,7 +287,7 @@ def _first_mismatch(
         want_np, got_np = (want_np, got_np) if row is None else (want_np[row], got_np[row])
         gap = ""
         if inexact:
-            difference = np.abs(got_np.astype(np.float64) - want_np)
+            difference = np.abs(widened(got_np) - widened(want_np))
             gap = f"largest difference {np.nanmax(difference):.3g}"
         return _Mismatch(name, row, show_values(want_np), show_values(got_np), gap)
     return None
@@ -549,10 +551,12 @@ class _ModuleKit:
         self.variables = _detached(variables)
         self.trainable = _trainable(self.variables)
         self.rtol, self.atol, self.stochastic, self.episodic = rtol, atol, stochastic, episodic
-        # Whether a step's outputs depend on the carry's keys: traced once, on first need.
-        self.step_reads_its_keys: bool | None = None
-        # Whether replay's log-likelihoods depend on the variables or the input: likewise.
-        self.replay_scores_its_inputs: bool | None = None
+        # By method, whether its results depend on each key leaf of the carry: traced
+        # once, on first need.
+        self.key_readers: dict[str, dict[str, bool]] = {}
+        # Whether replay's log-likelihoods depend on the variables or the input, and the
+        # extras' leaves other than the stored action they depend on: likewise.
+        self.replay_scoring: tuple[bool, list[str]] | None = None
         # Compiled once per batch size (the step also per extras given or not, the fold
         # per rollout length); the graphdef is closed over and the variables are an
         # argument, so every example reuses the compiled programs.
@@ -1007,10 +1011,10 @@ def _check_reset_state(case: _Case) -> None:
     )
 
 
-def _sorted_values(tree: Any) -> Float[np.ndarray, " N"]:
+def _sorted_values(tree: Any) -> Inexact[np.ndarray, " N"]:
     """Every value of ``tree``'s leaves, sorted: equal for a carry however a container
     reshaped or reordered it."""
-    leaves = [as_numpy(leaf).astype(np.float64).ravel() for leaf in jax.tree.leaves(tree)]
+    leaves = [widened(as_numpy(leaf)).ravel() for leaf in jax.tree.leaves(tree)]
     return np.sort(np.concatenate(leaves)) if leaves else np.zeros(0)
 
 
@@ -1216,28 +1220,44 @@ def _check_stored_action(case: _Case) -> None:
 
 
 def _check_replay_scores_under_the_parameters(case: _Case) -> None:
-    """In replay, each log-likelihood depends on the variables or the input, not on the
-    ``rollout_extras`` alone: one read back from them (stored at the rollout) gives a
-    ratio of 1 and no policy gradient, while replay reproduces the rollout exactly.
+    """In replay, each log-likelihood depends on the variables or the input, and on the
+    ``rollout_extras`` only through the stored action: one read back from them (stored
+    at the rollout), or computed under a distribution parameter stored beside the action
+    (the rollout's mean), keeps the PPO ratio at 1 or gives that parameter no gradient,
+    while replay reproduces the rollout exactly.
 
     Traced once per ``check_module`` call, as the keys' check is: where the values flow
-    is a property of the program, whatever numbers they take.
+    is a property of the program, whatever numbers they take. The stored action's leaves
+    are those of the extras that replay's actions depend on.
     """
     kit = case.kit
-    if kit.replay_scores_its_inputs is None:
+    if kit.replay_scoring is None:
         state = jax.tree.map(jnp.asarray, case.initial)
         stored = jax.tree.map(jnp.asarray, _at_step(case.rollout.extras(), 0))
         first_inputs = jax.tree.map(jnp.asarray, _at_step(case.ex.inputs, 0))
 
-        def scored(variables: nnx.State, x: Any) -> list[Any]:
-            return _loglikelihoods(kit._step(variables, state, x, stored)[0])
+        def scored(variables: nnx.State, x: Any, extras: Any) -> tuple[list[Any], list[Any]]:
+            out = kit._step(variables, state, x, extras)[0]
+            return _loglikelihoods(out), [leaf for _, leaf in _actions(out)]
 
-        what = "__call__ in replay traced with the variables and the input as inputs"
+        what = "__call__ in replay traced with the variables, the input and the extras as inputs"
         with _phase(ModuleProperty.STORED_ACTION, what):
-            program = jax.make_jaxpr(scored)(case.variables, first_inputs)
-        reads = _reads_inputs(program.jaxpr, [True] * len(program.jaxpr.invars))
-        kit.replay_scores_its_inputs = all(reads)
-    if not kit.replay_scores_its_inputs:
+            program, shapes = jax.make_jaxpr(scored, return_shape=True)(
+                case.variables, first_inputs, stored
+            )
+        # Bit 0: a variable or the input; bit 1 + i: the extras' leaf i (the last inputs).
+        named_stored = named_leaves("rollout_extras", stored)
+        given = len(program.jaxpr.invars) - len(named_stored)
+        masks = [1] * given + [2 << i for i in range(len(named_stored))]
+        outputs = _dependencies(program.jaxpr, masks)
+        scores, actions = outputs[: len(shapes[0])], outputs[len(shapes[0]) :]
+        beside = functools.reduce(operator.or_, scores, 0) & ~functools.reduce(
+            operator.or_, actions, 1
+        )
+        read_beside = [name for i, (name, _) in enumerate(named_stored) if beside >> (i + 1) & 1]
+        kit.replay_scoring = (all(out & 1 for out in scores), read_beside)
+    scores_its_inputs, read_beside = kit.replay_scoring
+    if not scores_its_inputs:
         raise case.fail(
             ModuleProperty.STORED_ACTION,
             "in replay, a log-likelihood depends on neither the parameters nor the input: "
@@ -1247,6 +1267,19 @@ def _check_replay_scores_under_the_parameters(case: _Case) -> None:
             expected="the stored action scored under the distribution the current "
             "parameters give for the input",
             found="a log-likelihood computed from rollout_extras alone",
+        )
+    if read_beside:
+        raise case.fail(
+            ModuleProperty.STORED_ACTION,
+            f"in replay, a log-likelihood depends on {read_beside[0]}, a leaf of the stored "
+            "rollout_extras that is not the stored action: the action is scored under what "
+            "the rollout stored (its distribution's mean, say), not under the distribution "
+            "the current parameters give, and what was stored gets no gradient.",
+            leaf="the output's log-likelihood",
+            expected="the stored action scored under the distribution the current "
+            "parameters give for the input",
+            found=f"a log-likelihood computed from {', '.join(read_beside[:3])}, which replay's "
+            "actions do not depend on",
         )
 
 
@@ -1267,9 +1300,11 @@ def _sort_key(leaf: Shaped[np.ndarray, "N ..."], atol: float) -> Float[np.ndarra
     """Columns that order ``leaf``'s rows alike for values equal within the kit's
     tolerances: floats as exponent and a 10-bit mantissa (and 0 below ``atol``), so a
     last-place difference from a container's arithmetic does not reorder near ties."""
-    values = leaf.reshape(len(leaf), math.prod(leaf.shape[1:])).astype(np.float64)
+    values = widened(leaf.reshape(len(leaf), math.prod(leaf.shape[1:])))
     if not np.issubdtype(leaf.dtype, np.inexact):
         return values
+    if np.iscomplexobj(values):  # ordered on both parts, as the comparison checks both
+        values = np.concatenate([np.real(values), np.imag(values)], axis=1)
     mantissa, exponent = np.frexp(np.where(np.abs(values) < atol, 0.0, values))
     return np.concatenate([exponent, np.round(mantissa * 1024)], axis=1)
 
@@ -1473,26 +1508,86 @@ def _check_eager_compiled(case: _Case) -> None:
 
 
 def _check_keys(case: _Case) -> None:
-    ex = case.ex
+    """Each key leaf of the carry is a per-step key, split at every step, or a per-episode
+    one, kept within an episode and replaced by ``reset_state``; ``stochastic`` says
+    which kind the module needs at least one of (a per-episode latent before a sampler
+    holds both)."""
+    kit = case.kit
     carry = named_leaves("state", case.initial)
-    keys = [(name, leaf) for name, leaf in carry if is_key(leaf)]
+    keys = [name for name, leaf in carry if is_key(leaf)]
     if not keys:
         raise case.fail(
             ModuleProperty.PER_ENV_KEYS,
-            "stochastic=True, but the carry holds no typed PRNG keys.",
+            f"stochastic={kit.stochastic!r}, but the carry holds no typed PRNG keys.",
             leaf="state",
             expected="a (B,) leaf of typed keys, e.g. from nnx_ppo.networks.utils.new_env_keys",
             found="leaves " + ", ".join(f"{name} {leaf.dtype}" for name, leaf in carry)
             if carry
             else "an empty carry",
         )
-    _check_reset_draws_from_given_keys(case, [name for name, _ in keys])
-    # Every carry of the rollout: the initial one, and those after episode ends.
-    for t, (state, out) in enumerate(zip(case.rollout.states, case.rollout.outputs, strict=True)):
+    _check_reset_draws_from_given_keys(case, keys)
+    _check_keys_distinct(case, keys)
+    stuck, kept = _steps_keeping_keys(case, keys), _resets_keeping_keys(case, keys)
+    per_step = [name for name in keys if name not in stuck]
+    # A key some step kept is a per-episode one once reset_state is found to replace it.
+    per_episode = [name for name in keys if name in stuck]
+    for name in per_episode:
+        if name in kept:
+            t, env = stuck[name]
+            # Named where the setting expects the key to change.
+            leaf = (
+                f"next_state{name.removeprefix('state')} at step {t}, env {env}"
+                if kit.stochastic is True
+                else f"{name} after reset_state, env {kept[name]}"
+            )
+            raise case.fail(
+                ModuleProperty.PER_ENV_KEYS,
+                f"the key in {name} changes neither from one step to the next nor at "
+                "reset_state: every step and every episode of an env would draw the same "
+                "random numbers.",
+                leaf=leaf,
+                expected="the key split at every step in __call__ (split_env_keys), or, for "
+                "a draw once per episode, split in reset_state",
+                found=f"the key step {t} was given (env {env}), which reset_state kept too "
+                f"(env {kept[name]})",
+            )
+    if kit.stochastic is True and not per_step:
+        name = per_episode[0]
+        t, env = stuck[name]
+        raise case.fail(
+            ModuleProperty.PER_ENV_KEYS,
+            f"stochastic=True, but no key in the carry changes from one step to the next: "
+            f"the key in {name} does not, so every step would draw the same random numbers "
+            "(a module that draws once per episode says so with stochastic='per_episode').",
+            leaf=f"next_state{name.removeprefix('state')} at step {t}, env {env}",
+            expected="next_state's keys split from state's (split_env_keys)",
+            found="the key the step was given",
+        )
+    if kit.stochastic == "per_episode" and len(kept) == len(keys):
+        name = keys[0]
+        raise case.fail(
+            ModuleProperty.PER_ENV_KEYS,
+            f"stochastic='per_episode', but reset_state replaces no key in the carry: it "
+            f"kept the key in {name}, which changes at every step instead. A module that "
+            "draws at every step says so with stochastic=True; one that draws once per "
+            "episode replaces its keys in reset_state.",
+            leaf=f"{name} after reset_state, env {kept[name]}",
+            expected="reset_state's keys split from the ones it was given (split_env_keys)",
+            found="the key reset_state was given",
+        )
+    if per_episode:
+        _check_episode_keys_drawn_from(case, per_episode)
+    if kit.stochastic is True:
+        _check_step_draws_from_given_keys(case, per_step)
+
+
+def _check_keys_distinct(case: _Case, names: list[str]) -> None:
+    """Every carry of the rollout (the initial one, and those after episode ends) holds a
+    distinct key per env in each key leaf."""
+    for t, state in enumerate(case.rollout.states):
         given = dict(named_leaves("state", state))
-        advanced = dict(named_leaves("state", out.next_state))
-        for name, _ in keys:
-            data = as_numpy(given[name]).reshape(ex.batch_size, -1)
+        for name in names:
+            data = as_numpy(given[name]).reshape(case.ex.batch_size, -1)
             first_row = {row.tobytes(): env for env, row in reversed(list(enumerate(data)))}
             for env, row in enumerate(data):
                 if first_row[row.tobytes()] != env:
@@ -1504,23 +1599,35 @@ def _check_keys(case: _Case) -> None:
                         "reset_state after an episode ends",
                         found=f"env {env} holds the key of env {first_row[row.tobytes()]}",
                     )
-            after = as_numpy(advanced[name]).reshape(ex.batch_size, -1)
-            if case.kit.stochastic == "per_episode":
-                _check_keys_renewed_at_reset(case, name, t, after)
-                continue
-            stuck = np.flatnonzero((after == data).all(axis=1))
-            if stuck.size:
-                raise case.fail(
-                    ModuleProperty.PER_ENV_KEYS,
-                    f"the key in {name} did not change from one step to the next: every step "
-                    "would draw the same random numbers (a module that draws once per "
-                    "episode says so with stochastic='per_episode').",
-                    leaf=f"next_state{name.removeprefix('state')} at step {t}, env {stuck[0]}",
-                    expected="next_state's keys split from state's (split_env_keys)",
-                    found="the key the step was given",
-                )
-    if case.kit.stochastic is True:
-        _check_step_draws_from_given_keys(case)
+
+
+def _steps_keeping_keys(case: _Case, names: list[str]) -> dict[str, tuple[int, int]]:
+    """For each key leaf that some step handed on unchanged, the first such step and env."""
+    stuck: dict[str, tuple[int, int]] = {}
+    for t, (state, out) in enumerate(zip(case.rollout.states, case.rollout.outputs, strict=True)):
+        given = dict(named_leaves("state", state))
+        advanced = dict(named_leaves("state", out.next_state))
+        for name in names:
+            data = as_numpy(given[name]).reshape(case.ex.batch_size, -1)
+            unchanged = (as_numpy(advanced[name]).reshape(data.shape) == data).all(axis=1)
+            same = np.flatnonzero(unchanged)
+            if same.size and name not in stuck:
+                stuck[name] = (t, int(same[0]))
+    return stuck
+
+
+def _resets_keeping_keys(case: _Case, names: list[str]) -> dict[str, int]:
+    """For each key leaf that ``reset_state`` of the rollout's final carry kept in some env,
+    the first such env."""
+    final = dict(named_leaves("state", case.rollout.outputs[-1].next_state))
+    reset = dict(named_leaves("state", case.reset[0]))
+    kept: dict[str, int] = {}
+    for name in names:
+        data = as_numpy(final[name]).reshape(case.ex.batch_size, -1)
+        same = np.flatnonzero((as_numpy(reset[name]).reshape(data.shape) == data).all(axis=1))
+        if same.size:
+            kept[name] = int(same[0])
+    return kept
 
 
 def _check_reset_draws_from_given_keys(case: _Case, names: list[str]) -> None:
@@ -1558,40 +1665,60 @@ def _check_reset_draws_from_given_keys(case: _Case, names: list[str]) -> None:
             )
 
 
-def _check_step_draws_from_given_keys(case: _Case) -> None:
-    """The step's outputs, other than its keys, depend on the carry's keys.
+def _key_readers(case: _Case, method: str) -> dict[str, bool]:
+    """For each key leaf of the carry, whether some leaf other than a key of what
+    ``method`` (``"__call__"`` or ``"reset_state"``) returns depends on it.
 
-    Traced once per ``check_module`` call, not run: where the keys flow is a property of
-    the program, so a module drawing from a fixed key (``jax.random.key(0)``) while it
-    splits its carry's keys is found whatever numbers the draws give (a categorical
-    sampler draws the same action from two keys often).
+    Traced once per ``check_module`` call and method, not run: where the keys flow is a
+    property of the program, so a module drawing from a fixed key (``jax.random.key(0)``)
+    while it splits its carry's keys is found whatever numbers the draws give (a
+    categorical sampler draws the same action from two keys often).
     """
     kit = case.kit
-    if kit.step_reads_its_keys is None:
+    if method not in kit.key_readers:
         # As arrays, as the compiled calls get them: the module's annotations refuse NumPy.
-        leaves, treedef = jax.tree.flatten(jax.tree.map(jnp.asarray, case.initial))
+        carry = jax.tree.map(jnp.asarray, case.initial)
+        leaves, treedef = jax.tree.flatten(carry)
+        names = [name for name, _ in named_leaves("state", carry)]
         at = [i for i, leaf in enumerate(leaves) if is_key(leaf)]
         first_inputs = jax.tree.map(jnp.asarray, _at_step(case.ex.inputs, 0))
 
-        def step_of_keys(*keys: Any) -> list[Any]:
-            carry = list(leaves)
+        def returned(variables: nnx.State, *keys: Any) -> list[Any]:
+            given = list(leaves)
             for i, key in zip(at, keys, strict=True):
-                carry[i] = key
-            out = kit._step(case.variables, jax.tree.unflatten(treedef, carry), first_inputs, None)[
-                0
-            ]
-            drawn = (out.output, out.next_state, out.rollout_extras)
+                given[i] = key
+            state = jax.tree.unflatten(treedef, given)
+            if method == "reset_state":
+                drawn = kit._reset(variables, state)[0]
+            else:
+                out = kit._step(variables, state, first_inputs, None)[0]
+                drawn = (out.output, out.next_state, out.rollout_extras)
             return [leaf for leaf in jax.tree.leaves(drawn) if not is_key(leaf)]
 
-        with _phase(ModuleProperty.PER_ENV_KEYS, "__call__ traced with the carry's keys as inputs"):
-            program = jax.make_jaxpr(step_of_keys)(*(leaves[i] for i in at))
-        kit.step_reads_its_keys = any(_reads_inputs(program.jaxpr, [True] * len(at)))
-    if not kit.step_reads_its_keys:
+        what = f"{method} traced with the carry's keys as inputs"
+        with _phase(ModuleProperty.PER_ENV_KEYS, what):
+            program = jax.make_jaxpr(returned)(case.variables, *(leaves[i] for i in at))
+        # The variables (the first inputs, an argument as in the compiled calls: an NNX
+        # transform inside refuses variables closed over from outside) are marked by no bit.
+        keys = [1 << bit for bit in range(len(at))]
+        given = len(program.jaxpr.invars) - len(keys)
+        outputs = _dependencies(program.jaxpr, [0] * given + keys)
+        read = functools.reduce(operator.or_, outputs, 0)
+        kit.key_readers[method] = {names[i]: bool(read >> bit & 1) for bit, i in enumerate(at)}
+    return kit.key_readers[method]
+
+
+def _check_step_draws_from_given_keys(case: _Case, per_step: list[str]) -> None:
+    """``stochastic=True``: the step's outputs, other than its keys, depend on the keys it
+    splits at every step."""
+    readers = _key_readers(case, "__call__")
+    if not any(readers[name] for name in per_step):
         raise case.fail(
             ModuleProperty.PER_ENV_KEYS,
             "stochastic=True, but no output of __call__ depends on the keys in the carry "
-            "(other than the next keys): its random numbers come from elsewhere, a fixed "
-            "key or an nnx.Rngs, and would be the same for every env or every step.",
+            "that it splits at every step (other than the next keys): its random numbers "
+            "come from elsewhere, a fixed key or an nnx.Rngs, and would be the same for "
+            "every env or every step.",
             leaf="state",
             expected="output, next_state or rollout_extras drawn from the carry's keys "
             "(split_env_keys, then jax.random.* on each env's key)",
@@ -1599,50 +1726,105 @@ def _check_step_draws_from_given_keys(case: _Case) -> None:
         )
 
 
-def _reads_inputs(program: jex.core.Jaxpr, read: list[bool]) -> list[bool]:
-    """Which outputs of ``program`` depend on the inputs marked in ``read``.
+def _check_episode_keys_drawn_from(case: _Case, per_episode: list[str]) -> None:
+    """A key kept within an episode and replaced by ``reset_state`` is drawn from: by
+    ``reset_state`` (the episode's noise, a latent) or by ``__call__``. Else a new
+    episode's keys change and nothing else does: a ``reset_state`` that splits the keys
+    but keeps the noise drawn from the old ones repeats the first episode's noise."""
+    at_reset, in_step = _key_readers(case, "reset_state"), _key_readers(case, "__call__")
+    for name in per_episode:
+        if not (at_reset[name] or in_step[name]):
+            raise case.fail(
+                ModuleProperty.PER_ENV_KEYS,
+                f"reset_state replaces the key in {name}, which stays the same within an "
+                "episode, but nothing is drawn from it: no leaf of reset_state's carry other "
+                "than keys, and no output of __call__, depends on it, so every episode of "
+                "an env would repeat the draws of the one before.",
+                leaf=name,
+                expected="the episode's draws (noise, a latent) computed from the keys, in "
+                "reset_state or in __call__",
+                found="the keys split, every other leaf computed without them (the draws "
+                "of the old keys kept)",
+            )
 
-    Calls of a jitted function are followed inside; any other primitive with a program
-    of its own (a scan, a cond) is taken to make each output depend on each input,
-    which can only say "depends" too often, never too rarely.
+
+def _dependencies(program: jex.core.Jaxpr, inputs: Sequence[int]) -> list[int]:
+    """Which inputs each output of ``program`` depends on, as bit masks: ``inputs`` holds
+    one mask per input of ``program`` (the bits of the caller's inputs it carries), the
+    result one per output.
+
+    Inner programs are followed: those of a ``cond`` (its branches joined, each output
+    depending on the branch index too), a ``while`` and a ``scan`` (their carries joined
+    to a fixed point), and of any other primitive holding one program whose inputs and
+    outputs are its own (``jit``, ``jax.checkpoint``, custom derivatives, closed calls).
+    A primitive holding programs in any other way is taken to make each output depend on
+    each input, which can only say "depends" too often, never too rarely.
     """
-    depends = {var for var, marked in zip(program.invars, read, strict=True) if marked}
+    depends: dict[Any, int] = dict(zip(program.invars, inputs, strict=True))
 
-    def reads(var: Any) -> bool:
-        return isinstance(var, jex.core.Var) and var in depends
+    def mask(var: Any) -> int:
+        return depends.get(var, 0) if isinstance(var, jex.core.Var) else 0
 
     for eqn in program.eqns:
-        marked = [reads(var) for var in eqn.invars]
-        if not any(marked):
-            continue
-        inner = eqn.params.get("jaxpr") if eqn.primitive.name in ("jit", "pjit") else None
-        if inner is not None:
-            outs = _reads_inputs(getattr(inner, "jaxpr", inner), marked)
-        else:
-            outs = [True] * len(eqn.outvars)
-        depends.update(var for var, out in zip(eqn.outvars, outs, strict=True) if out)
-    return [reads(var) for var in program.outvars]
+        given = [mask(var) for var in eqn.invars]
+        if any(given):
+            outs = _eqn_dependencies(eqn, given)
+            depends.update((var, out) for var, out in zip(eqn.outvars, outs, strict=True) if out)
+    return [mask(var) for var in program.outvars]
 
 
-def _check_keys_renewed_at_reset(
-    case: _Case, name: str, t: int, after: Shaped[np.ndarray, "B n"]
-) -> None:
-    """``stochastic='per_episode'``: a key may stay within an episode, but ``reset_state``
-    replaces it where an episode ended after step ``t``."""
-    ex = case.ex
-    if t + 1 >= len(case.rollout.states) or not ex.ends[t].any():
-        return
-    reset = as_numpy(dict(named_leaves("state", case.rollout.states[t + 1]))[name])
-    kept = np.flatnonzero(ex.ends[t] & (reset.reshape(ex.batch_size, -1) == after).all(axis=1))
-    if kept.size:
-        raise case.fail(
-            ModuleProperty.PER_ENV_KEYS,
-            f"reset_state kept the key in {name}: every episode of an env would draw the "
-            "same random numbers.",
-            leaf=f"{name} after the episode that ended at step {t}, env {kept[0]}",
-            expected="reset_state's keys split from the ones it was given (split_env_keys)",
-            found="the key the ended episode held",
-        )
+def _inner(program: Any) -> jex.core.Jaxpr:
+    """The program of a ``ClosedJaxpr`` (whose constants depend on no input) or a ``Jaxpr``."""
+    return program.jaxpr if isinstance(program, jex.core.ClosedJaxpr) else program
+
+
+def _eqn_dependencies(eqn: jex.core.JaxprEqn, given: list[int]) -> list[int]:
+    """:func:`_dependencies` of one equation's outputs, given its inputs' masks."""
+    name, params = eqn.primitive.name, eqn.params
+    if name == "cond":  # inputs: the branch index, then each branch's operands
+        index, operands = given[0], given[1:]
+        joined = [0] * len(eqn.outvars)
+        for branch in params["branches"]:
+            outs = _dependencies(_inner(branch), operands)
+            joined = [a | b for a, b in zip(joined, outs, strict=True)]
+        return [out | index for out in joined]
+    if name == "while":  # inputs: cond's constants, body's constants, the carry
+        cond_consts = given[: params["cond_nconsts"]]
+        body_end = params["cond_nconsts"] + params["body_nconsts"]
+        body_consts, carry = given[params["cond_nconsts"] : body_end], given[body_end:]
+        while True:
+            body = _dependencies(_inner(params["body_jaxpr"]), [*body_consts, *carry])
+            joined = [a | b for a, b in zip(carry, body, strict=True)]
+            if joined == carry:
+                break
+            carry = joined
+        # How often the body runs decides every carry.
+        (trips,) = _dependencies(_inner(params["cond_jaxpr"]), [*cond_consts, *carry])
+        return [out | trips for out in carry]
+    if name == "scan":  # inputs: constants, the carry, the scanned slices; outputs: carry, ys
+        consts, count = given[: params["num_consts"]], params["num_carry"]
+        carry = given[params["num_consts"] : params["num_consts"] + count]
+        xs = given[params["num_consts"] + count :]
+        while True:
+            outs = _dependencies(_inner(params["jaxpr"]), [*consts, *carry, *xs])
+            joined = [a | b for a, b in zip(carry, outs[:count], strict=True)]
+            if joined == carry:
+                # Run at least once, the body's last carry is the result, not the first.
+                return [*(carry if params["length"] == 0 else outs[:count]), *outs[count:]]
+            carry = joined
+    programs = [
+        _inner(value)
+        for value in params.values()
+        if isinstance(value, jex.core.Jaxpr | jex.core.ClosedJaxpr)
+    ]
+    if (
+        len(programs) == 1
+        and len(programs[0].invars) == len(given)
+        and len(programs[0].outvars) == len(eqn.outvars)
+    ):
+        return _dependencies(programs[0], given)
+    everything = functools.reduce(operator.or_, given)
+    return [everything] * len(eqn.outvars)
 
 
 _PURITY = (
@@ -1734,10 +1916,12 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
     PropertyCheck(
         ModuleProperty.STORED_ACTION,
         "in loss replay a sampler scores the stored action it is given back in "
-        "rollout_extras, never a fresh sample",
+        "rollout_extras, never a fresh sample, under the distribution the current "
+        "parameters give",
         "replay fed the extras of a rollout on *other* inputs returns that rollout's "
         "actions, and in its program each log-likelihood is computed from the variables "
-        "or the input (not read back from the extras)",
+        "or the input (not read back from the extras), and from the extras only through "
+        "the leaves replay's actions are taken from",
         _check_stored_action,
         Condition(
             "the output holds sampled actions (an action sampler, a ``PPOAdapter``)",
@@ -1782,12 +1966,15 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
     PropertyCheck(
         ModuleProperty.PER_ENV_KEYS,
         "randomness in the forward path comes from per-env keys in the carry: one distinct "
-        "typed key per env, split every step (with stochastic='per_episode', at every "
-        "reset), reset to distinct keys",
+        "typed key per env, each split every step or, for a draw once per episode, "
+        "replaced at every reset and drawn from; reset to distinct keys",
         "the carry holds typed PRNG keys, a distinct one per env at every step (after "
-        "episode ends too), each call splits them and, in its program, computes some "
-        "other output from them (``'per_episode'``: each ``reset_state`` replaces them), "
-        "and ``reset_state`` derives its keys from the ones it is given",
+        "episode ends too); each key leaf is split by every call, or else replaced by "
+        "``reset_state`` and, in the program of ``reset_state`` or of the call, some "
+        "other leaf is computed from it; with ``True`` some leaf is split by every call "
+        "and, in the call's program, some other output is computed from those leaves; "
+        "with ``'per_episode'`` ``reset_state`` replaces some leaf; and ``reset_state`` "
+        "derives its keys from the ones it is given",
         _check_keys,
         Condition("``stochastic`` is set", lambda case: bool(case.kit.stochastic)),
     ),
@@ -1934,9 +2121,10 @@ def check_module(
       module_factory_or_module: the module, or a function of no arguments that builds it.
       example_input: **one** sample's input, without the batch axis: a pytree of
         arrays or ``jax.ShapeDtypeStruct``. Inputs are drawn with its tree, shapes
-        and dtypes (floats standard normal, integers in ``[-3, 3]``, ``[0, 3]`` if
-        unsigned, booleans, PRNG keys), as JAX holds them: NumPy's float64 and int64
-        as float32 and int32 unless x64 is on. Strings and objects are refused.
+        and dtypes (floats standard normal, complex numbers with both parts so,
+        integers in ``[-3, 3]``, ``[0, 3]`` if unsigned, booleans, PRNG keys), as
+        JAX holds them: NumPy's float64 and int64 as float32 and int32 unless x64
+        is on. Strings and objects are refused.
       batch_sizes: the batch sizes to draw ``B`` from; one compile per size. At
         least one must be 2 or more, for the properties that compare envs.
       time_lengths: the rollout lengths to draw ``T`` from. At least one must be 2
@@ -1947,7 +2135,8 @@ def check_module(
       stochastic: whether the module draws random numbers (adds ``per-env keys
         in carry``): ``True`` where it draws at every step, ``"per_episode"``
         where it draws once per episode (noise drawn at reset and kept), whose
-        keys change at each ``reset_state`` rather than each step.
+        keys change at each ``reset_state`` rather than each step. A module that
+        does both (a per-episode latent before a sampler) passes either.
       episodic: whether an episode's end forgets the episode (``episodes are
         independent``); ``False`` for a module that remembers across episodes on
         purpose (RL^2-style meta-learning), which skips that property.

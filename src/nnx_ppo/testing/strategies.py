@@ -112,6 +112,11 @@ def _random_leaf(
         return jnp.asarray(rng.integers(0, 4, shape), dtype=dtype)
     if jnp.issubdtype(dtype, jnp.integer):
         return jnp.asarray(rng.integers(-3, 4, shape), dtype=dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        # Both parts drawn: a module that mixes envs in the imaginary part alone would
+        # go unseen on inputs whose imaginary part is 0.
+        parts = rng.standard_normal((2, *shape))
+        return jnp.asarray(parts[0] + 1j * parts[1], dtype=dtype)
     if jnp.issubdtype(dtype, jnp.inexact):
         return jnp.asarray(rng.standard_normal(shape), dtype=dtype)
     raise TypeError(
@@ -151,9 +156,10 @@ def pytree_observations(
         sample, with arrays or ``jax.ShapeDtypeStruct`` leaves: the result has its
         structure, and each leaf ``(B, *leaf.shape)`` of the leaf's dtype as JAX
         holds it, float64 as float32 unless x64 is on (floats standard normal,
-        integers in ``[-3, 3]`` (``[0, 3]`` unsigned), booleans, or PRNG keys). Use it
-        for carry states and rollout_extras, e.g. ``jax.eval_shape`` of
-        ``initialize_state(1)`` with the leading axis dropped.
+        complex numbers with both parts so, integers in ``[-3, 3]`` (``[0, 3]``
+        unsigned), booleans, or PRNG keys). Use it for carry states and
+        rollout_extras, e.g. ``jax.eval_shape`` of ``initialize_state(1)`` with the
+        leading axis dropped.
       batch_size: the ``B`` of every leaf, a positive int; drawn from
         :func:`batch_sizes` if None.
 
