@@ -1,6 +1,7 @@
 """Distillation: a frozen teacher's deterministic actions taught to a student of another design."""
 
 import logging
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,7 @@ from nnx_ppo.networks.sampling_layers import (
     NormalSampler,
     NormalTanhSampler,
 )
-from nnx_ppo.networks.types import PPONetworkOutput
+from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import Filter, Flattener, Scale
 from nnx_ppo.wrappers import Wrapper
 
@@ -128,6 +129,32 @@ def test_samplers_of_another_kind_are_named_before_anything_compiles():
     wider = _sampling(NormalTanhSampler(rngs, 0.0), 4, rngs)  # two actions, not one
     with pytest.raises(ValueError, match=r"the samplers of action differ.*\(1,\) float32.*\(2,\)"):
         new_distillation_state(ENV, squashed, wider, 8, seed=0)
+
+
+class _Logits(StatefulModule):
+    """A linear layer sized by its parameter's shape alone: one graph at every width."""
+
+    def __init__(self, n_in: int, n_out: int, rngs: nnx.Rngs) -> None:
+        self.w = nnx.Param(0.1 * jax.random.normal(rngs.params(), (n_in, n_out)))
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> Any:
+        return StatefulModuleOutput(state, x @ self.w[...], jnp.zeros(()), {}, None)
+
+
+def test_a_student_of_other_widths_is_refused_after_a_matched_pair_of_its_graph():
+    # The matched pairs were cached by graph, which holds no shapes: a 3-class student
+    # reused a 2-class pair's match and trained to pick a class the env does not have.
+    def network(classes: int, seed: int) -> PPOAdapter:
+        rngs = nnx.Rngs(seed)
+        sampler = CategoricalSampler(rngs, 0.0)
+        logits = _Logits(ENV.observation_size, classes, rngs)
+        value = _Logits(ENV.observation_size, 1, rngs)
+        return PPOAdapter(action=Sequential([logits, sampler]), value=value)
+
+    teacher = network(2, 0)
+    new_distillation_state(ENV, teacher, network(2, 1), 4, seed=0)
+    with pytest.raises(ValueError, match=r"takes logits \(2,\) per env, the student's \(3,\)"):
+        new_distillation_state(ENV, teacher, network(3, 2), 4, seed=0)
 
 
 def test_numpy_counts_and_seeds_are_taken_and_bad_ones_named_by_the_function_called():

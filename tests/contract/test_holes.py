@@ -1536,3 +1536,14 @@ def test_check_module_names_a_flax_module_instead_of_calling_it_as_a_factory() -
     # An nnx.Module is callable: called as a factory it failed on its own missing arguments.
     with pytest.raises(TypeError, match=r"got Linear; subclass nnx_ppo\.networks\.StatefulModule"):
         check_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), jnp.zeros(3))
+
+
+def test_numpy_integer_counts_are_ints_to_typechecked_functions() -> None:
+    # record_activations_rollout(env, net, np.int64(2), ...) was refused by `n_envs: int`.
+    @typechecked
+    def counted(n_envs: int, *, length: int) -> int:
+        return n_envs * length
+
+    assert counted(np.int64(3), length=np.int32(2)) == 6  # type: ignore[arg-type]
+    with pytest.raises(ContractError, match="argument n_envs does not match"):
+        counted(3.0, length=2)  # type: ignore[arg-type]

@@ -183,6 +183,25 @@ def test_non_array_obs_and_missing_fields_are_named() -> None:
     as_dict = {"obs": jnp.zeros(3), "reward": jnp.zeros(()), "done": jnp.zeros(())}
     with pytest.raises(ContractError, match=r"the env state is a dict, whose entries are not"):
         check_env_state(as_dict, where="E")
+    # A dataclass of the user's own, as the dict's message suggests, must be a pytree: JAX
+    # named only the library's traced function.
+    unregistered = SimpleNamespace(**as_dict, metrics={}, info={})
+    with pytest.raises(
+        ContractError, match=r"a SimpleNamespace, is not a pytree.*register_dataclass"
+    ):
+        check_env_state(unregistered, where="E")
+
+
+def test_reset_envs_wants_one_key_per_env() -> None:
+    from nnx_ppo.algorithms.rollout import reset_envs
+
+    env = CartPole()
+    one, raw = jax.random.key(0), jax.random.PRNGKey(0)
+    for keys in (one, raw, jax.random.split(one, (2, 3))):
+        with pytest.raises(ContractError, match=r"reset_envs: keys must hold one PRNG key per env"):
+            reset_envs(env, keys)
+    for keys in (jax.random.split(one, 3), jax.random.split(raw, 3)):  # typed or raw
+        assert reset_envs(env, keys).done.shape == (3,)
 
 
 @st.composite

@@ -139,6 +139,11 @@ def test_a_network_already_recorded_is_recorded_once(network):
     jax.tree.map(np.testing.assert_array_equal, wrapped, plain)
 
 
+def test_a_plain_flax_module_is_refused_when_recorded_not_when_called():
+    with pytest.raises(TypeError, match=r"a Recorder records is a Linear, .*Stateless"):
+        with_recording(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))  # type: ignore[arg-type]
+
+
 def test_a_recorder_replays_what_it_recorded():
     stochastic = make_discrete_mlp_actor_critic(4, 3, [8], [6], nnx.Rngs(1), normalize_obs=False)
     recorder = with_recording(stochastic)

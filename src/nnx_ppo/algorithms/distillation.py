@@ -763,17 +763,27 @@ class _OutsideKey:
         return isinstance(other, _OutsideKey)
 
 
+_Structure = tuple[nnx.GraphDef[Any], tuple[Any, ...]]
+"""A network's graph and the abstract values (shape, dtype) of its state's leaves."""
+
+
+def _structure(network: StatefulModule) -> _Structure:
+    # The graph alone holds no array shapes: a layer sized by its Param's shape alone is
+    # one graph at every width.
+    return nnx.graphdef(network), tuple(map(jax.typeof, jax.tree.leaves(nnx.state(network))))
+
+
 @functools.lru_cache(maxsize=32)
 def _matched_by_structure(
-    teacher_graph: nnx.GraphDef[Any],
-    student_graph: nnx.GraphDef[Any],
+    teacher_structure: _Structure,
+    student_structure: _Structure,
     obs_shapes: tuple[tuple[jax.ShapeDtypeStruct, ...], Any],
     networks: _OutsideKey,
 ) -> tuple[_SamplerLeaves, _SamplerLeaves]:
     """:func:`_matched_samplers`' tracing, cached.
 
-    ``teacher_graph``, ``student_graph`` and ``obs_shapes`` are read only as the
-    cache's key; the networks traced are those ``networks`` holds, which takes no
+    ``teacher_structure``, ``student_structure`` and ``obs_shapes`` are read only as
+    the cache's key; the networks traced are those ``networks`` holds, which takes no
     part in the key.
     """
     teacher, student = networks.value
@@ -794,7 +804,7 @@ def _matched_samplers(
     leaves, tree = jax.tree.flatten(obs)
     shapes = (tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves), tree)
     return _matched_by_structure(
-        nnx.graphdef(teacher), nnx.graphdef(student), shapes, _OutsideKey((teacher, student))
+        _structure(teacher), _structure(student), shapes, _OutsideKey((teacher, student))
     )
 
 

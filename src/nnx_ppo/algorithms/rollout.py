@@ -33,7 +33,7 @@ from nnx_ppo.algorithms.recording import (
 )
 from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, Shared, Transition
 from nnx_ppo.contract import ContractError, checks_enabled
-from nnx_ppo.contract.arguments import require_int
+from nnx_ppo.contract.arguments import one_key_ndim, require_int
 from nnx_ppo.contract.axes import (
     Batched,
     BatchedTree,
@@ -47,10 +47,11 @@ from nnx_ppo.contract.axes import (
     Unbatched,
     align_leading,
 )
-from nnx_ppo.contract.checking import is_key, typechecked
+from nnx_ppo.contract.checking import describe_leaf, is_key, typechecked
 from nnx_ppo.contract.env_checks import (
     check_action_tree,
     check_env_keeps_no_tracer,
+    check_env_reset_key,
     check_env_state,
     check_env_unbatched,
     check_given_env_state,
@@ -221,6 +222,7 @@ class _BatchedEnv:
 
     def reset(self, keys: PerEnvKeys) -> EnvState:
         def reset_one(key: PRNGKeyArray) -> EnvState:
+            check_env_reset_key(key, where=f"{self.name}.reset")
             state = _env_call(self.env.reset, key)
             check_env_state(state, where=f"{self.name}.reset", reference=self.reference)
             return state
@@ -305,7 +307,24 @@ def reset_envs(env: RLEnv, keys: PerEnvKeys) -> EnvState:
     """``env.reset`` vmapped over ``keys``, one env per key, checked while JAX traces.
 
     :class:`~nnx_ppo.envs.state.Shared` nodes of the state stay unbatched.
+
+    Raises:
+      ContractError: ``keys`` is not one key per env: one key, or no keys.
     """
+    key_ndim = one_key_ndim(keys)
+    if checks_enabled() and (key_ndim is None or jnp.ndim(keys) != key_ndim + 1):
+        raise ContractError.violation(
+            "reset_envs",
+            "keys must hold one PRNG key per env, along a leading axis B.",
+            leaf="keys",
+            expected="typed keys of shape (B,), e.g. jax.random.split(jax.random.key(0), B)",
+            found=describe_leaf(keys),
+            rule=rule_text(
+                "the library holds n_envs env states batched along a leading axis B, each "
+                "reset with its own key",
+                "the-contract",
+            ),
+        )
     return _BatchedEnv(env).reset(keys)
 
 

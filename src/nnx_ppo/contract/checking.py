@@ -583,6 +583,17 @@ def _call_annotated(site: _Site, typed: Callable[..., Any], *args: Any, **kwargs
         raise _annotation_violation(site, mismatch) from None
 
 
+_CallArguments = TypeVar("_CallArguments", tuple[Any, ...], dict[str, Any])
+
+
+def _python_ints(arguments: _CallArguments) -> _CallArguments:
+    """``arguments`` with NumPy integers as Python ints: a NumPy count is an int to the
+    library (``require_int``), so to annotations saying ``int`` too."""
+    if isinstance(arguments, dict):
+        return {k: int(v) if isinstance(v, np.integer) else v for k, v in arguments.items()}
+    return tuple(int(a) if isinstance(a, np.integer) else a for a in arguments)
+
+
 def typechecked(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """Check ``fn``'s jaxtyping annotations on every call while the checks are on.
 
@@ -600,7 +611,7 @@ def typechecked(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         if not checks_enabled():
             return fn(*args, **kwargs)
         try:
-            return typed(*args, **kwargs)
+            return typed(*_python_ints(args), **_python_ints(kwargs))
         except AnnotationMismatch as mismatch:
             raise _annotation_violation(where, mismatch, _RULE_FUNCTION_ANNOTATIONS) from None
 
@@ -727,10 +738,7 @@ def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> C
             # method it reaches are its own, and checked (a shape error names them).
             return _call_annotated(_Site(self, method), typed, self, *args, **kwargs)
         if method == "initialize_state":
-            # A NumPy integer batch size is an int to the contract (require_int), so to
-            # annotations saying int too.
-            args = tuple(int(a) if isinstance(a, np.integer) else a for a in args)
-            kwargs = {k: int(v) if isinstance(v, np.integer) else v for k, v in kwargs.items()}
+            args, kwargs = _python_ints(args), _python_ints(kwargs)
         arguments = _bound_arguments(signature, (self, *args), kwargs)[1:]
         site = _Site(self, method)
         depth = len(_ACTIVE_MODULES.get())

@@ -222,7 +222,8 @@ def _field(state: Any, name: str, where: str) -> Any:
         if isinstance(state, Mapping):
             problem = (
                 "the env state is a dict, whose entries are not fields: the library reads "
-                f"state.{name}; return an nnx_ppo.envs.State (or a dataclass of your own)."
+                f"state.{name}; return an nnx_ppo.envs.State (or a dataclass of your own, "
+                "registered as a pytree)."
             )
         raise _violation(
             where,
@@ -382,6 +383,18 @@ def check_env_state(state: Any, *, where: str, reference: Any = None) -> None:
     if not checks_enabled():
         return
     obs, reward, done, metrics, info = (_field(state, name, where) for name in _STATE_FIELDS)
+    if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(state)):
+        raise _violation(
+            where,
+            f"the env state, a {type(state).__name__}, is not a pytree: JAX cannot carry it "
+            "through jit, vmap and scan. Register its class as one "
+            "(jax.tree_util.register_dataclass, or flax.struct.dataclass), or return an "
+            "nnx_ppo.envs.State.",
+            leaf="state",
+            expected="a pytree with the fields " + ", ".join(_STATE_FIELDS),
+            found=f"a {type(state).__name__} JAX takes for one leaf",
+            rule=_RULE_FIELDS,
+        )
     _check_scalar_or_like(
         where, "state.done", done, "state.reward", reward, "one end-of-episode flag"
     )

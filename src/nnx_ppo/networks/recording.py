@@ -33,7 +33,12 @@ from flax import nnx
 
 from nnx_ppo.contract.axes import BatchedTree, Carry, CarrySlice, Extras, HistoryTree
 from nnx_ppo.contract.checking import CallRecord, checks, format_graph_path, observe_calls
-from nnx_ppo.networks.types import ACTIVATION_KEY, StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import (
+    ACTIVATION_KEY,
+    StatefulModule,
+    StatefulModuleOutput,
+    require_stateful_module,
+)
 
 __all__ = ["ACTIVATION_KEY", "Recorder", "extract_activations", "with_recording"]
 
@@ -61,6 +66,7 @@ class Recorder(StatefulModule):
     """
 
     def __init__(self, wrapped: StatefulModule) -> None:
+        require_stateful_module("the network a Recorder records", wrapped)
         self.wrapped = wrapped
 
     def __call__(
