@@ -844,3 +844,24 @@ class SharedDictNormalizer(StatefulModule):
 def test_a_shared_normalizer_of_a_dict_passes() -> None:
     one = {"pos": jnp.zeros(2), "vel": jnp.zeros(1)}
     check_module(SharedDictNormalizer(), {"a": one, "b": one}, max_examples=3)
+
+
+class _OneOddTrace(RunningSum):
+    """Correct but for its third call, whose output is off by one: trace-time state."""
+
+    calls: ClassVar[list[int]] = [0]
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> Any:
+        _OneOddTrace.calls[0] += 1
+        out = super().__call__(state, x, rollout_extras)
+        return out.replace(output=out.output + 1.0) if _OneOddTrace.calls[0] == 3 else out
+
+
+def test_a_failure_that_does_not_recur_is_the_kits_message_with_a_note() -> None:
+    # Hypothesis's FlakyFailure, an exception group, escaped with a raw traceback.
+    _OneOddTrace.calls[0] = 0
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(_OneOddTrace(3), jnp.zeros(3), max_examples=5)
+    assert "did not happen again when the same example was run once more" in " ".join(
+        caught.value.__notes__
+    )

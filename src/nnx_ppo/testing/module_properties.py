@@ -38,6 +38,7 @@ import numpy as np
 from flax import nnx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import FlakyFailure
 from jaxtyping import Array, Bool, Float, Inexact, PyTree, Shaped
 
 from nnx_ppo._compile import fast_compile_options
@@ -2219,6 +2220,18 @@ def check_module(
     except ContractPropertyError as error:
         # The message says it all: no library frames, no chained cause (kept as .cause).
         raise error.with_traceback(None) from None
+    except FlakyFailure as flaky:
+        # The example failed once and passed when Hypothesis ran it again.
+        first = next((e for e in flaky.exceptions if isinstance(e, ContractPropertyError)), None)
+        if first is None:
+            raise
+        first.add_note(
+            "This failure did not happen again when the same example was run once more: "
+            "the module's results depend on something that changes between traces or "
+            "calls (Python state read or written while tracing: a counter, a global, a "
+            "cache), which jax.jit would freeze at its first trace."
+        )
+        raise first.with_traceback(None) from None
 
 
 check_module.__doc__ = document_properties(check_module.__doc__, MODULE_PROPERTIES)
