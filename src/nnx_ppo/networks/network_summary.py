@@ -54,10 +54,15 @@ _OUTSIDE_THE_GRAPH = "(not in the network's graph)"
 _PLAIN_WIDTH = 160
 """The columns a summary takes off a terminal (``str``, a log file, CI)."""
 
-_TABLE_WIDTH = 7 * (8 + 2)
-"""The narrowest console a summary is a table on: seven columns folded to 8 characters,
-room for a shape such as ``(B, 16)``, each padded by two. On a narrower one each row is
-a block of lines."""
+_FOLDED = 8 + 2
+"""The width of a folded column: room for a shape such as ``(B, 16)``, padded by two."""
+
+_ROOMY = 12 + 2
+"""The width of a column that holds a shape and its dtype, ``(B, 16) int32``, padded."""
+
+_TABLE_WIDTH = 7 * _FOLDED
+"""The narrowest console a summary is a table on, its seven columns folded; on a
+narrower one each row is a block of lines."""
 
 
 @dataclass(frozen=True)
@@ -181,8 +186,9 @@ class NetworkSummary:
     parameters: int
     error: ContractError | None
 
-    def table(self) -> Table:
-        """The rows as a :class:`rich.table.Table`.
+    def table(self, width: int | None = None) -> Table:
+        """The rows as a :class:`rich.table.Table`, for a console ``width`` columns wide
+        (``None``: wide enough for every module name).
 
         Its columns: the module (its name, see above, and class), ``input``,
         ``output``, ``carry``, ``extras``, ``params``, and ``statistics``: for a module
@@ -198,10 +204,12 @@ class NetworkSummary:
             show_edge=False,
         )
         # On a narrow console every cell folds, the widest columns first: nothing is cut
-        # off. The module's folds too: kept whole, deep paths left the other columns a
-        # letter a line, or no room at all. (A console narrower than _TABLE_WIDTH is
-        # shown blocks instead, by __rich_console__.)
-        table.add_column("module", overflow="fold")
+        # off. The module names stay whole where that leaves the other six columns room
+        # for a shape and its dtype; else they fold too (kept whole, deep paths left the
+        # other columns a letter a line, or no room at all). A console narrower than
+        # _TABLE_WIDTH is shown blocks instead, by __rich_console__.
+        whole = width is None or width >= self._module_width() + 6 * _ROOMY
+        table.add_column("module", overflow="fold", no_wrap=whole)
         for column in ("input", "output", "carry", "extras"):
             table.add_column(column, overflow="fold")
         table.add_column("params", justify="right", overflow="fold")
@@ -209,6 +217,10 @@ class NetworkSummary:
         for module, cells in self._cells():
             table.add_row(module, *cells.values())
         return table
+
+    def _module_width(self) -> int:
+        """The module column's width, names whole and padded."""
+        return max(module.cell_len for module, _ in self._cells()) + 2
 
     def _cells(self) -> Iterator[tuple[Text, dict[str, str]]]:
         """Each row's module cell, and its other cells by column."""
@@ -263,7 +275,7 @@ class NetworkSummary:
         if options.max_width < _TABLE_WIDTH:
             yield from self._blocks()
         else:
-            yield self.table()
+            yield self.table(options.max_width)
         if self.error is not None:
             # One Text: the message's first line, printed after another Text's end="",
             # was cut at the console's width instead of wrapped.
@@ -272,7 +284,7 @@ class NetworkSummary:
     def __str__(self) -> str:
         """The table as plain text, 160 columns wide at most, and the error's message unwrapped."""
         buffer = io.StringIO()
-        Console(file=buffer, width=_PLAIN_WIDTH, color_system=None).print(self.table())
+        Console(file=buffer, width=_PLAIN_WIDTH, color_system=None).print(self.table(_PLAIN_WIDTH))
         lines = [line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines()]
         if self.error is not None:
             lines.append(_VIOLATION + _error_text(self.error))
