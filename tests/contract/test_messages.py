@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, PyTree
 
 import nnx_ppo
 from nnx_ppo import ContractError
@@ -425,12 +425,55 @@ def test_a_width_read_off_the_module_is_shown_with_its_value() -> None:
     assert "expected: Float[Array, 'B in_features=5']" in message
 
 
+class RowPerEnvPlusOne(Cell):
+    def initialize_state(self, batch_size: int) -> Float[Array, "{batch_size} 3"]:
+        return _zeros(batch_size + 1, 3)
+
+
+def test_a_dimension_read_off_an_argument_is_shown_with_its_value() -> None:
+    # It was shown unevaluated: Float[Array, '{batch_size} 3'].
+    message = _message(lambda: RowPerEnvPlusOne().initialize_state(4))
+
+    assert "expected: Float[Array, 'batch_size=4 3']" in message
+    assert "found:    f32[5,3]" in message
+
+
 def test_the_contracts_one_array_aliases_leave_each_argument_its_own_features() -> None:
     state, _ = _batch()
 
     out = AnnotatedWithAliases()(state, _zeros(B, 5))
 
     assert out.output["out"].shape == (B, 5)
+
+
+class AnnotatedStructure(Cell):
+    def __call__(
+        self,
+        state: PyTree[Float[Array, "B 3"], "S"],
+        x: PyTree[Float[Array, "B 3"], "S"],
+        rollout_extras: Any = None,
+    ) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {}, None)
+
+
+def test_a_leaf_of_a_pytree_with_a_named_structure_is_named() -> None:
+    state = {key: _zeros(B, 3) for key in "abcd"}
+
+    # It was x, the whole tree.
+    message = _message(lambda: AnnotatedStructure()(state, dict(state, c=_zeros(B, 2))))
+
+    assert "AnnotatedStructure.__call__: argument x['c'] does not match" in message
+    assert "expected: Float[Array, 'B 3'] with B=8, S=PyTreeDef(" in message
+    assert "found:    f32[8,2]" in message
+
+
+def test_a_pytree_of_another_structure_than_its_name_bound_is_named_whole() -> None:
+    state = {key: _zeros(B, 3) for key in "abcd"}
+
+    message = _message(lambda: AnnotatedStructure()(state, {"a": _zeros(B, 3)}))
+
+    assert "AnnotatedStructure.__call__: argument x does not match" in message
+    assert "expected: PyTree[Float[Array, 'B 3'], 'S'] with B=8, S=PyTreeDef(" in message
 
 
 def test_a_pytree_that_violates_an_annotation_is_shown_whole_on_one_line() -> None:

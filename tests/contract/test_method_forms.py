@@ -245,5 +245,39 @@ def test_a_subclass_calling_super_keeps_the_parents_annotations_checked() -> Non
 
     layer = Scaled(3, 2, nnx.Rngs(0))
     assert layer((), jnp.ones((4, 3))).output.shape == (4, 2)
-    with pytest.raises(ContractError, match=r"Scaled.__call__: argument x does not match"):
+    with pytest.raises(ContractError) as caught:
         layer((), jnp.ones((4, 5)))
+    # The annotation broken is Dense's, reached through super(), not Scaled's own.
+    assert str(caught.value).startswith(
+        "Scaled.__call__ (Dense.__call__, reached through super()): argument x does not match"
+    )
+
+
+class ThreeFeatureBase(StatefulModule):
+    def __call__(
+        self, state: Any, x: Float[Array, "B 3"], rollout_extras: Any = None
+    ) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {})
+
+
+class SixFeatures(ThreeFeatureBase):
+    """Takes six features and hands its parent two: the parent's annotation is broken."""
+
+    def __call__(
+        self, state: Any, x: Float[Array, "B 6"], rollout_extras: Any = None
+    ) -> StatefulModuleOutput:
+        return super().__call__(state, x[:, :2], rollout_extras)
+
+
+def test_a_super_call_breaking_the_parents_annotation_names_the_parents_method() -> None:
+    # It named SixFeatures.__call__ alone, whose x ('B 6') the value matched, beside the
+    # parent's annotation ('B 3').
+    with pytest.raises(ContractError) as caught:
+        SixFeatures()((), jnp.ones((2, 6)))
+
+    message = str(caught.value)
+    assert message.startswith(
+        "SixFeatures.__call__ (ThreeFeatureBase.__call__, reached through super()): "
+        "argument x does not match its jaxtyping annotation."
+    )
+    assert "expected: Float[Array, 'B 3']\n" in message

@@ -199,9 +199,14 @@ def test_rnns_reject_wrong_widths_naming_them(lstm: LSTM, gru: GRU):
         gru(gru.initialize_state(2), jnp.zeros((2, IN + 1)))
     with pytest.raises(nnx_ppo.ContractError, match="hidden_features"):
         gru(jnp.zeros((2, HIDDEN + 1)), jnp.zeros((2, IN)))
+    # LSTMCarry's fields share their hidden width: the contract names the one that differs.
     bad_carry = LSTMCarry(cell=jnp.zeros((2, HIDDEN)), hidden=jnp.zeros((2, HIDDEN + 1)))
-    with pytest.raises(ValueError, match=r"state\.hidden"):
+    with pytest.raises(nnx_ppo.ContractError, match=r"argument state\.hidden does not match"):
         lstm(bad_carry, jnp.zeros((2, IN)))
+    # Both wide agree with each other; the LSTM names the width it expected.
+    wide_carry = LSTMCarry(cell=jnp.zeros((2, HIDDEN + 1)), hidden=jnp.zeros((2, HIDDEN + 1)))
+    with pytest.raises(ValueError, match=r"state\.cell"):
+        lstm(wide_carry, jnp.zeros((2, IN)))
 
 
 @pytest.mark.parametrize("module_type", [LSTM, GRU])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import dataclasses
 import functools
 import inspect
 import io
@@ -22,7 +23,7 @@ import sys
 import types
 import typing
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -30,12 +31,17 @@ import jaxtyping
 import numpy as np
 from beartype import beartype
 from beartype.door import is_bearable
-from jaxtyping import AbstractArray, PyTree, jaxtyped, print_bindings
+from jaxtyping import AbstractArray, AnnotationError, PyTree, jaxtyped, print_bindings
 
 __all__ = ["AnnotationMismatch", "annotation_checked", "checked_leaf_by_leaf"]
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARY_FILES = (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    os.path.dirname(os.path.abspath(jaxtyping.__file__)),
+    "<frozen",
+)
+"""Where the frames a warning looks past lie: nnx_ppo, jaxtyping and frozen modules."""
 
 
 def _outside_the_library_level() -> int:
@@ -43,27 +49,35 @@ def _outside_the_library_level() -> int:
 
     A class's checks are installed from ``__init_subclass__``, called through the
     metaclasses (``abc``, frozen) and this package; the frame that matters to the
-    user is their class statement, past all of those.
+    user is their class statement, past all of those. A record's fields are first read
+    while a call is checked, inside jaxtyping's wrapper: there it is the user's call.
     """
     frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(
-        (_PACKAGE_DIR, "<frozen")
-    ):
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_LIBRARY_FILES):
         frame, level = frame.f_back, level + 1
     return level
 
 
-def annotation_checked(fn: Callable[..., Any], where: str) -> Callable[..., Any]:
+FieldsChecked = Callable[[Any], bool]
+"""Whether the field annotations of a ``NamedTuple``, ``TypedDict`` or dataclass hint
+are checked, item by item like a container's."""
+
+
+def annotation_checked(
+    fn: Callable[..., Any], where: str, fields_checked: FieldsChecked
+) -> Callable[..., Any]:
     """Wrap ``fn`` (the method ``where``) so the jaxtyping annotations on its signature are checked.
 
     Annotations that cannot be resolved where the method was defined (forward
     references to names local to a function) are left unchecked, with a warning
     naming the method; the contract's own axis checks still run.
     """
-    return _annotation_checked_now(fn, where, defer_unresolved=True)
+    return _annotation_checked_now(fn, where, fields_checked, defer_unresolved=True)
 
 
-def _resolved_at_first_call(fn: Callable[..., Any], where: str) -> Callable[..., Any]:
+def _resolved_at_first_call(
+    fn: Callable[..., Any], where: str, fields_checked: FieldsChecked
+) -> Callable[..., Any]:
     """``fn``, whose annotations are resolved and wrapped when it is first called."""
     resolved: Callable[..., Any] | None = None
 
@@ -71,14 +85,17 @@ def _resolved_at_first_call(fn: Callable[..., Any], where: str) -> Callable[...,
     def call(*args: Any, **kwargs: Any) -> Any:
         nonlocal resolved
         if resolved is None:
-            resolved = _annotation_checked_now(fn, where)
+            resolved = _annotation_checked_now(fn, where, fields_checked)
         return resolved(*args, **kwargs)
 
     return call
 
 
 def _annotation_checked_now(
-    fn: Callable[..., Any], where: str, defer_unresolved: bool = False
+    fn: Callable[..., Any],
+    where: str,
+    fields_checked: FieldsChecked,
+    defer_unresolved: bool = False,
 ) -> Callable[..., Any]:
     """:func:`annotation_checked`, resolving the annotations now; ``fn`` itself, with a
     warning, where they cannot be resolved or checked. With ``defer_unresolved``, a
@@ -89,7 +106,7 @@ def _annotation_checked_now(
         if defer_unresolved and isinstance(error, NameError):
             # A name the module defines below the class (postponed annotations): it
             # exists by the first call.
-            return _resolved_at_first_call(fn, where)
+            return _resolved_at_first_call(fn, where, fields_checked)
         warnings.warn(
             f"nnx_ppo: the annotations of {where} are not checked: resolving them raised "
             f"{type(error).__name__}: {error}. Define the names they use at module level "
@@ -100,7 +117,7 @@ def _annotation_checked_now(
     if not hints:
         return fn
     with contextlib.suppress(Exception):  # most often every hint is checkable
-        return checked_leaf_by_leaf(fn, hints)
+        return checked_leaf_by_leaf(fn, hints, fields_checked)
     checkable = {}
     for name, hint in hints.items():
         try:
@@ -120,7 +137,7 @@ def _annotation_checked_now(
     if not checkable:
         return fn
     try:
-        return checked_leaf_by_leaf(fn, checkable)
+        return checked_leaf_by_leaf(fn, checkable, fields_checked)
     except Exception as error:
         warnings.warn(
             f"nnx_ppo: the annotations of {where} are not checked: jaxtyping could not wrap "
@@ -149,22 +166,30 @@ class AnnotationMismatch(Exception):
     The caller, who knows the module the call ran on, turns it into a ContractError.
     """
 
-    def __init__(self, what: str, leaf: str, hint: Any, value: Any, bindings: str) -> None:
+    def __init__(
+        self,
+        what: str,
+        leaf: str,
+        hint: Any,
+        value: Any,
+        bindings: str,
+        arguments: Mapping[str, Any],
+    ) -> None:
         super().__init__(what)
-        self.what, self.leaf, self.hint, self.value, self.bindings = (
+        self.what, self.leaf, self.hint, self.value, self.bindings, self.arguments = (
             what,
             leaf,
             hint,
             value,
             bindings,
+            arguments,
         )
 
-    def expected(self, module: Any | None) -> str:
-        """The annotation as written, ``{self.name}`` dimensions shown with ``module``'s
-        values and the sizes bound before the mismatch: ``Float[Array, 'B 3'] with B=8``."""
-        annotation = _hint_text(self.hint)
-        if module is not None:
-            annotation = _with_module_values(annotation, module)
+    def expected(self) -> str:
+        """The annotation as written, ``{self.name}`` and ``{argument}`` dimensions shown
+        with the call's values and the sizes bound before the mismatch:
+        ``Float[Array, 'B h=3'] with B=8``."""
+        annotation = _with_argument_values(_hint_text(self.hint), self.arguments)
         return f"{annotation} with {self.bindings}" if self.bindings else annotation
 
     def found(self) -> str:
@@ -172,7 +197,9 @@ class AnnotationMismatch(Exception):
         return _value_text(self.value)
 
 
-def checked_leaf_by_leaf(fn: Callable[..., Any], hints: dict[str, Any]) -> Callable[..., Any]:
+def checked_leaf_by_leaf(
+    fn: Callable[..., Any], hints: dict[str, Any], fields_checked: FieldsChecked
+) -> Callable[..., Any]:
     """``fn`` with its arguments and result checked against ``hints``, leaf by leaf.
 
     beartype alone checks one item of a ``dict``, ``list`` or ``tuple[X, ...]`` per call
@@ -190,7 +217,12 @@ def checked_leaf_by_leaf(fn: Callable[..., Any], hints: dict[str, Any]) -> Calla
     def run(*args: Any, **kwargs: Any) -> Any:
         if jaxtyping.config.jaxtyping_disable:  # JAXTYPING_DISABLE: no memo, and no checks
             return fn(*args, **kwargs)
-        for name, value in signature.bind(*args, **kwargs).arguments.items():
+        bound = signature.bind(*args, **kwargs)
+        given = list(bound.arguments.items())
+        # The arguments a "{batch_size}" dimension reads, defaults included, as jaxtyping's.
+        bound.apply_defaults()
+        call = _Call(bound.arguments, fields_checked)
+        for name, value in given:
             if name not in hints:
                 continue
             kind = parameters[name].kind
@@ -201,10 +233,10 @@ def checked_leaf_by_leaf(fn: Callable[..., Any], hints: dict[str, Any]) -> Calla
             else:
                 items = [("", value)]
             for suffix, item in items:
-                _require_match(f"argument {name}{suffix}", name + suffix, item, hints[name])
+                _require_match(f"argument {name}{suffix}", name + suffix, item, hints[name], call)
         result = fn(*args, **kwargs)
         if "return" in hints:
-            _require_match("the return value", "return value", result, hints["return"])
+            _require_match("the return value", "return value", result, hints["return"], call)
         return result
 
     # Unannotated, so that jaxtyping only holds the memo and the checks are all ours.
@@ -228,56 +260,78 @@ def _annotated_copy(fn: Callable[..., Any], hints: dict[str, Any]) -> Callable[.
     return copy
 
 
-def _require_match(what: str, name: str, value: Any, hint: Any) -> None:
-    mismatch = _first_mismatch(value, hint, "")
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """What a check of one call reads besides the value and its hint."""
+
+    arguments: Mapping[str, Any]
+    fields_checked: FieldsChecked
+
+
+def _require_match(what: str, name: str, value: Any, hint: Any, call: _Call) -> None:
+    mismatch = _first_mismatch(value, hint, "", call.fields_checked)
     if mismatch is not None:
         path, leaf, leaf_hint = mismatch
         if path and what.startswith("the "):
             what = f"{what} at {path}"
         else:
             what += path
-        raise AnnotationMismatch(what, name + path, leaf_hint, leaf, _dimension_bindings())
+        raise AnnotationMismatch(
+            what, name + path, leaf_hint, leaf, _dimension_bindings(), call.arguments
+        )
 
 
 _UNIONS = (typing.Union, types.UnionType)
 
 
-def _first_mismatch(value: Any, hint: Any, path: str) -> tuple[str, Any, Any] | None:
+def _first_mismatch(
+    value: Any, hint: Any, path: str, fields_checked: FieldsChecked
+) -> tuple[str, Any, Any] | None:
     """The first leaf of ``value`` (its path, the leaf, the leaf's hint) that ``hint`` refuses.
 
     Mappings (``dict``, ``Mapping``, ``OrderedDict``, ...), sequences (``list``,
-    ``Sequence``, ...), tuples and jaxtyping ``PyTree`` s of arrays are walked item by
-    item; any other hint is checked whole by beartype. A ``TypedDict`` is checked as
-    beartype checks it, as a mapping: the carries the library annotates with one (their
-    leaves ``(B, ...)``) also reach ``reset_state`` as one env's slice, under ``vmap``.
+    ``Sequence``, ...), tuples, jaxtyping ``PyTree`` s of arrays and, where
+    ``fields_checked`` says so, the fields of a ``NamedTuple``, dataclass or
+    ``TypedDict`` are walked item by item; any other hint is checked whole by beartype.
     """
     origin, members = typing.get_origin(hint), typing.get_args(hint)
     if origin in _UNIONS:
-        if any(_union_member_accepts(value, member, path) for member in members):
+        if any(_union_member_accepts(value, member, path, fields_checked) for member in members):
             return None
         # Name the leaf when exactly one member is a container of the value's kind.
-        alike = [member for member in members if _is_container_of(value, member)]
-        return _first_mismatch(value, alike[0], path) if len(alike) == 1 else (path, value, hint)
+        alike = [m for m in members if _is_container_of(value, m, fields_checked)]
+        if len(alike) != 1:
+            return (path, value, hint)
+        return _first_mismatch(value, alike[0], path, fields_checked)
     leaf_hint = _pytree_leaf_hint(hint)
     if leaf_hint is not None:
-        try:
-            leaves = jax.tree_util.tree_flatten_with_path(value)[0]
-        except (TypeError, ValueError):  # keys JAX cannot sort: jaxtyping refuses it too
-            return (path, value, hint)
-        for key_path, leaf in leaves:
-            found = _first_mismatch(leaf, leaf_hint, path + jax.tree_util.keystr(key_path))
-            if found is not None:
-                return found
-        return None
+        structure = hint.structure
+        if structure is None:
+            return _first_failing_leaf(value, hint, leaf_hint, path, fields_checked)
+        # jaxtyping binds the structure's name, and ``?`` dimensions leaf by leaf: it
+        # decides, and the walk only names the leaf it refused.
+        if _bearable(value, hint):
+            return None
+        if _bearable(value, PyTree[Any, structure]):  # binds the name: a leaf is at fault
+            # A ``?`` dimension, which only jaxtyping's own walk binds, leaves the tree whole.
+            with contextlib.suppress(AnnotationError):
+                failing = _first_failing_leaf(value, hint, leaf_hint, path, fields_checked)
+                return failing or (path, value, hint)
+        return (path, value, hint)
     items: list[tuple[str, Any, Any]] = []
-    if _is_container_of(value, hint, collections.abc.Mapping) and len(members) == 2:
+    fields = _fields_of(value, hint) if fields_checked(hint) else None
+    if fields is not None:
+        items = fields
+    elif (
+        _is_container_of(value, hint, fields_checked, collections.abc.Mapping) and len(members) == 2
+    ):
         key_hint, item_hint = members
         for key in value:
             if not _bearable(key, key_hint):
                 return (f"{path} (key {key!r})", key, key_hint)
         items = [(f"[{key!r}]", item, item_hint) for key, item in value.items()]
     elif (
-        _is_container_of(value, hint, collections.abc.Sequence)
+        _is_container_of(value, hint, fields_checked, collections.abc.Sequence)
         and origin is not tuple
         and len(members) == 1
         and not isinstance(value, str | bytes)
@@ -293,19 +347,105 @@ def _first_mismatch(value: Any, hint: Any, path: str) -> tuple[str, Any, Any] | 
         pairs = zip(value, item_hints, strict=True)
         items = [(f"[{index}]", item, item_hint) for index, (item, item_hint) in enumerate(pairs)]
     for suffix, item, item_hint in items:
-        found = _first_mismatch(item, item_hint, path + suffix)
+        found = _first_mismatch(item, item_hint, path + suffix, fields_checked)
         if found is not None:
             return found
     return None if _bearable(value, hint) else (path, value, hint)
 
 
-def _union_member_accepts(value: Any, member: Any, path: str) -> bool:
+def _first_failing_leaf(
+    value: Any, hint: Any, leaf_hint: Any, path: str, fields_checked: FieldsChecked
+) -> tuple[str, Any, Any] | None:
+    """The first leaf of the ``PyTree`` ``value`` that ``leaf_hint`` refuses, as
+    :func:`_first_mismatch` names it; the tree itself where JAX cannot flatten it."""
+    try:
+        leaves = jax.tree_util.tree_flatten_with_path(value)[0]
+    except (TypeError, ValueError):  # keys JAX cannot sort: jaxtyping refuses it too
+        return (path, value, hint)
+    for key_path, leaf in leaves:
+        leaf_path = path + jax.tree_util.keystr(key_path)
+        found = _first_mismatch(leaf, leaf_hint, leaf_path, fields_checked)
+        if found is not None:
+            return found
+    return None
+
+
+def _union_member_accepts(
+    value: Any, member: Any, path: str, fields_checked: FieldsChecked
+) -> bool:
     """beartype's own check first: for a PyTree it is jaxtyping's, whole and binding no
     dimension unless the tree matches, so a refused member binds nothing and an accepted
     PyTree needs no walk; another container is then walked item by item."""
     if not _bearable(value, member):
         return False
-    return _pytree_leaf_hint(member) is not None or _first_mismatch(value, member, path) is None
+    return (
+        _pytree_leaf_hint(member) is not None
+        or _first_mismatch(value, member, path, fields_checked) is None
+    )
+
+
+def _fields_of(value: Any, hint: Any) -> list[tuple[str, Any, Any]] | None:
+    """Each field of ``value`` with its path and annotation, where ``hint`` is a
+    ``NamedTuple`` or dataclass ``value`` is an instance of, or a ``TypedDict`` and
+    ``value`` a mapping; else ``None``. A ``TypedDict``'s keys are checked where the
+    mapping holds them: under postponed annotations Python 3.11 counts a ``NotRequired``
+    key as required, so a missing one is not refused."""
+    if typing.is_typeddict(hint):
+        if not isinstance(value, collections.abc.Mapping):
+            return None
+        hints = _field_hints(hint)
+        return [(f"[{key!r}]", value[key], hints[key]) for key in hints if key in value]
+    if not (_is_record_class(hint) and isinstance(value, hint)):
+        return None
+    fields = _field_hints(hint).items()
+    # A dataclass field made with init=False may be unset: there is nothing to check.
+    return [
+        (f".{name}", getattr(value, name), field) for name, field in fields if hasattr(value, name)
+    ]
+
+
+def _is_record_class(hint: Any) -> bool:
+    """A ``NamedTuple`` or a dataclass."""
+    return isinstance(hint, type) and (
+        dataclasses.is_dataclass(hint) or (issubclass(hint, tuple) and hasattr(hint, "_fields"))
+    )
+
+
+@functools.cache
+def _field_hints(record: type) -> dict[str, Any]:
+    """The field annotations of ``record`` that can be checked, resolved once; one that
+    cannot be resolved or checked is left out, with a warning naming it."""
+    try:
+        hints = typing.get_type_hints(record)
+    except Exception as error:
+        warnings.warn(
+            f"nnx_ppo: the field annotations of {record.__qualname__} are not checked: "
+            f"resolving them raised {type(error).__name__}: {error}. Define the names they "
+            "use at module level to have them checked; the contract's axis checks run "
+            "either way.",
+            stacklevel=_outside_the_library_level(),
+        )
+        return {}
+    if dataclasses.is_dataclass(record):
+        names = [field.name for field in dataclasses.fields(record)]
+    else:  # a NamedTuple's fields, or a TypedDict's keys: every annotation
+        names = list(hints)
+    checkable = {}
+    for name in names:
+        try:
+            _require_checkable(hints[name])
+        except Exception as error:
+            warnings.warn(
+                f"nnx_ppo: the annotation of field {name} of {record.__qualname__} is not "
+                f"checked: beartype cannot check {_hint_text(hints[name])} at run time "
+                f"({type(error).__name__}). A typing.Protocol without @runtime_checkable "
+                "does this: make it checkable to have it checked; the other fields and the "
+                "contract's axis checks run either way.",
+                stacklevel=_outside_the_library_level(),
+            )
+        else:
+            checkable[name] = hints[name]
+    return checkable
 
 
 def _bearable(value: Any, hint: Any) -> bool:
@@ -315,27 +455,30 @@ def _bearable(value: Any, hint: Any) -> bool:
         return False
 
 
-def _is_container_of(value: Any, hint: Any, kind: type = object) -> bool:
+def _is_container_of(
+    value: Any, hint: Any, fields_checked: FieldsChecked, kind: type = object
+) -> bool:
     """Whether ``hint`` is a container of ``kind`` that ``value`` is (``dict[...]``, a
-    ``PyTree`` of arrays, ...)."""
+    ``PyTree`` of arrays, a record whose fields are checked, ...)."""
     if _pytree_leaf_hint(hint) is not None:
         return kind is object and value is not None
+    if kind is object and fields_checked(hint) and _fields_of(value, hint) is not None:
+        return True
     origin = typing.get_origin(hint)
     return isinstance(origin, type) and issubclass(origin, kind) and isinstance(value, origin)
 
 
 def _pytree_leaf_hint(hint: Any) -> Any:
-    """The leaf hint of a jaxtyping ``PyTree[leaf]`` of arrays, else ``None``.
+    """The leaf hint of a jaxtyping ``PyTree[leaf]`` or ``PyTree[leaf, "S"]`` of arrays,
+    else ``None``.
 
-    A ``PyTree`` with a named structure, or whose leaf type is itself a container, is
-    left to jaxtyping whole: its leaves are not those JAX's flattening finds.
+    A ``PyTree`` whose leaf type is itself a container is left to jaxtyping whole: its
+    leaves are not those JAX's flattening finds.
     """
     if not (isinstance(hint, type) and issubclass(hint, PyTree)):
         return None
     leaf_hint = getattr(hint, "leaftype", None)
-    if getattr(hint, "structure", None) is not None or not _is_array_hint(leaf_hint):
-        return None
-    return leaf_hint
+    return leaf_hint if _is_array_hint(leaf_hint) else None
 
 
 def _is_array_hint(hint: Any) -> bool:
@@ -353,19 +496,24 @@ def _dimension_bindings() -> str:
     return ", ".join(line for line in lines if not line.endswith("are as follows."))
 
 
-_SELF_DIMENSION = re.compile(r"\{self\.(\w+)\}")
-"""A dimension jaxtyping reads off the module (``"B {self.in_features}"``)."""
+_ARGUMENT_DIMENSION = re.compile(r"\{(\w+(?:\.\w+)*)\}")
+"""A dimension jaxtyping reads off the call's arguments: ``"{batch_size}"``, or the
+module's attribute ``"{self.in_features}"``."""
 
 
-def _with_module_values(annotation: str, module: Any) -> str:
-    """``annotation`` with each ``{self.name}`` dimension shown as ``name=value``."""
+def _with_argument_values(annotation: str, arguments: Mapping[str, Any]) -> str:
+    """``annotation`` with each ``{argument}`` or ``{self.name}`` dimension shown as
+    ``argument=value`` or ``name=value``; an expression other than a name is left as written."""
 
     def value(match: re.Match[str]) -> str:
-        name = match.group(1)
-        held = getattr(module, name, None)
-        return f"{name}={held}" if isinstance(held, int) else match.group(0)
+        first, *attributes = match.group(1).split(".")
+        held = arguments.get(first)
+        for attribute in attributes:
+            held = getattr(held, attribute, None)
+        label = match.group(1).removeprefix("self.")
+        return f"{label}={held}" if isinstance(held, int) else match.group(0)
 
-    return _SELF_DIMENSION.sub(value, annotation)
+    return _ARGUMENT_DIMENSION.sub(value, annotation)
 
 
 _NUMPY_OR_JAX = re.compile(r"Union\[(\w+)\[Array, ('[^']*')\], \1\[ndarray, \2\]\]")

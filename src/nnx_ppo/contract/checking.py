@@ -310,9 +310,15 @@ class _Site:
 
     module: Any
     method: str
+    reached: type | None = None
+    """The class whose method the module's own reached through ``super()``: its
+    annotations are that class's, not those of the method the call entered."""
 
     def __str__(self) -> str:
-        return f"{describe_module(self.module)}.{self.method}"
+        site = f"{describe_module(self.module)}.{self.method}"
+        if self.reached is None:
+            return site
+        return f"{site} ({self.reached.__name__}.{self.method}, reached through super())"
 
 
 @contextlib.contextmanager
@@ -570,7 +576,7 @@ def _annotation_violation(
         site,
         f"{mismatch.what} does not match its jaxtyping annotation.",
         leaf=mismatch.leaf,
-        expected=mismatch.expected(site.module if isinstance(site, _Site) else None),
+        expected=mismatch.expected(),
         found=mismatch.found(),
         rule=rule,
     )
@@ -603,7 +609,10 @@ def typechecked(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     argument and leaf, the annotation with its bound sizes, and what was passed. Under
     ``jax.jit`` the check runs once, while JAX traces.
     """
-    typed = checked_leaf_by_leaf(fn, typing.get_type_hints(fn))
+    # The fields of the engine's records are left unchecked: a record holds one step or,
+    # stacked, a rollout (a PPONetworkOutput's (B,) leaves are (T, B) in a Transition),
+    # and its field annotations describe the step.
+    typed = checked_leaf_by_leaf(fn, typing.get_type_hints(fn), lambda record: False)
     where = fn.__qualname__
 
     @functools.wraps(fn)
@@ -717,9 +726,18 @@ def observe_calls(observer: Callable[[CallRecord], None]) -> Iterator[None]:
         _CALL_OBSERVERS.reset(token)
 
 
-def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> Callable[..., Any]:
-    """``cls``'s method ``fn`` (named ``method``), run by ``check`` when checks are on."""
-    typed = annotation_checked(fn, f"{cls.__qualname__}.{method}")
+def _checked(
+    cls: type, fn: Callable[..., Any], method: str, check: _Check, output_type: type
+) -> Callable[..., Any]:
+    """``cls``'s method ``fn`` (named ``method``), run by ``check`` when checks are on.
+
+    The fields of the records its annotations name are checked too, but the
+    ``output_type``'s: the contract checks a ``__call__``'s output by its own rules,
+    right after the annotations, and names the rule each field breaks.
+    """
+    typed = annotation_checked(
+        fn, f"{cls.__qualname__}.{method}", lambda record: record is not output_type
+    )
     signature = inspect.signature(fn)
     _require_callable_as_the_library_calls(cls, method, signature)
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in signature.parameters.values()):
@@ -735,8 +753,9 @@ def _checked(cls: type, fn: Callable[..., Any], method: str, check: _Check) -> C
         if running is not None and running[:2] == (id(self), method) and running[2] is not cls:
             # A subclass's method calling super()'s: one call of the module, which the
             # outermost method checks and observers see once; the annotations of the
-            # method it reaches are its own, and checked (a shape error names them).
-            return _call_annotated(_Site(self, method), typed, self, *args, **kwargs)
+            # method it reaches are its own, and checked: a mismatch names that method's
+            # class, whose annotation it broke, beside the method the call entered.
+            return _call_annotated(_Site(self, method, cls), typed, self, *args, **kwargs)
         if method == "initialize_state":
             args, kwargs = _python_ints(args), _python_ints(kwargs)
         arguments = _bound_arguments(signature, (self, *args), kwargs)[1:]
@@ -1923,7 +1942,7 @@ def install_checks(cls: type, output_type: type, *, defaults: bool = False) -> N
                 f"{cls.__qualname__}.{name} is a {type(fn).__name__}, not a method: the "
                 f"library calls it on a module, as {_CALLED_WITH[name][0]}"
             )
-        wrapped = _checked(cls, fn, name, check)
+        wrapped = _checked(cls, fn, name, check, output_type)
         setattr(wrapped, _DEFAULT_MARK, defaults)
         setattr(wrapped, _COPIED_MARK, owner is not cls)
         # type.__setattr__: a metaclass that re-installs checks on assignment must not recurse.

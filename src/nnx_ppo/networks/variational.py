@@ -13,10 +13,10 @@ from typing import TypedDict
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Bool, Float, Key
 
 from nnx_ppo.contract.arguments import require_int, require_number
-from nnx_ppo.contract.axes import AnyArray, Mask, PerEnvKeys
+from nnx_ppo.contract.axes import AnyArray, PerEnvKeys
 from nnx_ppo.networks.sampling_layers import _normal_std
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import (
@@ -111,15 +111,18 @@ class VariationalBottleneck(_GaussianLatent):
 class AR1State(TypedDict):
     """The carry of :class:`AR1VariationalBottleneck`.
 
+    Leaves lead with ``B`` in a batched carry and lack it in one env's slice (which
+    ``reset_state`` is also given, under ``vmap``); the annotations say ``*B``.
+
     Attributes:
       keys: per-env keys, ``(B,)``.
       last_z: the previous step's latent, ``(B, latent_size)``; zeros after a reset.
       has_last_z: whether ``last_z`` holds a latent of this episode, ``(B,)``.
     """
 
-    keys: PerEnvKeys
-    last_z: Float[Array, "B latent"]
-    has_last_z: Mask
+    keys: Key[Array, "*B"]
+    last_z: Float[Array, "*B latent"]
+    has_last_z: Bool[AnyArray, "*B"]
 
 
 class AR1VariationalBottleneck(_GaussianLatent):

@@ -21,6 +21,7 @@ from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.axes import (
     BatchedTree,
     Carry,
+    CarrySlice,
     Extras,
     HistoryTree,
     RegularizationLoss,
@@ -36,6 +37,9 @@ __all__ = ["GraphCarry", "GraphExtras", "GraphHistory", "PopulationGraph", "Ring
 class RingBuffer(TypedDict):
     """The past outputs of one population, kept for the delayed connections that read it.
 
+    Leaves lead with ``B`` in a batched carry and lack it in one env's slice (which
+    ``reset_state`` is also given, under ``vmap``); the annotations say ``*B``.
+
     Attributes:
       buffer: the last ``k`` outputs, ``(B, k, size)``, where ``k`` is the population's
         longest outgoing delay; zeros where the episode has not run that long.
@@ -43,8 +47,8 @@ class RingBuffer(TypedDict):
         from ``d`` steps earlier is in slot ``(buffer_idx - d) % k``.
     """
 
-    buffer: Float[Array, "B _k _size"]
-    buffer_idx: Int[Array, " B"]
+    buffer: Float[Array, "*B _k _size"]
+    buffer_idx: Int[Array, "*B"]
 
 
 class GraphCarry(TypedDict):
@@ -53,11 +57,12 @@ class GraphCarry(TypedDict):
     Attributes:
       populations: a :class:`RingBuffer` for each population that a delayed
         connection reads, by population name; other populations carry nothing.
-      connections: each connection transform's carry, in the order of ``connect``.
+      connections: each connection transform's carry, in the order of ``connect``:
+        leaves ``(B, ...)``, or one env's slice of them in ``reset_state`` under ``vmap``.
     """
 
     populations: dict[str, RingBuffer]
-    connections: list[Carry]
+    connections: list[CarrySlice]
 
 
 class GraphExtras(TypedDict):

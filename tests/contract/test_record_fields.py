@@ -1,0 +1,131 @@
+"""The field annotations of a NamedTuple, TypedDict or dataclass a module's method names.
+
+They went unchecked, and nothing said so: a carry ``NT(h=(B, 5))`` annotated
+``h: Float[Array, "B 3"]`` was accepted.
+"""
+
+import dataclasses
+import warnings
+from typing import Any, NamedTuple, Protocol, TypedDict
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jaxtyping import Array, Float
+
+from nnx_ppo import ContractError
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+
+
+class NamedCarry(NamedTuple):
+    h: Float[Array, "B H"]
+
+
+class DictCarry(TypedDict):
+    h: Float[Array, "B H"]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DataCarry:
+    h: Float[Array, "B H"]
+
+
+Carries = pytest.mark.parametrize(
+    ("carry", "field"), [(NamedCarry, ".h"), (DictCarry, "['h']"), (DataCarry, ".h")]
+)
+
+
+def _module(carry: Any) -> StatefulModule:
+    class Cell(StatefulModule):
+        def __call__(
+            self, state: carry, x: Float[Array, "B H"], rollout_extras: Any = None
+        ) -> StatefulModuleOutput:
+            return StatefulModuleOutput(state, x, jnp.zeros(()), {})
+
+    return Cell()
+
+
+@Carries
+def test_a_carrys_fields_are_checked_and_the_field_named(carry: Any, field: str) -> None:
+    module = _module(carry)
+    assert module(carry(h=jnp.zeros((4, 3))), jnp.ones((4, 3))).output.shape == (4, 3)
+
+    with pytest.raises(ContractError) as caught:
+        module(carry(h=jnp.zeros((4,))), jnp.ones((4, 3)))
+    assert caught.value.leaf == "state" + field
+    assert "found:    f32[4]" in str(caught.value)
+
+    # The field binds H for the whole call: x, of another width, is the one refused.
+    with pytest.raises(ContractError) as caught:
+        module(carry(h=jnp.zeros((4, 5))), jnp.ones((4, 3)))
+    assert caught.value.leaf == "x"
+    assert "expected: Float[Array, 'B H'] with B=4, H=5" in str(caught.value)
+
+
+@Carries
+def test_a_returned_records_field_is_named(carry: Any, field: str) -> None:
+    class Cell(StatefulModule):
+        def initialize_state(self, batch_size: int) -> carry:
+            return carry(h=jnp.zeros((batch_size,)))
+
+        def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> Any:
+            return StatefulModuleOutput(state, x, jnp.zeros(()), {})
+
+    with pytest.raises(ContractError) as caught:
+        Cell().initialize_state(4)
+
+    assert caught.value.leaf == "return value" + field
+    assert str(caught.value).startswith(
+        f"Cell.initialize_state: the return value at {field} does not match"
+    )
+
+
+class _Unchecked(Protocol):
+    def size(self) -> int: ...
+
+
+class WithAProtocol(NamedTuple):
+    h: Float[Array, "B 3"]
+    other: _Unchecked
+
+
+def test_a_field_beartype_cannot_check_is_left_unchecked_with_a_warning_once() -> None:
+    module = _module(WithAProtocol)
+    carry = WithAProtocol(jnp.zeros((4, 3)), jnp.zeros((4,)))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module(carry, jnp.ones((4, 3)))
+        module(carry, jnp.ones((4, 3)))
+
+    assert len(caught) == 1
+    assert "field other of WithAProtocol is not checked" in str(caught[0].message)
+    assert caught[0].filename == __file__  # the user's call, past jaxtyping's wrapper
+    with pytest.raises(ContractError, match=r"argument state\.h does not match"):
+        module(WithAProtocol(jnp.zeros((4, 2)), jnp.zeros((4,))), jnp.ones((4, 3)))
+
+
+def test_the_output_is_left_to_the_contracts_own_rules() -> None:
+    # StatefulModuleOutput's fields are checked by the contract after the call, with
+    # their rules: a Python number is a scalar regularization_loss there.
+    class Cell(StatefulModule):
+        def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+            return StatefulModuleOutput(state, x, 0.0, {})  # type: ignore[arg-type]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Cell()((), jnp.ones((4, 3))).regularization_loss == 0.0
+
+
+def test_the_library_carries_annotate_one_envs_slice_too() -> None:
+    # reset_state is given one env's slice under vmap: the carries' fields say *B.
+    from flax import nnx
+
+    from nnx_ppo.networks.recurrent import LSTM
+    from nnx_ppo.networks.variational import AR1VariationalBottleneck
+
+    for module in (LSTM(3, 4, nnx.Rngs(0)), AR1VariationalBottleneck(2, nnx.Rngs(0))):
+        carry = module.initialize_state(5)
+        sliced = nnx.vmap(lambda m, s: m.reset_state(s), in_axes=(None, 0))(module, carry)
+        assert jax.tree.structure(sliced) == jax.tree.structure(carry)
