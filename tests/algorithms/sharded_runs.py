@@ -193,6 +193,14 @@ def errors() -> dict[str, str]:
             found[name] = str(error)
         else:
             found[name] = "no error"
+    # A state of another env count is named as on one device, not as a layout that
+    # does not split over the 4 devices.
+    networks = make_default_network(env, nnx.Rngs(0), hidden_sizes=(8,))
+    six_envs = new_training_state(env, networks, 6, 0)
+    try:
+        train_ppo(env, networks, config(4, STEP), initial_state=six_envs)
+    except ValueError as error:
+        found["other_env_count"] = str(error)
     found["contract"] = contract_message_under_a_mesh()
     return found
 

@@ -69,6 +69,7 @@ def test_layouts_that_do_not_split_are_refused_before_training(tmp_path):
     assert "ppo.n_envs=16 is not divisible by devices x n_minibatches = 4 x 8" in found["n_envs"]
     assert "eval.n_envs=6 is not divisible by the 4 devices" in found["eval_n_envs"]
     assert "8 devices asked for, but JAX sees 4" in found["too_many_devices"]
+    assert "the training state holds 6 envs, but config.n_envs is 16" in found["other_env_count"]
     # A contract error raised while tracing over the mesh says its B is the global one.
     assert "traced over a mesh (data=4): B and every shape above are global" in found["contract"]
 
@@ -290,6 +291,16 @@ def test_envs_that_do_not_split_over_the_mesh_are_named(counting_env, scripted_n
     two = jax.sharding.Mesh(np.array([device, device]), (sharding.DATA_AXIS,))
     with pytest.raises(ValueError, match=r"3 envs do not split evenly over the mesh's 2 devices"):
         sharding.shard_training_state(state, two)  # JAX's IndivisibleError before
+
+
+def test_a_mesh_without_the_data_axis_is_named(counting_env, scripted_network):
+    from nnx_ppo.algorithms.ppo import new_training_state
+
+    state = new_training_state(counting_env, scripted_network(), 2, 0)
+    (device,) = jax.devices()
+    batch = jax.sharding.Mesh(np.array([device]), ("batch",))  # jax.make_mesh's own names
+    with pytest.raises(ValueError, match=r"the mesh's axes are \('batch',\).*data_mesh"):
+        sharding.shard_training_state(state, batch)  # JAX's "not found in mesh" before
 
 
 def test_a_shared_table_is_replicated_whatever_its_first_axis():

@@ -643,16 +643,21 @@ def ppo_steps(
     return _run_steps("ppo_steps", env, training_state, config, iterations)
 
 
-def _prepared(owner: str, training_state: TrainingState, config: PPOConfig) -> TrainingState:
-    """The state checked against ``config``, its episodes tracked, its arrays on device."""
-    _require_training_state(owner, "training_state", training_state)
-    if not isinstance(config, PPOConfig):
-        raise TypeError(f"{owner}: config must be a PPOConfig, got a {type(config).__name__}")
+def require_env_count(owner: str, training_state: TrainingState, config: PPOConfig) -> None:
+    """Raise unless ``training_state`` holds ``config.n_envs`` envs."""
     n_envs = rollout.n_envs_of(training_state.env_states, owner)
     if n_envs != config.n_envs:
         raise ValueError(
             f"{owner}: the training state holds {n_envs} envs, but config.n_envs is {config.n_envs}"
         )
+
+
+def _prepared(owner: str, training_state: TrainingState, config: PPOConfig) -> TrainingState:
+    """The state checked against ``config``, its episodes tracked, its arrays on device."""
+    _require_training_state(owner, "training_state", training_state)
+    if not isinstance(config, PPOConfig):
+        raise TypeError(f"{owner}: config must be a PPOConfig, got a {type(config).__name__}")
+    require_env_count(owner, training_state, config)
     running = training_state.running_episodes
     if running is None:
         running = _no_running_episodes(training_state.env_states)

@@ -33,6 +33,7 @@ from nnx_ppo.algorithms._step import (
     dispatch_next,
     dispatch_steps,
     finish,
+    require_env_count,
 )
 from nnx_ppo.algorithms._timing import ProgramClock, WatchedCall
 from nnx_ppo.algorithms.config import (
@@ -839,6 +840,8 @@ def train_ppo(
     else:
         state = initial_state
     if mesh is not None:
+        # Before the state is split: a state of another env count is no layout problem.
+        require_env_count("train_ppo", state, config.ppo)
         state = sharding.shard_training_state(state, mesh)
     clock = ProgramClock() if LoggingLevel.THROUGHPUT in config.ppo.logging_level else None
     host = _HostWork(

@@ -283,9 +283,16 @@ def shard_training_state(training_state: TrainingState, mesh: Mesh) -> TrainingS
 
     Raises:
       ContractError: the env state is not batched (its ``done`` has no env axis).
-      ValueError: an env-state leaf is not an array (so cannot be placed), or the
-        envs do not split evenly over the mesh's devices.
+      ValueError: the mesh has other axes than one named ``"data"``, an env-state
+        leaf is not an array (so cannot be placed), or the envs do not split evenly
+        over the mesh's devices.
     """
+    if tuple(mesh.axis_names) != (DATA_AXIS,):
+        raise ValueError(
+            f"shard_training_state: the mesh's axes are {tuple(mesh.axis_names)}, but the "
+            f"envs are split along one axis named {DATA_AXIS!r}: build the mesh with "
+            "nnx_ppo.algorithms.sharding.data_mesh(devices)"
+        )
     n_envs = rollout.n_envs_of(training_state.env_states, "shard_training_state")
     if n_envs % mesh.size:
         raise ValueError(
