@@ -105,6 +105,20 @@ def test_keys_set_inside_one_nested_env_kwargs_table_are_all_kept(tmp_path: Path
     assert resolved["env_kwargs"] == {"physics": {"mass": 2.0, "length": 5.0}}
 
 
+def test_render_kwargs_take_the_envs_own_render_options(tmp_path: Path) -> None:
+    # Checked against the default {height, width}: a camera was "an unknown config key".
+    parser = _build_parser()
+    camera = ["--set", "video.render_kwargs.camera=track"]
+    resolved = _resolve_config(parser.parse_args(["train", "--env", "cartpole", *camera]))
+    render_kwargs = resolved["train"]["video"]["render_kwargs"]
+    assert render_kwargs == {"height": 480, "width": 640, "camera": "track"}
+    config_file = tmp_path / "camera.toml"
+    config_file.write_text('[train.video.render_kwargs]\ncamera = "side"\nheight = 240\n')
+    resolved = _resolve_config(parser.parse_args(["train", "--config", str(config_file)]))
+    render_kwargs = resolved["train"]["video"]["render_kwargs"]
+    assert render_kwargs == {"height": 240, "width": 640, "camera": "side"}
+
+
 def test_a_flag_is_compared_with_the_last_set_of_its_key_inside_an_object_too() -> None:
     # The object's 5000 is set again by the later --set: the run's value agrees with --steps.
     argv = ["train", "--steps", "6000", "--set", 'ppo={"total_steps": 5000, "n_envs": 8}',

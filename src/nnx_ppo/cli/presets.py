@@ -150,17 +150,19 @@ def preset(env_name: str) -> dict[str, Any]:
 _SECTIONS = frozenset({"network", "train", "train.ppo", "train.eval", "train.video"})
 """The tables that group settings: a value in place of one is a mistaken key."""
 
-_FREE_FORM = frozenset({"env_kwargs"})
-"""Tables whose keys are the env's own options, checked by the env rather than here."""
+_FREE_FORM = frozenset({"env_kwargs", "train.video.render_kwargs"})
+"""Tables whose keys are the env's own options (of making it, of rendering it), checked
+by the env rather than here."""
 
 
 def merge(base: dict[str, Any], update: dict[str, Any], where: str = "") -> dict[str, Any]:
     """``base`` with ``update`` merged in, recursively; unknown keys are an error
-    (except inside ``env_kwargs``, whose keys ``nnx_ppo.envs.make`` checks)."""
+    (except inside ``env_kwargs``, whose keys ``nnx_ppo.envs.make`` checks, and
+    ``train.video.render_kwargs``, the env's ``render``'s)."""
     merged = copy.deepcopy(base)
     for key, value in update.items():
         name = f"{where}{key}"
-        if where.split(".")[0] in _FREE_FORM:
+        if any(where.startswith(f"{table}.") for table in _FREE_FORM):
             # An env's nested option table merges key by key too: two --set inside it
             # (or a file's table and a --set) keep both.
             current = merged.get(key)
