@@ -6,11 +6,13 @@ They went unchecked, and nothing said so: a carry ``NT(h=(B, 5))`` annotated
 
 import dataclasses
 import warnings
-from typing import Any, NamedTuple, Protocol, TypedDict
+from typing import Annotated, Any, NamedTuple, NotRequired, Protocol, Required, TypedDict
 
 import jax
 import jax.numpy as jnp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from jaxtyping import Array, Float
 
 from nnx_ppo import ContractError
@@ -129,3 +131,77 @@ def test_the_library_carries_annotate_one_envs_slice_too() -> None:
         carry = module.initialize_state(5)
         sliced = nnx.vmap(lambda m, s: m.reset_state(s), in_axes=(None, 0))(module, carry)
         assert jax.tree.structure(sliced) == jax.tree.structure(carry)
+
+
+class Obs(TypedDict):
+    pos: Float[Array, "B 3"]
+    vel: NotRequired[Float[Array, "B 3"]]
+    goal: Annotated[NotRequired[Float[Array, "B 2"]], "a target"]
+
+
+class PartialObs(TypedDict, total=False):
+    pos: Required[Float[Array, "B 3"]]
+    vel: Float[Array, "B 3"]
+    goal: Float[Array, "B 2"]
+
+
+# What ``from __future__ import annotations`` makes of Obs: Python 3.11 builds it while
+# the marks are strings, and counts every key of a total TypedDict as required.
+class PostponedObs(TypedDict):
+    pos: "Float[Array, 'B 3']"
+    vel: "NotRequired[Float[Array, 'B 3']]"
+    goal: "Annotated[NotRequired[Float[Array, 'B 2']], 'a target']"
+
+
+class PostponedPartialObs(TypedDict, total=False):
+    pos: "Required[Float[Array, 'B 3']]"
+    vel: "Float[Array, 'B 3']"
+    goal: "Float[Array, 'B 2']"
+
+
+_OBSERVATIONS = (Obs, PartialObs, PostponedObs, PostponedPartialObs)
+_OBSERVERS = {observation: _module(observation) for observation in _OBSERVATIONS}
+_WIDTHS = {"pos": 3, "vel": 3, "goal": 2}
+
+
+@given(
+    st.sampled_from(_OBSERVATIONS),
+    st.sets(st.sampled_from(sorted(_WIDTHS))),
+    st.integers(1, 5),
+)
+def test_a_typeddict_refuses_a_missing_required_key_and_allows_a_not_required_one(
+    observation: Any, keys: set[str], batch: int
+) -> None:
+    # The carry stands in for the observation: __call__ returns it as next_state.
+    state = {key: jnp.zeros((batch, _WIDTHS[key])) for key in keys}
+    module = _OBSERVERS[observation]
+    x = jnp.ones((batch, 3))
+    if "pos" in keys:
+        assert module(state, x).next_state.keys() == keys
+        return
+    with pytest.raises(ContractError) as caught:
+        module(state, x)
+    assert caught.value.leaf == "state['pos']"
+    assert str(caught.value).startswith(
+        f"Cell.__call__: argument state['pos'] is missing: the TypedDict "
+        f"{observation.__qualname__} requires the key 'pos'."
+    )
+    found = caught.value.found
+    assert found is not None and found.startswith("no key 'pos' in {")
+    for key in keys:
+        assert f"'{key}': f32[{batch},{_WIDTHS[key]}]" in found
+
+
+class _Either(TypedDict):
+    a: Float[Array, "B 3"]
+
+
+class _Or(TypedDict):
+    b: Float[Array, "B 3"]
+
+
+def test_a_missing_required_key_tells_typeddicts_in_a_union_apart() -> None:
+    module = _module(_Either | _Or)
+    assert module({"b": jnp.zeros((4, 3))}, jnp.ones((4, 3))).next_state.keys() == {"b"}
+    with pytest.raises(ContractError, match=r"argument state does not match"):
+        module({"c": jnp.zeros((4, 3))}, jnp.ones((4, 3)))

@@ -185,6 +185,17 @@ class AnnotationMismatch(Exception):
             arguments,
         )
 
+    def problem(self) -> str:
+        """What is wrong, in one sentence: ``argument x['h'] does not match its jaxtyping
+        annotation.``"""
+        if isinstance(self.value, _MissingKey):
+            return (
+                f"{self.what} is missing: the TypedDict {self.value.record.__qualname__} "
+                f"requires the key {self.value.key!r}. Pass it, or mark the key that may be "
+                "absent NotRequired[...] (or the TypedDict total=False)."
+            )
+        return f"{self.what} does not match its jaxtyping annotation."
+
     def expected(self) -> str:
         """The annotation as written, ``{self.name}`` and ``{argument}`` dimensions shown
         with the call's values and the sizes bound before the mismatch:
@@ -193,7 +204,10 @@ class AnnotationMismatch(Exception):
         return f"{annotation} with {self.bindings}" if self.bindings else annotation
 
     def found(self) -> str:
-        """The value on one line, each array as its dtype and shape: ``f32[8,2]``."""
+        """The value on one line, each array as its dtype and shape: ``f32[8,2]``; for a
+        missing key, the mapping that lacks it."""
+        if isinstance(self.value, _MissingKey):
+            return f"no key {self.value.key!r} in {_value_text(self.value.mapping)}"
         return _value_text(self.value)
 
 
@@ -347,6 +361,8 @@ def _first_mismatch(
         pairs = zip(value, item_hints, strict=True)
         items = [(f"[{index}]", item, item_hint) for index, (item, item_hint) in enumerate(pairs)]
     for suffix, item, item_hint in items:
+        if isinstance(item, _MissingKey):
+            return (path + suffix, item, item_hint)
         found = _first_mismatch(item, item_hint, path + suffix, fields_checked)
         if found is not None:
             return found
@@ -387,14 +403,18 @@ def _union_member_accepts(
 def _fields_of(value: Any, hint: Any) -> list[tuple[str, Any, Any]] | None:
     """Each field of ``value`` with its path and annotation, where ``hint`` is a
     ``NamedTuple`` or dataclass ``value`` is an instance of, or a ``TypedDict`` and
-    ``value`` a mapping; else ``None``. A ``TypedDict``'s keys are checked where the
-    mapping holds them: under postponed annotations Python 3.11 counts a ``NotRequired``
-    key as required, so a missing one is not refused."""
+    ``value`` a mapping; else ``None``. A key the ``TypedDict`` requires and the mapping
+    lacks is a :class:`_MissingKey` in its place; one it may lack is left out."""
     if typing.is_typeddict(hint):
         if not isinstance(value, collections.abc.Mapping):
             return None
         hints = _field_hints(hint)
-        return [(f"[{key!r}]", value[key], hints[key]) for key in hints if key in value]
+        missing = [
+            (f"[{key!r}]", _MissingKey(key, value, hint), hints.get(key, hint))
+            for key in _required_keys(hint)
+            if key not in value
+        ]
+        return missing + [(f"[{key!r}]", value[key], hints[key]) for key in hints if key in value]
     if not (_is_record_class(hint) and isinstance(value, hint)):
         return None
     fields = _field_hints(hint).items()
@@ -402,6 +422,48 @@ def _fields_of(value: Any, hint: Any) -> list[tuple[str, Any, Any]] | None:
     return [
         (f".{name}", getattr(value, name), field) for name, field in fields if hasattr(value, name)
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class _MissingKey:
+    """Stands in for the value of ``key``, which the ``TypedDict`` ``record`` requires and
+    ``mapping`` lacks."""
+
+    key: str
+    mapping: Mapping[str, Any]
+    record: type
+
+
+@functools.cache
+def _required_keys(record: type) -> tuple[str, ...]:
+    """The keys the ``TypedDict`` ``record`` requires, in the order it annotates them.
+
+    Under postponed annotations Python 3.11 builds the class while ``NotRequired[...]``
+    and ``Required[...]`` are still strings, so its ``__required_keys__`` follows its
+    ``total`` alone; the resolved annotations keep the marks, and a marked key follows
+    its mark. Where the annotations cannot be resolved, :func:`_field_hints` warns that
+    the fields are not checked, and no key is required.
+    """
+    try:
+        hints = typing.get_type_hints(record, include_extras=True)
+    except Exception:
+        return ()
+    by_total: frozenset[str] = getattr(record, "__required_keys__", frozenset())
+    marks = {key: _key_mark(hint) for key, hint in hints.items()}
+    return tuple(
+        key
+        for key, mark in marks.items()
+        if mark is typing.Required or (mark is None and key in by_total)
+    )
+
+
+def _key_mark(hint: Any) -> Any:
+    """``typing.Required`` or ``typing.NotRequired`` where ``hint`` is marked with it
+    (inside ``Annotated[...]`` too), else ``None``."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return _key_mark(typing.get_args(hint)[0])
+    return origin if origin in (typing.Required, typing.NotRequired) else None
 
 
 def _is_record_class(hint: Any) -> bool:

@@ -574,7 +574,7 @@ def _annotation_violation(
 ) -> ContractError:
     return _violation(
         site,
-        f"{mismatch.what} does not match its jaxtyping annotation.",
+        mismatch.problem(),
         leaf=mismatch.leaf,
         expected=mismatch.expected(),
         found=mismatch.found(),
