@@ -1414,6 +1414,33 @@ def test_a_union_member_that_refuses_the_value_binds_no_dimension() -> None:
 
 
 @typechecked
+def _dict_or_list(
+    x: dict[str, Float[Array, "B n"]] | list[Float[Array, "B n"]] | dict[str, Float[Array, "B _"]],
+    y: Float[Array, "B n"],
+) -> None:
+    del x, y
+
+
+@typechecked
+def _rows_or_columns(x: list[Float[Array, "B n"]] | list[Float[Array, "n ..."]]) -> None:
+    del x
+
+
+def test_a_container_member_refused_partway_leaves_no_dimension_bound() -> None:
+    # The first member binds n=3 on x['a'] and then refuses x['b'] (n=5); the last
+    # accepts x and binds no n, so y's n is free.
+    _dict_or_list({"a": jnp.zeros((4, 3)), "b": jnp.zeros((4, 5))}, jnp.zeros((4, 5)))
+    # The first member binds B=4, n=3 on x[0] and refuses x[1]; the second is checked
+    # against no n of the first's: n=4 on both items.
+    _rows_or_columns([jnp.zeros((4, 3)), jnp.zeros((4, 5))])
+    # What the accepted member binds stays bound: here the first's n=3.
+    with pytest.raises(ContractError) as caught:
+        _dict_or_list({"a": jnp.zeros((4, 3))}, jnp.zeros((4, 5)))
+    assert caught.value.leaf == "y"
+    assert "with B=4, n=3" in str(caught.value)
+
+
+@typechecked
 def _ordered(x: OrderedDict[str, Float[Array, "B 3"]]) -> None:
     del x
 

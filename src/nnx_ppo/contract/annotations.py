@@ -32,6 +32,7 @@ import numpy as np
 from beartype import beartype
 from beartype.door import is_bearable
 from jaxtyping import AbstractArray, AnnotationError, PyTree, jaxtyped, print_bindings
+from jaxtyping import _storage as jaxtyping_storage
 
 __all__ = ["AnnotationMismatch", "annotation_checked", "checked_leaf_by_leaf"]
 
@@ -389,15 +390,34 @@ def _first_failing_leaf(
 def _union_member_accepts(
     value: Any, member: Any, path: str, fields_checked: FieldsChecked
 ) -> bool:
-    """beartype's own check first: for a PyTree it is jaxtyping's, whole and binding no
-    dimension unless the tree matches, so a refused member binds nothing and an accepted
-    PyTree needs no walk; another container is then walked item by item."""
-    if not _bearable(value, member):
-        return False
-    return (
+    """beartype's own check first: for a PyTree it is jaxtyping's, whole, so an accepted
+    PyTree needs no walk; another container is then walked item by item. A member refused
+    partway (a ``tuple`` beartype checks item by item, a walk past a matching item) has
+    bound dimensions by then: they are discarded, so that neither the next member nor a
+    later argument is checked against the sizes of a member that does not apply."""
+    bindings = _saved_bindings()
+    accepted = _bearable(value, member) and (
         _pytree_leaf_hint(member) is not None
         or _first_mismatch(value, member, path, fields_checked) is None
     )
+    if not accepted:
+        _restore_bindings(bindings)
+    return accepted
+
+
+_Bindings = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]
+"""jaxtyping's memo of one call: sizes, variadic shapes, PyTree structures, arguments."""
+
+
+def _saved_bindings() -> _Bindings:
+    """A copy of what the call has bound so far. jaxtyping takes the same copy around each
+    array or PyTree it refuses; it has no public name for it, hence its ``_storage``."""
+    sizes, shapes, structures, arguments = jaxtyping_storage.get_shape_memo()
+    return sizes.copy(), shapes.copy(), structures.copy(), arguments.copy()
+
+
+def _restore_bindings(bindings: _Bindings) -> None:
+    jaxtyping_storage.set_shape_memo(*bindings)
 
 
 def _fields_of(value: Any, hint: Any) -> list[tuple[str, Any, Any]] | None:
