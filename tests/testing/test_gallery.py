@@ -7,6 +7,7 @@ reports and that the message names the leaf (or variable) at fault.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import jax
@@ -482,6 +483,37 @@ class EpisodeNoiseKeptWhenKeysSplit(EpisodeNoise):
         return {"keys": split_env_keys(prev_state["keys"])[0], "noise": prev_state["noise"]}
 
 
+class StepNoiseNewKeysAtReset(KeysNeverSplit):
+    """Correct for stochastic=True: splits its keys and draws fresh noise at every step,
+    and reset_state replaces the keys too. Declared per-episode, its draws still change
+    from step to step within an episode."""
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return {"keys": split_env_keys(prev_state["keys"])[0]}
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        next_keys, step_keys = split_env_keys(state["keys"])
+        noise = jax.vmap(lambda key: jax.random.normal(key, (FEATURES,)))(step_keys)
+        return _out({"keys": next_keys}, x + noise)
+
+
+class EpisodeLatentFromStepKeys(StepNoiseNewKeysAtReset):
+    """Correct: one key leaf, split every step for the step's noise, from which reset_state
+    also draws the episode's latent, kept through the episode: draws of both kinds."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        keys = new_env_keys(nnx.Rngs(0), batch_size)
+        return {"keys": keys, "latent": EpisodeNoise._drawn(keys)["noise"]}
+
+    def reset_state(self, prev_state: Any) -> Any:
+        keys = split_env_keys(prev_state["keys"])[0]
+        return {"keys": keys, "latent": EpisodeNoise._drawn(keys)["noise"]}
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        out = super().__call__(state, x + state["latent"], rollout_extras)
+        return out.replace(next_state={**out.next_state, "latent": state["latent"]})
+
+
 def episode_noise_then_sampler() -> StatefulModule:
     """Correct: a per-episode latent (keys replaced at reset) before a sampler (keys split
     every step, kept at reset)."""
@@ -889,6 +921,12 @@ MODULE_BUGS: dict[
         ModuleProperty.PER_ENV_KEYS,
         "state after reset_state",
     ),
+    "per-step keys replaced at reset, checked as per-episode": (
+        StepNoiseNewKeysAtReset,
+        {"stochastic": "per_episode"},
+        ModuleProperty.PER_ENV_KEYS,
+        "next_state['keys'] at step 0",
+    ),
     "noise drawn from a fixed key, under jax.checkpoint": (
         lambda: Rematerialized(NoiseFromAFixedKey()),
         {"stochastic": True},
@@ -944,20 +982,37 @@ def test_the_correct_versions_pass() -> None:
     check_module(RemembersOnPurpose, jnp.zeros(FEATURES), episodic=False, max_examples=5)
 
 
+# The key checks need no more than two envs and two steps: one compile per setting.
+FEW_SMALL_EXAMPLES: dict[str, Any] = {"batch_sizes": (2,), "time_lengths": (2,), "max_examples": 3}
+
+
 @pytest.mark.parametrize("stochastic", [True, "per_episode"])
-def test_a_per_episode_latent_before_a_sampler_passes_either_setting(
-    stochastic: bool | Literal["per_episode"],
+@pytest.mark.parametrize(
+    "factory",
+    [
+        # Keys of both kinds: the latent's replaced at reset, the sampler's split every
+        # step. One rule for every key leaf failed it under both settings.
+        pytest.param(episode_noise_then_sampler, id="latent before a sampler"),
+        # One key leaf, split every step, which reset_state draws the latent from too.
+        pytest.param(EpisodeLatentFromStepKeys, id="latent drawn from per-step keys"),
+    ],
+)
+def test_draws_once_per_episode_and_every_step_pass_either_setting(
+    factory: Callable[[], StatefulModule], stochastic: bool | Literal["per_episode"]
 ) -> None:
-    # Keys of both kinds: the latent's replaced at reset, the sampler's split every step.
-    # One rule for every key leaf failed it under both settings.
-    check_module(
-        episode_noise_then_sampler,
-        jnp.zeros(FEATURES),
-        stochastic=stochastic,
-        batch_sizes=(2,),
-        time_lengths=(2,),
-        max_examples=3,
-    )
+    check_module(factory, jnp.zeros(FEATURES), stochastic=stochastic, **FEW_SMALL_EXAMPLES)
+
+
+def test_per_step_noise_declared_per_episode_says_to_declare_true() -> None:
+    # Its keys change at every reset, as per-episode keys do, but at every step too.
+    noise = StepNoiseNewKeysAtReset
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(noise, jnp.zeros(FEATURES), stochastic="per_episode", **FEW_SMALL_EXAMPLES)
+    message = str(caught.value)
+    assert "the key in state['keys'] changes at every step within an episode" in message
+    assert "its draws change from step to step within an episode" in message
+    assert "says so with stochastic=True" in message
+    check_module(noise, jnp.zeros(FEATURES), stochastic=True, **FEW_SMALL_EXAMPLES)
 
 
 def test_purity_bugs_are_reported_at_the_smallest_batch_that_shows_them() -> None:

@@ -1512,7 +1512,8 @@ def _check_keys(case: _Case) -> None:
     """Each key leaf of the carry is a per-step key, split at every step, or a per-episode
     one, kept within an episode and replaced by ``reset_state``; ``stochastic`` says
     which kind the module needs at least one of (a per-episode latent before a sampler
-    holds both)."""
+    holds both). A key split at every step that ``reset_state`` draws from (the episode's
+    latent) counts as a draw once per episode too."""
     kit = case.kit
     carry = named_leaves("state", case.initial)
     keys = [name for name, leaf in carry if is_key(leaf)]
@@ -1576,6 +1577,8 @@ def _check_keys(case: _Case) -> None:
             expected="reset_state's keys split from the ones it was given (split_env_keys)",
             found="the key reset_state was given",
         )
+    if kit.stochastic == "per_episode" and not per_episode:
+        _check_some_draw_once_per_episode(case, per_step)
     if per_episode:
         _check_episode_keys_drawn_from(case, per_episode)
     if kit.stochastic is True:
@@ -1725,6 +1728,29 @@ def _check_step_draws_from_given_keys(case: _Case, per_step: list[str]) -> None:
             "(split_env_keys, then jax.random.* on each env's key)",
             found="the carry's keys only split into next_state's",
         )
+
+
+def _check_some_draw_once_per_episode(case: _Case, per_step: list[str]) -> None:
+    """``stochastic='per_episode'`` with every key split at every step: some key is drawn
+    from by ``reset_state`` (a latent drawn at reset from a key that also advances), else
+    the draws of ``__call__`` from its per-step keys change within an episode."""
+    at_reset, in_step = _key_readers(case, "reset_state"), _key_readers(case, "__call__")
+    drawn_every_step = [name for name in per_step if in_step[name]]
+    if not drawn_every_step or any(at_reset[name] for name in per_step):
+        return
+    name = drawn_every_step[0]
+    raise case.fail(
+        ModuleProperty.PER_ENV_KEYS,
+        f"stochastic='per_episode', but the key in {name} changes at every step within an "
+        "episode, not only at reset_state, and __call__ draws from it: its draws change "
+        "from step to step within an episode. A module that draws at every step says so "
+        "with stochastic=True; one that draws once per episode keeps its key through the "
+        "episode and replaces it in reset_state.",
+        leaf=f"next_state{name.removeprefix('state')} at step 0, env 0",
+        expected="a key __call__ hands on unchanged and reset_state replaces, drawn from "
+        "once per episode (or a key reset_state draws the episode's noise from)",
+        found="a key split from the one step 0 was given, and an output of __call__ drawn from it",
+    )
 
 
 def _check_episode_keys_drawn_from(case: _Case, per_episode: list[str]) -> None:
@@ -1974,7 +2000,9 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         "``reset_state`` and, in the program of ``reset_state`` or of the call, some "
         "other leaf is computed from it; with ``True`` some leaf is split by every call "
         "and, in the call's program, some other output is computed from those leaves; "
-        "with ``'per_episode'`` ``reset_state`` replaces some leaf; and ``reset_state`` "
+        "with ``'per_episode'`` ``reset_state`` replaces some leaf and some leaf is kept "
+        "by every call or drawn from by ``reset_state`` (else the draws change within an "
+        "episode); and ``reset_state`` "
         "derives its keys from the ones it is given",
         _check_keys,
         Condition("``stochastic`` is set", lambda case: bool(case.kit.stochastic)),
@@ -2136,7 +2164,8 @@ def check_module(
       stochastic: whether the module draws random numbers (adds ``per-env keys
         in carry``): ``True`` where it draws at every step, ``"per_episode"``
         where it draws once per episode (noise drawn at reset and kept), whose
-        keys change at each ``reset_state`` rather than each step. A module that
+        keys change at each ``reset_state`` rather than each step; one whose
+        only draws come from keys split at every step fails it. A module that
         does both (a per-episode latent before a sampler) passes either.
       episodic: whether an episode's end forgets the episode (``episodes are
         independent``); ``False`` for a module that remembers across episodes on
