@@ -2,19 +2,25 @@
 
 import copy
 import functools
+from typing import Any, ClassVar
 
 import jax
 import jax.extend.core as jex_core
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import train_ppo, train_ppo_runs
 from nnx_ppo.algorithms.types import TrainingState
 from nnx_ppo.envs import CartPole, make
 from nnx_ppo.envs.state import State
+from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.factories import make_default_network
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.wrappers import Wrapper
 
 ENV = make("cartpole")
@@ -181,6 +187,96 @@ def test_python_numbers_in_variables_train_in_one_program_as_alone() -> None:
         for name, value in [("scale", 1.5), ("count", 3), ("flag", True)]:
             held = getattr(trained, name)[...]
             assert held == value and held.dtype == jax.numpy.asarray(value).dtype
+
+
+class HalfPrecisionScale(StatefulModule):
+    """Scales its input in bfloat16 by a Variable holding a Python number, and records
+    the number's type and the product's dtype each time it is traced."""
+
+    seen: ClassVar[list[tuple[Any, np.dtype]]] = []
+
+    def __init__(self) -> None:
+        self.scale = nnx.Variable(0.5)
+
+    def __call__(
+        self, state: tuple[()], x: jax.Array, rollout_extras: None = None
+    ) -> StatefulModuleOutput:
+        scaled = x.astype(jnp.bfloat16) * self.scale[...]
+        self.seen.append((jax.typeof(self.scale[...]), scaled.dtype))
+        return StatefulModuleOutput((), scaled.astype(jnp.float32), jnp.zeros(()), {}, None)
+
+
+def test_a_python_number_reaches_the_program_weakly_typed_as_in_train_ppo() -> None:
+    """train_ppo passes a Variable's Python number as JAX holds it, weakly typed, so a
+    bfloat16 computation with it stays bfloat16; the runs' stack held it as a float32
+    array, which promoted the computation to float32."""
+
+    def scaled_network(seed: int) -> nnx.Module:
+        return Sequential([HalfPrecisionScale(), *network(seed, width=8).layers])
+
+    tiny = TrainConfig(
+        ppo=PPOConfig(n_envs=4, rollout_length=4, total_steps=16, n_epochs=1, n_minibatches=1),
+        eval=EvalConfig(enabled=False),
+    )
+    HalfPrecisionScale.seen.clear()
+    results = train_ppo_runs(ENV, scaled_network, tiny, seeds=[0, 1])
+    assert HalfPrecisionScale.seen
+    for held, product in HalfPrecisionScale.seen:
+        assert (held.dtype, held.weak_type, product) == (jnp.float32, True, jnp.bfloat16)
+    for result in results:  # and written back as train_ppo leaves it
+        scale = result.training_state.networks.layers[0].scale[...]
+        assert jax.typeof(scale).weak_type and scale == 0.5
+
+
+_NUMBERS = st.one_of(
+    st.booleans(),
+    st.integers(-(2**31), 2**31 - 1),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+)
+
+
+@given(
+    numbers=st.lists(st.tuples(_NUMBERS, st.booleans()), min_size=1, max_size=4),
+    runs=st.integers(1, 3),
+    as_array=st.booleans(),
+)
+def test_stacked_runs_keep_each_leafs_jax_type(
+    numbers: list[tuple[bool | int | float, bool]], runs: int, as_array: bool
+) -> None:
+    """A run's leaf comes back from the stack as JAX held it: a Python number (or a
+    weakly typed array) weakly typed, an array strongly, each with its dtype and value."""
+    from nnx_ppo.algorithms._runs import _stack, _to_device, _to_host, _unstack
+
+    def leaf(number: bool | int | float, weak: bool) -> Any:
+        if not weak:
+            return jnp.asarray(np.asarray(number, jax.typeof(number).dtype))
+        return jnp.asarray(number) if as_array else number
+
+    trees = [[leaf(number, weak) for number, weak in numbers] for _ in range(runs)]
+    stacked = _stack(trees, None)
+    for run, tree in enumerate(trees):
+        back = _to_device(_unstack(_to_host(stacked), run), None)
+        for got, want in zip(back, tree, strict=True):
+            assert jax.typeof(got) == jax.typeof(want)
+            assert got == want
+
+
+def test_a_python_number_in_one_run_and_an_array_in_another_are_refused() -> None:
+    # The program computes with run 0's weakly typed number in the dtype it meets, with
+    # run 1's float32 array in float32: one program cannot do both.
+    from nnx_ppo.algorithms._runs import _require_like_run_0
+
+    def number_or_array(seed: int) -> tuple[nnx.Module, nnx.State]:
+        module = network(seed, width=8)
+        module.scale = nnx.Variable(0.5 if seed == 0 else jnp.float32(0.5))
+        return module, nnx.split((module,))[1]
+
+    with pytest.raises(
+        ValueError,
+        match=r"run 1's network differs .*scale is float32\[\] where run 0's is "
+        r"float32\[\] \(weakly typed: a Python number\)",
+    ):
+        _require_like_run_0(1, number_or_array(1), number_or_array(0))
 
 
 def test_a_video_config_is_warned_of_since_several_runs_record_none() -> None:

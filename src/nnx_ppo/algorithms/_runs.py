@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -182,27 +183,53 @@ class _HostKeys:
     data: np.ndarray
     impl: Any
 
+    def on_device(self, where: NamedSharding | None) -> jax.Array:
+        return jax.random.wrap_key_data(jax.device_put(self.data, where), impl=self.impl)
+
+
+@dataclasses.dataclass(frozen=True)
+class _HostWeak:
+    """A weakly typed array copied to the host (a Variable's Python number, as JAX holds
+    it): back on a device it is weakly typed again, as :func:`train_ppo` passes it, so a
+    ``bfloat16`` computation with it stays ``bfloat16`` where a ``float32`` array would
+    promote it."""
+
+    data: np.ndarray
+
+    def on_device(self, where: NamedSharding | None) -> jax.Array:
+        if self.data.shape == ():
+            return jax.device_put(jnp.asarray(self.data.item()), where)
+        # JAX makes no weakly typed array from data; an update keeps the type of the array
+        # it writes into (a Python number's zeros: its dtype is the data's, held alike).
+        zeros = jax.lax.full(self.data.shape, self.data.dtype.type(0).item())
+        return jax.device_put(zeros.at[...].set(self.data), where)
+
+
+_HostLeaf = _HostKeys | _HostWeak
+"""A host copy whose NumPy data does not say its JAX type."""
+
 
 def _to_host(tree: Any) -> Any:
-    """NumPy copies of ``tree``'s leaves, fetched together; PRNG keys as :class:`_HostKeys`."""
-    raw = jax.device_get(jax.tree.map(key_data_or_leaf, tree))
-    return jax.tree.map(
-        lambda leaf, copy: (
-            _HostKeys(np.asarray(copy), jax.random.key_impl(leaf))
-            if is_key(leaf)
-            else np.asarray(copy)
-        ),
-        tree,
-        raw,
-    )
+    """NumPy copies of ``tree``'s leaves, fetched together; PRNG keys as :class:`_HostKeys`,
+    weakly typed leaves as :class:`_HostWeak`."""
+
+    def host(leaf: Any, copy: Any) -> np.ndarray | _HostLeaf:
+        if is_key(leaf):
+            return _HostKeys(np.asarray(copy), jax.random.key_impl(leaf))
+        held = jax.typeof(leaf)
+        if held.weak_type:  # a Python float's copy is a float64 array: hold it as JAX does
+            return _HostWeak(np.asarray(copy, held.dtype))
+        return np.asarray(copy)
+
+    return jax.tree.map(host, tree, jax.device_get(jax.tree.map(key_data_or_leaf, tree)))
 
 
 def _to_device(tree: Any, where: NamedSharding | None) -> Any:
     """A host tree of :func:`_to_host` placed ``where`` (``None``: the default device)."""
 
-    def put(leaf: Any) -> jax.Array:
-        if isinstance(leaf, _HostKeys):
-            return jax.random.wrap_key_data(jax.device_put(leaf.data, where), impl=leaf.impl)
+    def put(leaf: np.ndarray | _HostLeaf) -> jax.Array:
+        if isinstance(leaf, _HostLeaf):
+            return leaf.on_device(where)
         return jax.device_put(leaf, where)
 
     return jax.tree.map(put, tree)
@@ -329,13 +356,10 @@ def _require_like_run_0(
                 jax.tree.leaves(first_split),
                 strict=True,
             ):
-                # As JAX holds them: a Variable's Python number is a 0-d array to the program.
-                held, held_in_0 = jax.typeof(leaf), jax.typeof(other)
-                if (held.shape, held.dtype) != (held_in_0.shape, held_in_0.dtype):
-                    problem = (
-                        f"{_split_path_name(path)} is {held.dtype}{list(held.shape)} "
-                        f"where run 0's is {held_in_0.dtype}{list(held_in_0.shape)}"
-                    )
+                # As JAX holds them: a Variable's Python number is a weakly typed 0-d array.
+                held, held_in_0 = _held(leaf), _held(other)
+                if held != held_in_0:
+                    problem = f"{_split_path_name(path)} is {held} where run 0's is {held_in_0}"
                     break
     if problem is not None:
         raise ValueError(
@@ -346,6 +370,14 @@ def _require_like_run_0(
         )
 
 
+def _held(leaf: Any) -> str:
+    """A leaf's type as the program holds it: ``float32[3]``, or ``float32[] (weakly
+    typed: a Python number)``, in which the program computes in the dtype it meets."""
+    value = jax.typeof(leaf)
+    held = f"{value.dtype}{list(value.shape)}"
+    return f"{held} (weakly typed: a Python number)" if value.weak_type else held
+
+
 def _stack(trees: Sequence[Any], where: NamedSharding | None) -> Any:
     """The runs' trees stacked on a new leading axis, placed ``where``.
 
@@ -354,8 +386,8 @@ def _stack(trees: Sequence[Any], where: NamedSharding | None) -> Any:
     """
 
     def stack(*leaves: Any) -> Any:
-        if isinstance(leaves[0], _HostKeys):
-            return _HostKeys(np.stack([keys.data for keys in leaves]), leaves[0].impl)
+        if isinstance(leaves[0], _HostLeaf):
+            return dataclasses.replace(leaves[0], data=np.stack([leaf.data for leaf in leaves]))
         return np.stack(leaves)
 
     return _to_device(jax.tree.map(stack, *(_to_host(tree) for tree in trees)), where)
@@ -365,7 +397,9 @@ def _unstack(tree: Tree, run: int) -> Tree:
     """Run ``run``'s slice of every leaf of a stacked host tree."""
     return jax.tree.map(
         lambda leaf: (
-            _HostKeys(leaf.data[run], leaf.impl) if isinstance(leaf, _HostKeys) else leaf[run]
+            dataclasses.replace(leaf, data=leaf.data[run])
+            if isinstance(leaf, _HostLeaf)
+            else leaf[run]
         ),
         tree,
     )
@@ -506,7 +540,7 @@ def train_ppo_runs(
             env_argument,
             config_argument,
             _step._GraphArgument(graphdef),
-            stacked_like_run_0(split),
+            stacked_like_run_0(split, weak_types=True),  # as _stack keeps them
             stacked_like_run_0(_step._carry_of(abstract)),
             first_call,
             mesh,

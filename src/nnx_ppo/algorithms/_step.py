@@ -460,18 +460,27 @@ def _abstract(
     tree: PyTree[jax.ShapeDtypeStruct | jax.Array | np.ndarray | bool | int | float],
     placement: jax.sharding.Sharding | None,
     leading: tuple[int, ...] = (),
+    *,
+    weak_types: bool = False,
 ) -> PyTree[jax.ShapeDtypeStruct]:
     """``tree`` as strongly typed ``jax.ShapeDtypeStruct`` leaves placed on ``placement``,
     each with ``leading`` axes in front: what :func:`_on_device` (or a stack of
     ``leading`` such trees) would hand a compiled program, for compiling it ahead.
 
     A leaf may also be a Python number or a NumPy array (a network's Variable may hold
-    one): it is abstracted as JAX would hold it, ``1.0`` as ``float32[]`` without x64.
+    one): it is abstracted as JAX would hold it, ``1.0`` as ``float32[]`` without x64,
+    and with ``weak_types`` weakly typed, as a network's state is passed (not through
+    :func:`_on_device`).
     """
 
     def like(leaf: Any) -> jax.ShapeDtypeStruct:
         held = jax.typeof(leaf)
-        return jax.ShapeDtypeStruct((*leading, *held.shape), held.dtype, sharding=placement)
+        return jax.ShapeDtypeStruct(
+            (*leading, *held.shape),
+            held.dtype,
+            sharding=placement,
+            weak_type=weak_types and held.weak_type,
+        )
 
     return jax.tree.map(like, tree)
 
