@@ -9,6 +9,8 @@ Modes:
                       checkpoint the 4-device run, resume it on 1 and the 1-device
                       run on 4, and report every difference and placement.
   ``errors``           what train_ppo raises for layouts that do not split.
+  ``two_axes``         PPO steps over a (2, 2) mesh ("data", "model") and over a data
+                      mesh of 2 devices: the differences, placements and a refusal.
   ``runs``             ``train_ppo_runs`` with its runs on 1 device and split over 2:
                       the differences, placements, collectives and refusals.
   ``distributed DIR PORT PROCESS_ID``  one of two processes (2 devices each) running
@@ -226,6 +228,43 @@ def contract_message_under_a_mesh() -> str:
     return "no error"
 
 
+def two_axes() -> dict[str, Any]:
+    """PPO steps over a (2, 2) mesh ("data", "model") and over a data mesh of 2 devices:
+    the envs split in two along "data" both times, copied along "model"."""
+    from nnx_ppo.algorithms import sharding
+    from nnx_ppo.algorithms.ppo import ppo_steps
+
+    env = make("cartpole")
+    # 12 envs: a multiple of the 2 "data" devices x 2 minibatches, not of all 4 devices x 2.
+    ppo = PPOConfig(n_envs=12, rollout_length=ROLLOUT, n_minibatches=2, n_epochs=1)
+    grid = jax.sharding.Mesh(
+        np.array(jax.devices()).reshape(2, 2),
+        (sharding.DATA_AXIS, "model"),
+        axis_types=(jax.sharding.AxisType.Auto,) * 2,
+    )
+    found: dict[str, Any] = {}
+    trained = {}
+    for name, mesh in (("data_2", sharding.data_mesh(2)), ("grid", grid)):
+        networks = make_default_network(env, nnx.Rngs(0), hidden_sizes=(8,))
+        state = sharding.shard_training_state(new_training_state(env, networks, 12, 0), mesh)
+        state, _ = ppo_steps(env, state, ppo, 2)
+        trained[name] = parameters(networks)
+        placed = jax.tree.leaves(state.env_states)[0].sharding
+        found[name] = {
+            "env_state_devices": len(placed.device_set),
+            "env_state_specs": specs(state.env_states),
+            "parameter_specs": specs(nnx.state(networks, nnx.Param)),
+            "stays_on_its_mesh": sharding.mesh_of(state) == mesh,
+        }
+    found["parameter_difference"] = largest_difference(trained["data_2"], trained["grid"])
+    networks = make_default_network(env, nnx.Rngs(0), hidden_sizes=(8,))
+    try:
+        sharding.shard_training_state(new_training_state(env, networks, 5, 0), grid)
+    except ValueError as error:
+        found["uneven"] = str(error)
+    return found
+
+
 def runs() -> dict[str, Any]:
     """Four runs of one config in one program: on one device, then two runs per device."""
     from nnx_ppo.algorithms import _step
@@ -404,6 +443,8 @@ if __name__ == "__main__":
         report = errors()
     elif mode == "runs":
         report = runs()
+    elif mode == "two_axes":
+        report = two_axes()
     else:
         run = distributed if mode == "distributed" else lost
         report = run(Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))

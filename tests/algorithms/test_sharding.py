@@ -74,6 +74,24 @@ def test_layouts_that_do_not_split_are_refused_before_training(tmp_path):
     assert "traced over a mesh (data=4): B and every shape above are global" in found["contract"]
 
 
+def test_a_mesh_of_two_axes_splits_the_envs_along_data_and_copies_them_along_the_other(
+    tmp_path,
+):
+    found = run_script(tmp_path, "two_axes")
+    grid, two = found["grid"], found["data_2"]
+    # Split in two along "data", a copy of each half along "model": on all 4 devices.
+    assert grid["env_state_devices"] == 4
+    assert "P('data',)" in grid["env_state_specs"]
+    assert grid["parameter_specs"] == two["parameter_specs"] == ["P()"]
+    assert grid["stays_on_its_mesh"] and two["stays_on_its_mesh"]
+    # The same envs on each "data" device as over a data mesh of 2: the same step.
+    assert found["parameter_difference"] < 1e-5
+    assert (
+        "5 envs do not split evenly over the mesh's 2 devices (the devices along the "
+        "mesh's 'data' axis; along model=2 each holds a copy); use a multiple of 2 envs"
+    ) in found["uneven"]
+
+
 def test_many_runs_split_over_devices_train_as_on_one(tmp_path):
     found = run_script(tmp_path, "runs")
     # Four runs, two per device: each equals its run on one device, up to float rounding.
@@ -299,8 +317,21 @@ def test_a_mesh_without_the_data_axis_is_named(counting_env, scripted_network):
     state = new_training_state(counting_env, scripted_network(), 2, 0)
     (device,) = jax.devices()
     batch = jax.sharding.Mesh(np.array([device]), ("batch",))  # jax.make_mesh's own names
-    with pytest.raises(ValueError, match=r"the mesh's axes are \('batch',\).*data_mesh"):
+    with pytest.raises(
+        ValueError, match=r"the mesh's axes are \('batch',\), but the envs are split .*data_mesh"
+    ):
         sharding.shard_training_state(state, batch)  # JAX's "not found in mesh" before
+
+
+def test_a_mesh_of_explicit_axes_is_named(counting_env, scripted_network):
+    from nnx_ppo.algorithms.ppo import new_training_state
+
+    state = new_training_state(counting_env, scripted_network(), 2, 0)
+    explicit = jax.make_mesh((1,), (sharding.DATA_AXIS,))  # Explicit axes by default
+    with pytest.raises(
+        ValueError, match=r"the mesh's axes \('data',\) are not of type Auto .*AxisType.Auto"
+    ):
+        sharding.shard_training_state(state, explicit)  # JAX's assertion in the trace before
 
 
 def test_a_shared_table_is_replicated_whatever_its_first_axis():

@@ -3,7 +3,9 @@
 A run spreads over a one-axis :class:`jax.sharding.Mesh` whose axis is
 :data:`DATA_AXIS`. Every per-env array (env states, the network's carries, the
 episodes in progress) is split along its env axis over that mesh; parameters,
-optimizer state and the training key are replicated. The compiled PPO step is
+optimizer state and the training key are replicated. A mesh of more axes, one of
+them :data:`DATA_AXIS`, splits the envs along that one and replicates everything
+over the others. The compiled PPO step is
 the same program as on one device: ``jax.jit`` partitions it (GSPMD), so every
 mean over the batch (the loss and so the gradient, ``Normalizer`` statistics,
 advantage standardisation, metrics, evaluation) is over the **global** batch,
@@ -174,18 +176,35 @@ def require_divisible(
     """
     if mesh is None:
         return
-    devices = mesh.size
+    devices = _env_splits(mesh)
     if n_envs % (devices * n_minibatches):
         raise ValueError(
             f"{owner}: ppo.n_envs={n_envs} is not divisible by devices x n_minibatches = "
-            f"{devices} x {n_minibatches}; each minibatch takes the same number of whole envs "
-            f"from every device. Use a multiple of {devices * n_minibatches}, or fewer devices"
+            f"{devices} x {n_minibatches}{_other_axes(mesh)}; each minibatch takes the same "
+            f"number of whole envs from every device. Use a multiple of "
+            f"{devices * n_minibatches}, or fewer devices"
         )
     if eval_n_envs is not None and eval_n_envs % devices:
         raise ValueError(
-            f"{owner}: eval.n_envs={eval_n_envs} is not divisible by the {devices} devices; "
-            f"use a multiple of {devices}"
+            f"{owner}: eval.n_envs={eval_n_envs} is not divisible by the {devices} devices"
+            f"{_other_axes(mesh)}; use a multiple of {devices}"
         )
+
+
+def _env_splits(mesh: Mesh) -> int:
+    """Into how many parts the envs split over ``mesh``: the size of its :data:`DATA_AXIS`."""
+    return mesh.shape[DATA_AXIS]
+
+
+def _other_axes(mesh: Mesh) -> str:
+    """For a mesh of several axes, which devices a message's count is of; else nothing."""
+    others = [f"{name}={size}" for name, size in mesh.shape.items() if name != DATA_AXIS]
+    if not others:
+        return ""
+    return (
+        f" (the devices along the mesh's {DATA_AXIS!r} axis; along {', '.join(others)} "
+        "each holds a copy)"
+    )
 
 
 def mesh_of(training_state: TrainingState) -> Mesh | None:
@@ -276,6 +295,11 @@ def _replicate(tree: Tree, mesh: Mesh) -> Tree:
 def shard_training_state(training_state: TrainingState, mesh: Mesh) -> TrainingState:
     """The training state placed on ``mesh``: envs split, everything else replicated.
 
+    The envs are split along the mesh's :data:`DATA_AXIS`; a mesh of more axes
+    (``("data", "model")``) replicates over the others, so each row of devices
+    along them holds the same envs and computes the same step (nothing is split
+    along a model axis).
+
     The network and optimizer are updated in place (NNX semantics) unless every
     leaf is already replicated, and arrays already placed are kept, so this is
     cheap to call before every step. It also moves a state restored from a
@@ -283,21 +307,39 @@ def shard_training_state(training_state: TrainingState, mesh: Mesh) -> TrainingS
 
     Raises:
       ContractError: the env state is not batched (its ``done`` has no env axis).
-      ValueError: the mesh has other axes than one named ``"data"``, an env-state
-        leaf is not an array (so cannot be placed), or the envs do not split evenly
-        over the mesh's devices.
+      ValueError: the mesh has no axis named ``"data"`` or an axis not of type
+        ``Auto`` (``jax.make_mesh``'s are ``Explicit`` unless told otherwise), an
+        env-state leaf is not an array (so cannot be placed), or the envs do not
+        split evenly over the devices along the ``"data"`` axis.
     """
-    if tuple(mesh.axis_names) != (DATA_AXIS,):
+    if DATA_AXIS not in mesh.axis_names:
         raise ValueError(
             f"shard_training_state: the mesh's axes are {tuple(mesh.axis_names)}, but the "
-            f"envs are split along one axis named {DATA_AXIS!r}: build the mesh with "
-            "nnx_ppo.algorithms.sharding.data_mesh(devices)"
+            f"envs are split along an axis named {DATA_AXIS!r} (any other axis holds "
+            "copies): build the mesh with nnx_ppo.algorithms.sharding.data_mesh(devices), "
+            f"or name the axis to split the envs along {DATA_AXIS!r}"
+        )
+    fixed = [
+        name
+        for name, kind in zip(mesh.axis_names, mesh.axis_types, strict=True)
+        if kind != jax.sharding.AxisType.Auto
+    ]
+    if fixed:
+        # The step constrains its arrays' placement as it goes, which an Explicit axis
+        # takes as an assertion that fails deep in the trace.
+        raise ValueError(
+            f"shard_training_state: the mesh's axes {tuple(fixed)} are not of type Auto "
+            "(jax.make_mesh makes Explicit axes by default), but the training step places "
+            "its arrays itself: build the mesh with axis_types=(jax.sharding.AxisType.Auto,"
+            ") * len(axis_names), or with nnx_ppo.algorithms.sharding.data_mesh(devices)"
         )
     n_envs = rollout.n_envs_of(training_state.env_states, "shard_training_state")
-    if n_envs % mesh.size:
+    devices = _env_splits(mesh)
+    if n_envs % devices:
         raise ValueError(
             f"shard_training_state: {n_envs} envs do not split evenly over the mesh's "
-            f"{mesh.size} devices; use a multiple of {mesh.size} envs, or fewer devices"
+            f"{devices} devices{_other_axes(mesh)}; use a multiple of {devices} envs, or "
+            "fewer devices"
         )
     _require_alike_on_every_process(training_state)
     replicated = NamedSharding(mesh, PartitionSpec())
