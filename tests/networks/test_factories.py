@@ -331,6 +331,19 @@ def test_the_preset_names_an_action_it_cannot_sample(action_size: Any, match: st
         factories.make_default_network(Spaces({"a": OBS}, {"a": action_size}), nnx.Rngs(0))
 
 
+def test_an_agent_whose_action_is_a_dict_of_actions_is_named():
+    """The per-agent preset samples one action leaf per agent; a nested dict failed in a
+    bare zip over the agents' keys and the action leaves."""
+    nested = {"arm": 2, "grip": 2}
+    spaces = Spaces({"a0": OBS, "a1": OBS}, {"a0": nested, "a1": dict(nested)})
+    with pytest.raises(
+        TypeError,
+        match=r"action_size\['a0'\] is \{'arm': 2, 'grip': 2\}, a dict of actions; .*each "
+        r"agent's action must be one leaf \(an int or \(n,\)\)\. Build the network yourself",
+    ):
+        factories.make_default_network(spaces, nnx.Rngs(0))
+
+
 def test_dict_actions_of_one_agent_with_one_reward_are_named_when_the_network_is_built():
     """Per-agent critics need a reward per agent: a single reward failed only in training,
     blaming the network's values."""

@@ -417,7 +417,13 @@ def _observation_flattener(obs_size: Any) -> Flattener | None:
 
 
 def _require_one_action(owner: str, name: str, size: Any) -> None:
-    """``size`` describes one action leaf (an int or a shape), not a tuple of actions."""
+    """``size`` describes one action leaf (an int or a shape), not a tuple or dict of actions."""
+    if isinstance(size, Mapping):
+        raise TypeError(
+            f"{owner}: {name} is {dict(size)!r}, a dict of actions; the preset networks "
+            "take a dict action as one action per agent, and each agent's action must be "
+            "one leaf (an int or (n,)). Build the network yourself (see the layers page)."
+        )
     if isinstance(size, tuple | list) and not all(isinstance(dim, int) for dim in size):
         raise TypeError(
             f"{owner}: {name} is {size!r}, a tuple of actions; the preset networks "
@@ -477,7 +483,9 @@ def make_default_network(
     ``(H, W, C)``, a scalar ``()``) is flattened first, a dict's entries each on its
     own (:class:`~nnx_ppo.networks.utils.Flattener`). Each action leaf is an int or a
     one-axis shape ``(n,)``; a tuple of actions, or an action of several axes, is a
-    ``TypeError`` (describe it as a dict, or build the network yourself).
+    ``TypeError`` (describe it as a dict, or build the network yourself), and so is
+    an agent's entry of dict actions that is itself a dict of actions (build it
+    yourself).
 
     The MLPs use ``hidden_sizes`` (``[64, 64]`` by default) for actor and critic
     alike, and every preset
