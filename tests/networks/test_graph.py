@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import nnx_ppo
 import nnx_ppo.networks.graph as graph_package
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.contract import ContractError
 from nnx_ppo.envs import make
 from nnx_ppo.networks import (
     CategoricalSampler,
@@ -355,6 +357,72 @@ def test_call_errors_name_the_key_and_the_connection():
         graph(state, {"x": jnp.zeros((2, 5))})
     with pytest.raises(ValueError, match=r"connection a -> o \(delay 1\) \(Scale\) must return"):
         graph(state, {"x": jnp.zeros((2, 2))})
+
+
+GRAPH = delay_line((1, 2))
+STALE = delay_line((1,)).initialize_state(3)  # a graph of one connection fewer
+CARRY_RULE = "custom_containers.html#the-four-rules"
+
+
+@pytest.mark.parametrize(
+    ("call", "where", "leaf", "expected", "found"),
+    [
+        (
+            lambda: GRAPH(STALE, inputs(0, 3)),
+            "__call__",
+            "state['connections']",
+            "a list with one entry per connection (2)",
+            "a list of length 1",
+        ),
+        (
+            lambda: GRAPH(GRAPH.initialize_state(3), inputs(0, 3), {"connections": [None]}),
+            "__call__",
+            "rollout_extras['connections']",
+            "a list with one entry per connection (2)",
+            "a list of length 1",
+        ),
+        (
+            lambda: GRAPH.reset_state(STALE),
+            "reset_state",
+            "prev_state['connections']",
+            "a list with one entry per connection (2)",
+            "a list of length 1",
+        ),
+        (
+            lambda: GRAPH.update_statistics({"connections": [None, None, None]}),
+            "update_statistics",
+            "rollout_extras['connections']",
+            "a list with one entry per connection (2)",
+            "a list of length 3",
+        ),
+        (
+            lambda: GRAPH.reset_state({"populations": STALE["populations"]}),
+            "reset_state",
+            "prev_state",
+            "a dict whose 'connections' list holds one entry per connection (2)",
+            "a dict with keys ['populations']",
+        ),
+    ],
+)
+def test_a_carry_or_extras_without_one_entry_per_connection_is_named(
+    call: Any, where: str, leaf: str, expected: str, found: str
+) -> None:
+    """A carry or history of a graph of other connections failed in an IndexError or a
+    bare zip() error; the containers' per-child error names it."""
+    with pytest.raises(ContractError) as raised:
+        call()
+    error = raised.value
+    assert str(error).startswith(f"PopulationGraph.{where}: {leaf} does not hold one entry")
+    assert (error.leaf, error.expected, error.found) == (leaf, expected, found)
+    assert error.rule is not None and CARRY_RULE in error.rule
+
+
+def test_a_stale_graph_carry_is_named_under_jit_inside_a_container_and_without_checks() -> None:
+    net = Sequential([Scale(1.0), GRAPH])
+    with pytest.raises(ContractError, match=r"^Sequential\.layers\[1\] \(PopulationGraph\)"):
+        nnx.jit(lambda m, s, x: m(s, x))(net, [(), STALE], inputs(0, 3))
+    with nnx_ppo.checks(False), pytest.raises(ContractError, match=r"found: +a list of length 1"):
+        GRAPH.reset_state(STALE)
 
 
 def test_reciprocal_adds_both_directions_with_their_own_dense():

@@ -26,6 +26,7 @@ from nnx_ppo.contract.axes import (
     HistoryTree,
     RegularizationLoss,
 )
+from nnx_ppo.networks.containers import _per_child_violation
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.graph.connection import Connection
 from nnx_ppo.networks.graph.population import Population
@@ -417,6 +418,9 @@ class PopulationGraph(StatefulModule):
             raise TypeError(
                 f"PopulationGraph input must be a dict of observations, got a {type(x).__name__}"
             )
+        self._require_per_connection("__call__", "state", state)
+        if rollout_extras is not None:
+            self._require_per_connection("__call__", "rollout_extras", rollout_extras)
         batch_size = _batch_size(x, state)
         outputs: dict[str, Array] = {}
         next_transforms: list[Carry] = list(state["connections"])
@@ -491,6 +495,7 @@ class PopulationGraph(StatefulModule):
 
     def reset_state(self, prev_state: GraphCarry) -> GraphCarry:
         self._require_finalized("reset_state")
+        self._require_per_connection("reset_state", "prev_state", prev_state)
         return GraphCarry(
             populations={
                 name: RingBuffer(
@@ -506,8 +511,25 @@ class PopulationGraph(StatefulModule):
         )
 
     def update_statistics(self, rollout_extras: GraphHistory) -> None:
+        self._require_per_connection("update_statistics", "rollout_extras", rollout_extras)
         for edge, history in zip(self.connections, rollout_extras["connections"], strict=True):
             edge.transform.update_statistics(history)
+
+    def _require_per_connection(self, method: str, name: str, value: Any) -> None:
+        """``value`` (a carry, extras or history) holds a ``connections`` list with one
+        entry per connection.
+
+        Its length is static structure, read while JAX traces: the check costs nothing
+        in the compiled program.
+        """
+        count = len(self.connections)
+        if not (isinstance(value, Mapping) and "connections" in value):
+            expected = f"a dict whose 'connections' list holds one entry per connection ({count})"
+            raise _per_child_violation(self, method, name, expected, value)
+        entries = value["connections"]
+        if not (isinstance(entries, list | tuple) and len(entries) == count):
+            expected = f"a list with one entry per connection ({count})"
+            raise _per_child_violation(self, method, f"{name}['connections']", expected, entries)
 
 
 def _reaching_an_output(outputs: list[str], edges: list[Connection]) -> set[str]:
