@@ -130,6 +130,26 @@ def test_ar1_reset_forgets_the_last_latent_per_env_and_keeps_keys():
     np.testing.assert_array_equal(data(reset["keys"]), data(stepped["keys"]))
 
 
+def _dtypes(tree: Any) -> Any:
+    return jax.tree.map(lambda leaf: leaf.dtype, tree)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "x64"), [(jnp.bfloat16, False), (jnp.float16, False), (jnp.float64, True)]
+)
+@pytest.mark.parametrize("module_type", [VariationalBottleneck, AR1VariationalBottleneck])
+def test_the_carry_keeps_its_dtype_whatever_the_input_s(module_type: type, dtype: Any, x64: bool):
+    """last_z took the input's dtype (bfloat16 from a bfloat16 layer), and the contract
+    check blamed the AR(1) bottleneck for changing its own carry."""
+    module = module_type(LATENT, nnx.Rngs(0))
+    state = module.initialize_state(BATCH)
+    with jax.enable_x64(x64):
+        # Traced, not run: the contract check on next_state is what failed.
+        out = nnx.eval_shape(_call, module, state, jnp.ones((BATCH, 2 * LATENT), dtype))
+    assert _dtypes(out.next_state) == _dtypes(state)
+    assert out.output.dtype == dtype
+
+
 @pytest.mark.parametrize("through_time", [True, False])
 def test_ar1_backprop_through_time_controls_the_gradient_to_the_last_latent(through_time: bool):
     module = AR1VariationalBottleneck(

@@ -68,8 +68,8 @@ class LSTM(StatefulModule):
     """A long short-term memory cell, one step per call.
 
     Input ``(B, in_features)``; output the new hidden state ``(B, hidden_features)``.
-    Carry: an :class:`LSTMCarry` ``(cell, hidden)``, each ``(B, hidden_features)``.
-    Emits no ``rollout_extras``.
+    Carry: an :class:`LSTMCarry` ``(cell, hidden)``, each ``(B, hidden_features)``,
+    kept in its own dtype whatever the input's. Emits no ``rollout_extras``.
 
     Args:
       in_features: width of the input.
@@ -131,11 +131,13 @@ class LSTM(StatefulModule):
                     f"LSTM.__call__: state.{name} has shape {tuple(leaf.shape)}, expected "
                     f"(B={x.shape[0]}, hidden_features={self.hidden_features})"
                 )
-        # Flax's LSTM cells take and return the carry as (c, h).
+        # Flax's LSTM cells take and return the carry as (c, h), promoted with the input's
+        # dtype (float64 under x64); the carry keeps its own.
         (cell, hidden), output = self.cell((state.cell, state.hidden), jnp.asarray(x))
-        return StatefulModuleOutput(
-            LSTMCarry(cell=cell, hidden=hidden), output, jnp.zeros(()), {}, None
+        next_state = LSTMCarry(
+            cell=cell.astype(state.cell.dtype), hidden=hidden.astype(state.hidden.dtype)
         )
+        return StatefulModuleOutput(next_state, output, jnp.zeros(()), {}, None)
 
     def initialize_state(self, batch_size: int) -> LSTMCarry:
         return self.reset_state(
@@ -158,8 +160,8 @@ class GRU(StatefulModule):
     """A gated recurrent unit, one step per call (Flax's :class:`flax.nnx.GRUCell`).
 
     Input ``(B, in_features)``; output the new hidden state ``(B, hidden_features)``.
-    Carry: the hidden state itself, an array ``(B, hidden_features)``. Emits no
-    ``rollout_extras``.
+    Carry: the hidden state itself, an array ``(B, hidden_features)``, kept in its own
+    dtype whatever the input's. Emits no ``rollout_extras``.
 
     Args:
       in_features: width of the input.
@@ -210,8 +212,10 @@ class GRU(StatefulModule):
         x: Float[AnyArray, "B {self.in_features}"],
         rollout_extras: None = None,
     ) -> StatefulModuleOutput:
-        hidden, output = self.cell(jnp.asarray(state), jnp.asarray(x))
-        return StatefulModuleOutput(hidden, output, jnp.zeros(()), {}, None)
+        carry = jnp.asarray(state)
+        # Flax's cell promotes the carry with the input's dtype; the carry keeps its own.
+        hidden, output = self.cell(carry, jnp.asarray(x))
+        return StatefulModuleOutput(hidden.astype(carry.dtype), output, jnp.zeros(()), {}, None)
 
     def initialize_state(self, batch_size: int) -> Float[Array, "{batch_size} hidden"]:
         return _initial_value(self.initial_hidden, (batch_size, self.hidden_features), jnp.float32)

@@ -116,7 +116,8 @@ class AR1State(TypedDict):
 
     Attributes:
       keys: per-env keys, ``(B,)``.
-      last_z: the previous step's latent, ``(B, latent_size)``; zeros after a reset.
+      last_z: the previous step's latent, ``(B, latent_size)``, in this leaf's own dtype
+        whatever the input's; zeros after a reset.
       has_last_z: whether ``last_z`` holds a latent of this episode, ``(B,)``.
     """
 
@@ -174,8 +175,11 @@ class AR1VariationalBottleneck(_GaussianLatent):
             last_z = jax.lax.stop_gradient(last_z)
         squared_jump = jnp.mean(jnp.square(z - last_z), axis=-1)
         l2_diff = jnp.where(state["has_last_z"], squared_jump, 0.0)
+        # The carry keeps its own dtype whatever the input's (a bfloat16 z would change it).
         next_state = AR1State(
-            keys=next_keys, last_z=z, has_last_z=jnp.ones_like(state["has_last_z"])
+            keys=next_keys,
+            last_z=z.astype(state["last_z"].dtype),
+            has_last_z=jnp.ones_like(state["has_last_z"]),
         )
         return StatefulModuleOutput(
             next_state=next_state,
