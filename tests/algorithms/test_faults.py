@@ -313,10 +313,14 @@ def test_unused_checkpoint_and_video_cadences_do_not_stop_fusion(
 
 
 def _stacked_reports(
-    loss_finite, parameters_finite, rewards_finite=(True,) * 3, observations_finite=(True,) * 3
+    loss_finite,
+    parameters_finite,
+    rewards_finite=(True,) * 3,
+    observations_finite=(True,) * 3,
+    statistics_finite=(True,) * 3,
 ):
-    """Three steps' host reports: two metrics, each step's observation, reward, loss and
-    parameter health."""
+    """Three steps' host reports: two metrics, each step's observation, reward, loss,
+    parameter and statistics health."""
     return _step.StepReport(
         metrics={
             "losses/total": np.array([0.5, 0.25, 0.125], np.float32),
@@ -326,6 +330,7 @@ def _stacked_reports(
         health={
             "loss_finite": np.array(loss_finite).reshape(3, 2, 2),
             "parameters_finite": {"['w']": np.array(parameters_finite)},
+            "statistics_finite": {"['M2']": np.array(statistics_finite)},
             "rewards_finite": {"['agent_1']": np.array(rewards_finite)},
             "observations_finite": {"next_obs['pos']": np.array(observations_finite)},
         },
@@ -364,5 +369,12 @@ def test_host_metrics_name_the_first_step_that_diverged_in_any_way():
     with pytest.raises(
         FloatingPointError,
         match=rf"env step {3 * STEP}: the env returned NaN .* observations \(next_obs\['pos'\];",
+    ):
+        _step._host_metrics(reports, 0, ppo_config(), 3)
+    # Statistics alone (the loss and parameters finite) are a divergence of their own.
+    reports = _stacked_reports([True] * 12, [True] * 3, statistics_finite=[True, False, False])
+    with pytest.raises(
+        FloatingPointError,
+        match=rf"env step {2 * STEP}: running statistics became NaN .*: \['M2'\]",
     ):
         _step._host_metrics(reports, 0, ppo_config(), 3)

@@ -170,6 +170,30 @@ def test_nan_observations_that_diverge_a_step_are_named(counting_env, scripted_n
         ppo_step(env, state, ppo_config(n_epochs=1, n_minibatches=1))
 
 
+def test_statistics_a_huge_finite_observation_overflows_stop_training_naming_them(
+    counting_env, scripted_network
+):
+    # 3e19 is finite, but its square overflows float32: the Normalizer's M2 became inf,
+    # the run went on with that feature normalised to 0, and every checkpoint held it.
+    class HugeObservationEnv(type(counting_env)):
+        def step(self, state, action):
+            stepped = super().step(state, action)
+            return stepped.replace(obs=stepped.obs.at[1].set(3e19))
+
+    env = HugeObservationEnv()
+    network = Sequential([Normalizer(2), scripted_network()])
+    state = new_training_state(env, network, N_ENVS, seed=0)
+    with pytest.raises(
+        FloatingPointError,
+        match=rf"env step {STEP}: running statistics became NaN or infinite in "
+        r"update_statistics: \['layers'\]\[0\]\['M2'\]",
+    ):
+        ppo_step(env, state, ppo_config(n_epochs=1, n_minibatches=1))
+    statistics = network.layers[0]
+    np.testing.assert_array_equal(statistics.M2[...], np.zeros(2))
+    assert float(statistics.counter[...]) == 0.0
+
+
 def test_nan_parameters_stop_training_naming_them(counting_env, scripted_network):
     network = scripted_network()
     state = new_training_state(

@@ -68,6 +68,11 @@ def _finite_leaves(tree: Any) -> dict[str, Bool[Array, ""]]:
     }
 
 
+_STATISTICS = nnx.Not(nnx.Any(nnx.Param, nnx.RngState, nnx.Intermediate))
+"""The network's running statistics: what ``update_statistics`` writes, and the step's
+health record checks besides the parameters."""
+
+
 class StepCarry(NamedTuple):
     """What one PPO step hands the next: the per-env parts (leaves ``(B, ...)``) and the key."""
 
@@ -192,6 +197,9 @@ def _learn_from(
     health = {
         "loss_finite": jnp.isfinite(diagnostics["losses/total"]) | ~ran[:, None],
         "parameters_finite": _finite_leaves(nnx.state(networks, nnx.Param)),
+        # As written by update_statistics: a huge but finite observation overflows a
+        # Normalizer's M2 to inf, which then zeroes that feature for good.
+        "statistics_finite": _finite_leaves(nnx.state(networks, _STATISTICS)),
         "rewards_finite": _finite_leaves(transitions.rewards),
         "observations_finite": {
             field + path: finite
@@ -531,6 +539,16 @@ def _raise_if_diverged(health: dict[str, Any], steps: int) -> None:
             + ", ".join(names[:5])
             + "; the network and optimizer are left as they were before the call."
         )
+    names = [name for name, finite in health["statistics_finite"].items() if not finite]
+    if names:
+        raise FloatingPointError(
+            f"PPO step ending at env step {steps}: running statistics became NaN or infinite "
+            "in update_statistics: "
+            + ", ".join(names[:5])
+            + " (finite inputs can overflow float32 there: a Normalizer's M2 squares them, "
+            "infinite above about 1.8e19; check the env's observations); the network and "
+            "optimizer are left as they were before the call."
+        )
 
 
 def _require_training_state(owner: str, name: str, value: Any) -> None:
@@ -777,10 +795,12 @@ def _host_metrics(
 
 
 def _first_diverged(health: dict[str, Any], iterations: int) -> int | None:
-    """The first of ``iterations`` stacked steps whose loss or parameters are not finite."""
+    """The first of ``iterations`` stacked steps whose loss, parameters or statistics are
+    not finite."""
     finite = np.asarray(health["loss_finite"]).reshape(iterations, -1).all(axis=1)
-    for flags in health["parameters_finite"].values():
-        finite &= np.asarray(flags).reshape(iterations)
+    for group in ("parameters_finite", "statistics_finite"):
+        for flags in health[group].values():
+            finite &= np.asarray(flags).reshape(iterations)
     bad = np.flatnonzero(~finite)
     return int(bad[0]) if bad.size else None
 
