@@ -301,8 +301,12 @@ def test_a_checkpoint_directory_of_another_run_is_refused_not_mixed(tmp_path: Pa
     with pytest.raises(CheckpointError, match="checkpoint of step 192 holds other arrays"):
         make_checkpoint_fn(directory)(state, 192)
 
-    # A crash left step 192 incomplete: the run resumes from 128 and writes 192 anew.
-    shutil.rmtree(step_directory(directory, 192) / "manifest")
+    # A crash left step 192 incomplete, under Orbax's temporary name (a renamed step
+    # directory is complete, and one that lost an item since is an error): the run
+    # resumes from 128 and writes 192 anew.
+    latest = step_directory(directory, 192)
+    shutil.rmtree(latest / "manifest")
+    latest.rename(latest.with_name(f"{latest.name}.orbax-checkpoint-tmp-1"))
     assert find_checkpoint(directory)[1] == 128
     _, again = resume(4)
     assert find_checkpoint(directory)[1] == 192

@@ -266,20 +266,40 @@ def test_a_changed_byte_in_a_checkpoint_is_found_and_the_earlier_one_named(
     assert "is corrupted: its array" in shown or "could not be read" in shown
 
 
-def test_a_newest_checkpoint_without_orbaxs_metadata_is_named_not_skipped(
-    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("removed", "named"),
+    [
+        (["_CHECKPOINT_METADATA"], "_CHECKPOINT_METADATA (Orbax's)"),
+        (["manifest"], "manifest/ (make_checkpoint_fn's)"),
+        (["manifest", "_CHECKPOINT_METADATA"], "manifest/ (make_checkpoint_fn's)"),
+    ],
+)
+def test_a_newest_checkpoint_missing_an_item_is_named_not_skipped(
+    finished_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    removed: list[str],
+    named: str,
 ) -> None:
     # Taken as a crash's leftover, it was skipped: eval read the earlier checkpoint, and
-    # resume dropped the steps after it.
+    # resume dropped the steps after it and their metrics records. A crash leaves no
+    # such directory: Orbax writes both under a temporary name and renames it when done.
     run_dir = copy_of(finished_run, tmp_path)
     checkpoints, latest = find_checkpoint(run_dir)
     latest_dir = step_directory(checkpoints, latest)
-    (latest_dir / "_CHECKPOINT_METADATA").unlink()
-    expected = f"checkpoint {latest_dir} is incomplete or corrupted: its _CHECKPOINT_METADATA"
+    for item in removed:
+        path = latest_dir / item
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    metrics = (run_dir / "metrics.jsonl").read_bytes()
+    expected = (
+        f"checkpoint {latest_dir} is incomplete or corrupted: its {named} is missing. The "
+        f"checkpoint of step 0 is complete: remove {latest_dir} to resume from it"
+    )
     assert main(["eval", str(run_dir), "--episodes", "2"]) == 2
     assert expected in " ".join(capsys.readouterr().err.split())
     assert resume(run_dir, "--steps", str(6 * STEP)) == 2
     assert expected in " ".join(capsys.readouterr().err.split())
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics
 
 
 def test_a_new_run_never_takes_over_the_metrics_of_a_run_without_checkpoints(

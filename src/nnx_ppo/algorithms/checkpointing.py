@@ -698,13 +698,15 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
     """Resolve a run directory, a checkpoint directory or one step directory.
 
     Returns the checkpoint root and the step: ``step`` if given, else the step of
-    a step directory, else the latest complete checkpoint. A step directory that
-    a crash left without Orbax's metadata or the manifest is never taken.
+    a step directory, else the latest complete checkpoint. A directory Orbax is
+    still writing (or a killed write left) has a temporary name and is never taken.
 
     Raises:
       CheckpointError: nothing usable there, a step directory given with another
-        ``step``, or a checkpoint of nnx-ppo 0.3.0 there; the message says what was
-        looked for.
+        ``step``, a checkpoint of nnx-ppo 0.3.0 there, or a step directory after the
+        latest complete one that holds Orbax's metadata or the manifest but not both
+        (it lost the other since Orbax renamed it); the message says what was looked
+        for or what is missing.
     """
     path = Path(path)
     if not path.exists():
@@ -745,18 +747,31 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
 
 
 def _refuse_damaged_after(root: Path, latest: int | None) -> None:
-    """Raise for a step directory after ``latest`` holding our manifest but not Orbax's
-    metadata: Orbax writes that first, in the directory's temporary name, so it was
-    removed since, and taking the earlier checkpoint would drop the steps after it."""
+    """Raise for a step directory after ``latest`` that holds our manifest or Orbax's
+    metadata but not both: Orbax writes both under the directory's temporary name and
+    renames it when complete, so the missing one was removed since, and taking the
+    earlier checkpoint would drop the steps after it."""
     for found in sorted(root.iterdir()):
         step = _step_of(found)
         if step is None or (latest is not None and step <= latest) or not found.is_dir():
             continue
-        if (found / "manifest").is_dir() and not (found / "_CHECKPOINT_METADATA").is_file():
+        missing = _missing_item(found)
+        if missing is not None:
             raise CheckpointError(
-                f"checkpoint {found} is incomplete or corrupted: its _CHECKPOINT_METADATA "
-                f"(Orbax's) is missing{_earlier(found)}"
+                f"checkpoint {found} is incomplete or corrupted: its {missing} is "
+                f"missing{_earlier(found)}"
             )
+
+
+def _missing_item(step_dir: Path) -> str | None:
+    """The item a renamed (so finished) step directory lost, if it holds the other's."""
+    has_manifest = (step_dir / "manifest").is_dir()
+    has_metadata = (step_dir / "_CHECKPOINT_METADATA").is_file()
+    if has_manifest and not has_metadata:
+        return "_CHECKPOINT_METADATA (Orbax's)"
+    if not has_manifest and (has_metadata or (step_dir / "commit_success.txt").is_file()):
+        return "manifest/ (make_checkpoint_fn's)"
+    return None
 
 
 def _earlier(step_dir: Path) -> str:
