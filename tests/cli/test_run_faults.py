@@ -514,6 +514,70 @@ def test_config_json_and_the_plot_are_replaced_whole_or_not_at_all(
     assert [p.name for p in tmp_path.iterdir()] == ["config.json"]  # no temporary left
 
 
+class _FullDiskStream:
+    """A file opened on a full disk: what is written to it raises ENOSPC."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, data: Any) -> int:
+        raise OSError(28, "No space left on device")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def __enter__(self) -> "_FullDiskStream":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stream.close()
+
+
+@pytest.mark.parametrize("full_at", [".lock", "config.json", "metrics.jsonl"])
+def test_a_full_disk_when_a_run_starts_is_a_failed_write_naming_the_file(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    full_at: str,
+) -> None:
+    # It was taken for bad input: status 2 and "error: [Errno 28] No space left on
+    # device", naming no file; a failed lock write left an empty .lock behind.
+    resumed = full_at == "metrics.jsonl"  # trimmed on resume, to the checkpoint's step
+    run_dir = (
+        copy_of(request.getfixturevalue("finished_run"), tmp_path) if resumed else tmp_path / "run"
+    )
+    metrics = (run_dir / "metrics.jsonl").read_bytes() if resumed else None
+    if full_at == ".lock":
+        open_file = Path.open
+
+        def opened_on_a_full_disk(path: Path, *args: Any, **kwargs: Any) -> Any:
+            stream = open_file(path, *args, **kwargs)
+            return _FullDiskStream(stream) if path.name == ".lock" else stream
+
+        monkeypatch.setattr(Path, "open", opened_on_a_full_disk)
+    else:  # config.json and metrics.jsonl are replaced through a synced temporary file
+
+        def failing_fsync(fd: int) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "fsync", failing_fsync)
+    status = resume(run_dir, "--steps", str(6 * STEP)) if resumed else train(run_dir, STEP)
+    shown = " ".join(capsys.readouterr().err.split())
+    assert status == 1, shown
+    kept = (
+        f"The checkpoints in {run_dir} are intact: resume with nnx-ppo train --resume {run_dir}"
+        if resumed
+        else f"No checkpoint was written in {run_dir} yet: start the run again"
+    )
+    assert f"error: could not write {run_dir / full_at}: No space left on device. {kept}" in shown
+    if resumed:
+        assert (run_dir / "metrics.jsonl").read_bytes() == metrics
+    else:  # no empty .lock left behind, nor a temporary file
+        left = [".lock"] if full_at == "config.json" else []
+        assert sorted(p.name for p in run_dir.iterdir()) == left
+
+
 def test_a_second_trainer_of_the_same_run_directory_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

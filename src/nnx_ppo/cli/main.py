@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -370,7 +370,7 @@ def _planned_steps(total_steps: int, start_step: int, per_step: int) -> tuple[in
 def _train(args: argparse.Namespace, console: Console) -> int:
     from nnx_ppo.algorithms import sharding
     from nnx_ppo.cli.presets import parse_run_config
-    from nnx_ppo.cli.run_dir import hold_run_lock
+    from nnx_ppo.cli.run_dir import LOCK_FILE, hold_run_lock
 
     _start_distributed(args)
     if jax.process_index() != 0:  # process 0 alone prints and writes the run directory
@@ -402,7 +402,9 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     if jax.process_index() != 0:
         return _train_locked(args, console, run_dir, run_config, train_config, env, network)
     run_dir.mkdir(parents=True, exist_ok=True)
-    with hold_run_lock(run_dir):
+    with contextlib.ExitStack() as held:
+        with _writing(run_dir / LOCK_FILE, run_dir):
+            held.enter_context(hold_run_lock(run_dir))
         return _train_locked(args, console, run_dir, run_config, train_config, env, network)
 
 
@@ -583,8 +585,10 @@ def _train_locked(
         if start_step > 0:
             _warn_of_lost_records(run_dir / "metrics.jsonl", start_step)
         # Only now, with the checkpoint loaded and the metrics read, does the config change.
-        trim_metrics(run_dir / "metrics.jsonl", logged_until)
-        write_atomically(run_dir / "config.json", json.dumps(run_config, indent=2) + "\n")
+        with _writing(run_dir / "metrics.jsonl", run_dir):
+            trim_metrics(run_dir / "metrics.jsonl", logged_until)
+        with _writing(run_dir / "config.json", run_dir):
+            write_atomically(run_dir / "config.json", json.dumps(run_config, indent=2) + "\n")
     checkpoint_fn = make_checkpoint_fn(
         run_dir / CHECKPOINT_SUBDIR, train_config, metadata={"run_config": run_config}
     )
@@ -767,6 +771,19 @@ class _ProcessLost(_RunStopped):
 
 class _WriteFailed(_RunStopped):
     """The run's logs or checkpoints could not be written; the message says what is kept."""
+
+
+@contextlib.contextmanager
+def _writing(path: Path, run_dir: Path) -> Iterator[None]:
+    """Stop the run with :class:`_WriteFailed` naming ``path`` where writing it raises
+    ``OSError``: a full disk or a folder made read-only is no bad input (status 1, not 2)."""
+    try:
+        yield
+    except OSError as error:
+        raise _WriteFailed(
+            f"could not write {path}: {error.strerror or error}. {_what_is_kept(run_dir)}",
+            run_dir,
+        ) from error
 
 
 class _CallFailed(_RunStopped):

@@ -83,22 +83,29 @@ def hold_run_lock(run_dir: Path) -> Iterator[None]:
 
     Raises:
       RunLockedError: another process holds the lock (its pid is named when known).
+      OSError: the lock file could not be written (a full disk); a lock file this call
+        created is removed again.
     """
     path = run_dir / LOCK_FILE
-    with path.open("a+") as stream:
+    created = not path.exists()
+    # Unbuffered: a pid that cannot be written fails here, not again when the file closes.
+    with path.open("a+b", buffering=0) as stream:
         try:
             fcntl.flock(stream.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as error:
             stream.seek(0)
-            holder = stream.read().strip() or "another process"
+            holder = stream.read().decode(errors="replace").strip() or "another process"
             raise RunLockedError(
                 f"{run_dir} is being trained by process {holder} (it holds {path}); wait for "
                 "it to finish or stop it, or choose another --run-dir"
             ) from error
-        stream.seek(0)
-        stream.truncate()
-        stream.write(str(os.getpid()))
-        stream.flush()
+        try:
+            stream.truncate(0)
+            stream.write(str(os.getpid()).encode())
+        except OSError:
+            if created:  # removed while still held: no process finds an empty lock file
+                path.unlink(missing_ok=True)
+            raise
         try:
             yield
         finally:
