@@ -124,6 +124,15 @@ def test_tree_where_rejects_a_leaf_without_the_env_axis():
         tree_where(mask, {"handle": jnp.ones(5)}, {"handle": jnp.zeros(5)})
 
 
+@pytest.mark.parametrize("on_false", [jnp.zeros(2), jnp.zeros(()), jnp.zeros((4, 2))])
+def test_tree_where_rejects_an_on_false_leaf_without_the_env_axis(on_false):
+    # jnp.where would broadcast the first two over the envs and fail on the third
+    # without naming the leaf.
+    mask = jnp.array([True, False, True])
+    with pytest.raises(ContractError, match=r"on_false(.|\n)*state\['x'\]"):
+        tree_where(mask, {"x": jnp.ones((3, 2))}, {"x": on_false})
+
+
 def test_tree_where_passes_leaves_vmap_left_unmapped_through_by_path():
     mask = jnp.array([True, False, True])
     on_true = {"a": jnp.ones((3, 2)), "model": jnp.full((5,), 7.0)}

@@ -230,6 +230,11 @@ def test_mismatched_inputs_are_named():
         (({},), {}, ValueError, "no leaves"),
         ((3,), {"clip": 0.0}, ValueError, "clip"),
         ((3,), {"epsilon": -1.0}, ValueError, "epsilon"),
+        ((3,), {"clip": float("nan")}, TypeError, "Normalizer: clip must be a finite number"),
+        ((3,), {"clip": "5"}, TypeError, "Normalizer: clip must be a finite number"),
+        ((3,), {"clip": True}, TypeError, "Normalizer: clip must be a finite number"),
+        ((3,), {"epsilon": float("inf")}, TypeError, "Normalizer: epsilon must be a finite"),
+        ((3,), {"epsilon": "1e-6"}, TypeError, "Normalizer: epsilon must be a finite"),
     ],
 )
 def test_bad_constructor_arguments_are_named(args, kwargs, error, match):

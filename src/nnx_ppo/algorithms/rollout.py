@@ -118,17 +118,15 @@ def tree_where(
     passed through.
 
     Raises:
-      ContractError: a leaf does not lead with ``B``; the message names it.
+      ContractError: a leaf of either tree does not lead with ``B``; the message names it.
     """
 
-    def select(path: Any, when_true: Any, when_false: Any) -> Any:
-        if isinstance(when_true, Shared) or jax.tree_util.keystr(path) in unmapped:
-            return when_false
-        shape = getattr(when_true, "shape", None)
+    def require_env_axis(side: str, path: Any, leaf: Any) -> None:
+        shape = getattr(leaf, "shape", None)
         if shape is None or tuple(shape[:1]) != tuple(cond.shape):
             raise ContractError.violation(
                 "tree_where",
-                "a leaf does not lead with the env axis B.",
+                f"a leaf of {side} does not lead with the env axis B.",
                 leaf="state" + jax.tree_util.keystr(path),
                 expected=f"(B={cond.shape[0]}, ...)",
                 found="not an array" if shape is None else f"shape {tuple(shape)}",
@@ -139,6 +137,13 @@ def tree_where(
                     "environments",
                 ),
             )
+
+    def select(path: Any, when_true: Any, when_false: Any) -> Any:
+        if isinstance(when_true, Shared) or jax.tree_util.keystr(path) in unmapped:
+            return when_false
+        # Both sides: jnp.where would broadcast an on_false leaf without B over the envs.
+        require_env_axis("on_true", path, when_true)
+        require_env_axis("on_false", path, when_false)
         return jnp.where(align_leading(cond, when_true), when_true, when_false)
 
     return jax.tree_util.tree_map_with_path(

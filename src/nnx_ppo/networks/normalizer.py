@@ -14,6 +14,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Shaped
 
 from nnx_ppo._numerics import corrected_mean
+from nnx_ppo.contract.arguments import require_number
 from nnx_ppo.contract.axes import BatchedTree, Extras, HistoryTree
 from nnx_ppo.contract.checking import format_shape
 from nnx_ppo.contract.env_checks import is_size, size_shape
@@ -119,10 +120,9 @@ class Normalizer(StatefulModule):
     """
 
     def __init__(self, shape: Any, *, clip: float | None = None, epsilon: float = 1e-6) -> None:
-        if clip is not None and not clip > 0:
-            raise ValueError(f"Normalizer clip must be positive or None, got {clip!r}")
-        if not epsilon > 0:
-            raise ValueError(f"Normalizer epsilon must be positive, got {epsilon!r}")
+        if clip is not None:
+            clip = require_number("Normalizer", "clip", clip, minimum=0.0, strict=True)
+        epsilon = require_number("Normalizer", "epsilon", epsilon, minimum=0.0, strict=True)
         if is_size(shape):
             zeros = _zeros_like_spec(shape)
         else:

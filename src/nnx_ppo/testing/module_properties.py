@@ -99,27 +99,29 @@ __all__ = [
 ]
 
 DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 2, 3)
-"""The batch sizes :func:`check_module` draws from unless told otherwise. Each size
-compiles the module's step once, so a few small ones keep the check fast."""
+"""The batch sizes :func:`~nnx_ppo.testing.check_module` draws from unless told
+otherwise. Each size compiles the module's step once, so a few small ones keep the check
+fast."""
 
 DEFAULT_TIME_LENGTHS: tuple[int, ...] = (1, 4)
-"""The rollout lengths :func:`check_module` draws from unless told otherwise: one
-step, where a failure is simplest to read, and four, long enough for episodes to
-end at different steps in different envs. The step compiles once whatever the
+"""The rollout lengths :func:`~nnx_ppo.testing.check_module` draws from unless told
+otherwise: one step, where a failure is simplest to read, and four, long enough for
+episodes to end at different steps in different envs. The step compiles once whatever the
 length, ``update_statistics`` once per length and batch size: two lengths keep
 that to six compiles with the default batch sizes."""
 
 DEFAULT_MAX_EXAMPLES = 10
-"""How many examples :func:`check_module` runs when neither ``max_examples`` nor
-:data:`MAX_EXAMPLES_ENV_VAR` says otherwise."""
+"""How many examples :func:`~nnx_ppo.testing.check_module` runs when neither
+``max_examples`` nor :data:`MAX_EXAMPLES_ENV_VAR` says otherwise."""
 
 MAX_EXAMPLES_ENV_VAR = "NNX_PPO_MAX_EXAMPLES"
-"""The environment variable that sets :func:`check_module`'s default ``max_examples``
-(e.g. for a nightly job); ``pytest --nnx-ppo-max-examples=N`` sets it for the session."""
+"""The environment variable that sets :func:`~nnx_ppo.testing.check_module`'s default
+``max_examples`` (e.g. for a nightly job); ``pytest --nnx-ppo-max-examples=N`` sets it
+for the session."""
 
 
 class ModuleProperty(enum.StrEnum):
-    """The names of the properties :func:`check_module` checks.
+    """The names of the properties :func:`~nnx_ppo.testing.check_module` checks.
 
     The order they run in, their rules and what each compares are the rows of
     :data:`~nnx_ppo.testing.MODULE_PROPERTIES`.
