@@ -194,6 +194,31 @@ def test_statistics_a_huge_finite_observation_overflows_stop_training_naming_the
     assert float(statistics.counter[...]) == 0.0
 
 
+def test_a_statistic_infinite_from_the_start_is_not_a_divergence(counting_env, scripted_network):
+    # A running maximum starts at -inf on purpose: only a statistic that the step's
+    # update_statistics turned non-finite diverged.
+    class RunningMax(nnx.Variable):
+        pass
+
+    class WithRunningMax(scripted_network):
+        def __init__(self):
+            super().__init__()
+            self.largest = RunningMax(jnp.full((), -jnp.inf))
+            self.never_seen = RunningMax(jnp.full((), -jnp.inf))
+
+        def __call__(self, state, x, rollout_extras=None) -> StatefulModuleOutput:
+            return super().__call__(state, x).replace(rollout_extras=x[:, 0])
+
+        def update_statistics(self, rollout_extras):
+            self.largest[...] = jnp.maximum(self.largest[...], rollout_extras.max())
+
+    network = WithRunningMax()
+    state = new_training_state(counting_env, network, N_ENVS, seed=0)
+    ppo_step(counting_env, state, ppo_config(n_epochs=1, n_minibatches=1))
+    assert np.isfinite(float(network.largest[...]))
+    assert float(network.never_seen[...]) == -np.inf
+
+
 def test_nan_parameters_stop_training_naming_them(counting_env, scripted_network):
     network = scripted_network()
     state = new_training_state(

@@ -190,6 +190,7 @@ def _learn_from(
     advantages, targets = compute_advantages(scored, config.gae_lambda, config.discounting_factor)
     data = _LearnData(carry.network_states, scored, advantages, targets)
     diagnostics, ran = _learn(networks, optimizer, data, keys.learn, config)
+    statistics_finite_before = _finite_leaves(nnx.state(networks, _STATISTICS))
     networks.update_statistics(transitions.rollout_extras)
     ended = rollout.episode_ended(transitions.done)
     running, episodes = track_episodes(carry.running, transitions.rewards, ended)
@@ -198,8 +199,12 @@ def _learn_from(
         "loss_finite": jnp.isfinite(diagnostics["losses/total"]) | ~ran[:, None],
         "parameters_finite": _finite_leaves(nnx.state(networks, nnx.Param)),
         # As written by update_statistics: a huge but finite observation overflows a
-        # Normalizer's M2 to inf, which then zeroes that feature for good.
-        "statistics_finite": _finite_leaves(nnx.state(networks, _STATISTICS)),
+        # Normalizer's M2 to inf, which then zeroes that feature for good. A statistic
+        # that starts infinite on purpose (a running maximum from -inf) stays allowed.
+        "statistics_finite": {
+            path: finite | ~statistics_finite_before[path]
+            for path, finite in _finite_leaves(nnx.state(networks, _STATISTICS)).items()
+        },
         "rewards_finite": _finite_leaves(transitions.rewards),
         "observations_finite": {
             field + path: finite
