@@ -23,7 +23,13 @@ import nnx_ppo
 from nnx_ppo import ContractError
 from nnx_ppo.contract.axes import Batched, Extras, Mask
 from nnx_ppo.contract.checking import typechecked
-from nnx_ppo.networks.containers import Concat, Parallel, Sequential, Splitter
+from nnx_ppo.networks.containers import (
+    Concat,
+    FrozenStatistics,
+    Parallel,
+    Sequential,
+    Splitter,
+)
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.testing.modules import Linear, RunningSum, StatsRecorder
 
@@ -540,6 +546,103 @@ def test_a_container_that_inherits_the_no_op_update_statistics() -> None:
 
     assert "never reached Sequential.layers[1].norm (StatsRecorder)" in message
     assert "Sequential.layers[1] (NoRouting) inherits the no-op default" in message
+
+
+class _RunningMean:
+    """A mixin that folds the history into a running mean."""
+
+    mean: nnx.BatchStat[Array]
+
+    def update_statistics(self, rollout_extras: Array) -> None:
+        self.mean[...] = rollout_extras.reshape(-1, 3).mean(0)
+
+
+class _Centred(StatefulModule):
+    """Centres its input on a mean it keeps as an nnx.BatchStat."""
+
+    def __init__(self) -> None:
+        self.mean = nnx.BatchStat(jnp.zeros(3))
+
+    def __call__(self, state: Any, x: Array, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x - self.mean[...], jnp.zeros(()), {}, x)
+
+
+class _MixinAfterStatefulModule(_Centred, _RunningMean):
+    """The bases in the wrong order: StatefulModule's no-op default shadows the mixin's."""
+
+
+class _MisspeltUpdate(_Centred):
+    def update_statistic(self, rollout_extras: Array) -> None:
+        self.mean[...] = rollout_extras.reshape(-1, 3).mean(0)
+
+
+class _BatchNormWithoutUpdate(StatefulModule):
+    def __init__(self) -> None:
+        self.norm = nnx.BatchNorm(3, use_running_average=True, rngs=nnx.Rngs(0))
+
+    def __call__(self, state: Any, x: Array, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, self.norm(x), jnp.zeros(()), {}, x)
+
+
+@pytest.mark.parametrize(
+    ("module", "variables", "why"),
+    [
+        (
+            _MixinAfterStatefulModule,
+            "(_MixinAfterStatefulModule.mean (BatchStat))",
+            "; _RunningMean.update_statistics is shadowed by it, since _RunningMean comes "
+            "after StatefulModule in the bases: list _RunningMean first",
+        ),
+        (
+            _MisspeltUpdate,
+            "(_MisspeltUpdate.mean (BatchStat))",
+            "; it defines update_statistic: a misspelling of update_statistics?",
+        ),
+        (
+            _BatchNormWithoutUpdate,
+            "(_BatchNormWithoutUpdate.norm.mean (BatchStat), "
+            "_BatchNormWithoutUpdate.norm.var (BatchStat))",
+            "",
+        ),
+    ],
+    ids=["mixin-after-the-contract", "misspelt", "BatchNorm"],
+)
+def test_a_module_that_keeps_statistics_but_inherits_the_no_op_update_statistics(
+    module: type[StatefulModule], variables: str, why: str
+) -> None:
+    # Its statistics silently never changed: neither the contract nor the kit said a thing.
+    network = Sequential([Linear(3, 3, rngs=nnx.Rngs(0)), module()])
+    history = [None, _zeros(2, B, 3)]
+    name = f"Sequential.layers[1] ({module.__name__})"
+
+    message = _message(lambda: nnx.jit(lambda n, h: n.update_statistics(h))(network, history))
+
+    assert message.splitlines() == [
+        f"Sequential.update_statistics: {name} keeps running statistics {variables} but "
+        "inherits the no-op default update_statistics: they would never change.",
+        f"  leaf:     {name}",
+        f"  expected: {module.__name__} to define update_statistics and fold the (T, B, *feat) "
+        "history into them; or, if they are held fixed on purpose, "
+        f"{module.__name__} wrapped in FrozenStatistics",
+        f"  found:    {name} inherits the no-op default{why}",
+        "  rule:     a module that keeps running statistics (nnx.BatchStat) updates them in an "
+        "update_statistics of its own; one whose statistics are held fixed on purpose is "
+        "wrapped in FrozenStatistics "
+        "(see https://nnx-ppo.readthedocs.io/en/latest/contract.html#statistics)",
+    ]
+    assert "keeps running statistics" in _message(
+        lambda: module().update_statistics(_zeros(2, B, 3))
+    )
+
+
+def test_statistics_held_fixed_or_constants_need_no_update_statistics() -> None:
+    class Constant(_Centred):
+        def __init__(self) -> None:
+            self.mean = nnx.Variable(jnp.zeros(3))  # a constant, not a statistic
+
+    network = Sequential([FrozenStatistics(_MixinAfterStatefulModule()), Constant()])
+
+    network.update_statistics([_zeros(2, B, 3), _zeros(2, B, 3)])
 
 
 @pytest.mark.parametrize(

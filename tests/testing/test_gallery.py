@@ -226,6 +226,26 @@ class CountsStepsNotSamples(StatefulModule):
         self.count[...] = count
 
 
+class _FoldsARunningMean:
+    """A mixin that folds the history into the module's running mean."""
+
+    mean: nnx.BatchStat[Array]
+
+    def update_statistics(self, rollout_extras: Array) -> None:
+        self.mean[...] = rollout_extras.reshape(-1, FEATURES).mean(axis=0)
+
+
+class MixinShadowedByTheDefault(StatefulModule, _FoldsARunningMean):
+    """Lists its statistics mixin after StatefulModule, whose no-op default update_statistics
+    then shadows the mixin's: the mean never moves."""
+
+    def __init__(self) -> None:
+        self.mean = nnx.BatchStat(jnp.zeros(FEATURES))
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return _out((), x - self.mean[...], x)
+
+
 class ReplaySkipsTheCarry(Leaky):
     """In replay, keeps the carry it was given instead of advancing it."""
 
@@ -853,6 +873,12 @@ MODULE_BUGS: dict[
         {},
         ModuleProperty.STATISTICS,
         "Residual.inner (Normalizer)",
+    ),
+    "statistics mixin shadowed by the no-op update_statistics": (
+        MixinShadowedByTheDefault,
+        {},
+        ModuleProperty.STATISTICS,
+        "MixinShadowedByTheDefault",
     ),
     "scalar penalty summed over the batch": (
         SummedPenalty,

@@ -20,6 +20,7 @@ A call is checked in three layers:
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import inspect
 import os
@@ -186,6 +187,12 @@ _RULE_INIT_NO_WRITES = rule_text(
     "training runs it in a compiled program on a copy of the network, where a write is "
     "lost",
     "variables",
+)
+_RULE_STATISTICS_UPDATED = rule_text(
+    "a module that keeps running statistics (nnx.BatchStat) updates them in an "
+    "update_statistics of its own; one whose statistics are held fixed on purpose is "
+    "wrapped in FrozenStatistics",
+    "statistics",
 )
 RULE_STATISTICS_KIND = rule_text(
     "running statistics are nnx.BatchStat (or another non-Param variable) or arrays, made "
@@ -1637,6 +1644,7 @@ def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[
                 path: held for path, held in before.items() if _holds_a_statistic(held[0])
             }
             _check_kept_shapes(site, statistics)
+            _check_statistics_updated(site, site.module)
             _check_all_reached(site, site.module, shared.reached, _STATISTICS_ROUTING)
     finally:
         if token is not None:
@@ -1770,21 +1778,25 @@ def _is_contract_module(node: Any) -> bool:
 
 def is_stats_bearing(node: Any) -> bool:
     """A contract module that defines ``update_statistics`` and holds no sub-modules, or
-    holds statistics of its own beside them (not only its children's)."""
+    holds statistics of its own beside them (not only its children's); or one that
+    holds ``nnx.BatchStat`` variables of its own but inherits the no-op default (a
+    contract violation: nothing would ever update them)."""
     if not _is_contract_module(node):
         return False
     if not _overrides(node, "update_statistics"):
-        return False
-    return not _has_contract_children(node) or _holds_own_statistics(node)
+        return bool(_own_batch_statistics(node))
+    return not _has_contract_children(node) or bool(_own_statistics(node))
 
 
-def _holds_own_statistics(node: Any) -> bool:
-    """Whether a statistic of ``node`` lies outside its contract sub-modules: a statistic
-    variable, or an array held outside variables (``update_statistics`` may write either)."""
+def _own_statistics(node: Any) -> list[tuple[tuple[Any, ...], Any]]:
+    """The statistics of ``node`` outside its contract sub-modules, by path: statistic
+    variables, and arrays held outside variables (``update_statistics`` may write either)."""
     entries = [(tuple(path), value) for path, value in nnx.iter_graph(node) if path]
     children = [path for path, value in entries if _is_contract_module(value)]
-    return any(
-        (
+    return [
+        (path, value)
+        for path, value in entries
+        if (
             isinstance(value, jax.Array | np.ndarray)
             or (
                 isinstance(value, nnx.Variable)
@@ -1793,8 +1805,16 @@ def _holds_own_statistics(node: Any) -> bool:
             )
         )
         and not any(path[: len(child)] == child for child in children)
-        for path, value in entries
-    )
+    ]
+
+
+def _own_batch_statistics(node: Any) -> list[tuple[tuple[Any, ...], Any]]:
+    """The ``nnx.BatchStat`` variables of ``node`` outside its contract sub-modules: Flax's
+    kind for running statistics (``nnx.BatchNorm`` keeps its averages in them). Other
+    variables that are not parameters may be constants, which need no update."""
+    return [
+        (path, value) for path, value in _own_statistics(node) if isinstance(value, nnx.BatchStat)
+    ]
 
 
 def _has_contract_children(node: Any) -> bool:
@@ -1821,26 +1841,89 @@ class _Routing:
     frozen_exempt: bool  # FrozenStatistics holds its modules out of this call
 
 
+def _module_name(root: Any, path: tuple[Any, ...], node: Any) -> str:
+    """``node``, at ``path`` below ``root``, as a message names it: ``Sequential.layers[0]
+    (Centre)``, or the root's class."""
+    if not path:
+        return type(root).__name__
+    return f"{type(root).__name__}{format_graph_path(root, path)} ({type(node).__name__})"
+
+
+def _frozen_paths(nodes: dict[tuple[Any, ...], Any]) -> list[tuple[Any, ...]]:
+    """The paths of the nodes whose statistics are held fixed, with all below them."""
+    return [path for path, node in nodes.items() if getattr(node, FROZEN_STATISTICS_MARK, False)]
+
+
+def _is_below(path: tuple[Any, ...], ancestors: list[tuple[Any, ...]]) -> bool:
+    return any(path[: len(ancestor)] == ancestor for ancestor in ancestors)
+
+
+def _check_statistics_updated(site: _Site, root: Any) -> None:
+    """No module below ``root`` keeps ``nnx.BatchStat`` statistics of its own while
+    inheriting the no-op default ``update_statistics``, unless it is held fixed by
+    ``FrozenStatistics``: its statistics would silently never change."""
+    nodes = {tuple(path): node for path, node in nnx.iter_graph(root)}
+    frozen = _frozen_paths(nodes)
+    for path, node in nodes.items():
+        if not _is_contract_module(node) or _overrides(node, "update_statistics"):
+            continue
+        held = _own_batch_statistics(node)
+        if not held or _is_below(path, frozen):
+            continue
+        name = _module_name(root, path, node)
+        variables = ", ".join(_describe_variable(node, p, v) for p, v in held[:4])
+        raise _violation(
+            site,
+            f"{name} keeps running statistics ({variables}) but inherits the no-op default "
+            "update_statistics: they would never change.",
+            leaf=name,
+            expected=f"{type(node).__name__} to define update_statistics and fold the "
+            f"(T, B, *feat) history into them; or, if they are held fixed on purpose, "
+            f"{type(node).__name__} wrapped in FrozenStatistics",
+            found=f"{name} inherits the no-op default{_why_default(type(node))}",
+            rule=_RULE_STATISTICS_UPDATED,
+        )
+
+
+def _why_default(cls: type) -> str:
+    """Why ``cls`` ends up with the default ``update_statistics``, where it shows: a base
+    outside the contract that defines it after the contract's default in the bases, or a
+    method whose name is a near miss."""
+    method = "update_statistics"
+    shadowed = [
+        klass.__qualname__
+        for klass in cls.__mro__
+        if method in vars(klass) and not getattr(klass, "__nnx_ppo_contract__", False)
+    ]
+    if shadowed:
+        return (
+            f"; {shadowed[0]}.{method} is shadowed by it, since {shadowed[0]} comes after "
+            f"StatefulModule in the bases: list {shadowed[0]} first"
+        )
+    near = difflib.get_close_matches(
+        method, [n for n in dir(cls) if n != method and callable(getattr(cls, n, None))], 1, 0.8
+    )
+    if near:
+        return f"; it defines {near[0]}: a misspelling of {method}?"
+    return ""
+
+
 def _check_all_reached(site: _Site, root: Any, reached: dict[int, type], routing: _Routing) -> None:
     nodes = {tuple(path): node for path, node in nnx.iter_graph(root)}
     in_graph = {id(node) for node in nodes.values()}
     # An NNX transform (nnx.vmap over an ensemble's members) calls a copy of a module,
     # which no node of the graph is: a module of a class reached that way counts as reached.
     copied = {cls for module, cls in reached.items() if module not in in_graph}
-    frozen = [path for path, node in nodes.items() if getattr(node, FROZEN_STATISTICS_MARK, False)]
+    frozen = _frozen_paths(nodes)
     method = routing.method
 
     def name(path: tuple[Any, ...]) -> str:
-        if not path:
-            return type(root).__name__
-        return (
-            f"{type(root).__name__}{format_graph_path(root, path)} ({type(nodes[path]).__name__})"
-        )
+        return _module_name(root, path, nodes[path])
 
     for path, node in nodes.items():
         if id(node) in reached or type(node) in copied or not routing.needs(node):
             continue
-        if routing.frozen_exempt and any(path[: len(held)] == held for held in frozen):
+        if routing.frozen_exempt and _is_below(path, frozen):
             continue
         ancestors = [
             path[:i] for i in range(len(path) - 1, -1, -1) if _is_contract_module(nodes[path[:i]])
