@@ -280,3 +280,37 @@ def test_pytree_observations_refuse_a_batch_size_that_is_no_positive_int(
 ) -> None:
     with pytest.raises(error, match="pytree_observations: batch_size must be"):
         nst.pytree_observations(batch_size=batch_size)
+
+
+class _NumPyCarry(StatefulModule):
+    """Starts its carry with NumPy (``dtype``), and steps it (reversed) as JAX holds it."""
+
+    def __init__(self, dtype: Any) -> None:
+        self.dtype = dtype
+
+    def initialize_state(self, batch_size: int) -> dict[str, Any]:
+        return {"h": np.ones((batch_size, 2), self.dtype)}
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        h = jnp.flip(jnp.asarray(state["h"]), axis=-1)
+        return StatefulModuleOutput({"h": h}, x, jnp.zeros(()), {}, None)
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return jax.tree.map(jnp.zeros_like, prev_state)
+
+
+@settings(max_examples=8)
+@given(
+    st.sampled_from([np.float64, np.int64, np.uint64, np.complex128, np.float32, np.bool_]),
+    nst.batch_sizes(),
+)
+def test_a_numpy_carry_steps_eagerly_as_compiled(dtype: Any, batch_size: int) -> None:
+    # A float64 NumPy carry stepped eagerly was refused (its next_state float32, as JAX
+    # holds it), while under jit, where it is float32 from the start, it ran.
+    module = _NumPyCarry(dtype)
+    state = module.initialize_state(batch_size)
+    x = jnp.zeros((batch_size, 1))
+    eager = module(state, x).next_state
+    compiled = nnx.jit(lambda m, s, x: m(s, x))(module, state, x).next_state
+    assert eager["h"].dtype == compiled["h"].dtype == jax.dtypes.canonicalize_dtype(dtype)
+    module.reset_state(state)

@@ -63,6 +63,7 @@ __all__ = [
     "describe_module",
     "format_graph_path",
     "format_shape",
+    "held_dtype",
     "install_checks",
     "is_key",
     "is_stats_bearing",
@@ -363,6 +364,12 @@ def describe_leaf(leaf: Any) -> str:
     return f"shape {tuple(shape)} {leaf.dtype}"
 
 
+def held_dtype(dtype: Any) -> Any:
+    """``dtype`` as JAX holds it: a NumPy float64 or int64 becomes float32 or int32 (as a
+    jitted function receives it) unless ``JAX_ENABLE_X64`` is set; typed keys are kept."""
+    return jax.dtypes.canonicalize_dtype(dtype, allow_extended_dtype=True)
+
+
 def named_leaves(name: str, tree: Any) -> list[tuple[str, Any]]:
     """The leaves of ``tree`` with their paths written after ``name``: ``("state['h']", leaf)``."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
@@ -552,7 +559,8 @@ def _check_same_tree(
         shape = getattr(leaf, "shape", None)
         if ref_shape is None or shape is None:
             continue
-        same_dtype = not compare_dtype or ref_leaf.dtype == leaf.dtype
+        # Compared as JAX holds them: a NumPy float64 carry is float32 once jitted.
+        same_dtype = not compare_dtype or held_dtype(ref_leaf.dtype) == held_dtype(leaf.dtype)
         if tuple(ref_shape) != tuple(shape) or not same_dtype:
             change = _describe_change(tuple(ref_shape), tuple(shape), ref_leaf.dtype, leaf.dtype)
             raise _violation(

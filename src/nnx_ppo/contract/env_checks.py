@@ -46,6 +46,7 @@ from nnx_ppo.contract.checking import (
     checks_enabled,
     describe_leaf,
     format_shape,
+    held_dtype,
     named_leaves,
     structure_difference,
 )
@@ -324,10 +325,7 @@ def _check_same_as_reference(
         if not (_is_array(ref_leaf) and _is_array(leaf)):
             continue
         # As JAX will hold it: a NumPy float64 leaf becomes float32 without JAX_ENABLE_X64.
-        dtype, ref_dtype = (
-            jax.dtypes.canonicalize_dtype(x.dtype, allow_extended_dtype=True)
-            for x in (leaf, ref_leaf)
-        )
+        dtype, ref_dtype = held_dtype(leaf.dtype), held_dtype(ref_leaf.dtype)
         if tuple(ref_leaf.shape) != tuple(leaf.shape) or ref_dtype != dtype:
             raise _violation(
                 where,

@@ -39,6 +39,7 @@ from jaxtyping import Array, PyTree, Shaped
 
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.axes import BatchedTree
+from nnx_ppo.contract.checking import held_dtype
 from nnx_ppo.networks.containers import Concat, Parallel, Sequential, Splitter
 from nnx_ppo.networks.types import StatefulModule
 from nnx_ppo.testing.modules import LEAF_FACTORIES, LeafFactory
@@ -102,7 +103,7 @@ def _random_leaf(
     rng: np.random.Generator, shape: tuple[int, ...], dtype: Any
 ) -> Shaped[Array, "..."]:
     # The dtype JAX holds: asked for float64 with x64 off, it warns at every draw.
-    dtype = jax.dtypes.canonicalize_dtype(dtype, allow_extended_dtype=True)
+    dtype = held_dtype(dtype)
     if jnp.issubdtype(dtype, jax.dtypes.prng_key):
         seed = int(rng.integers(0, 2**31 - 1))
         return jax.random.split(jax.random.key(seed), math.prod(shape)).reshape(shape)
