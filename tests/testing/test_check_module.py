@@ -613,6 +613,70 @@ def test_an_error_in_a_modules_own_update_statistics_is_not_blamed_on_routing() 
     assert "fold T and B into one batch" in str(error)
 
 
+class MetricsForExtras(StatsRecorder):
+    """Returns its history as metrics, the 4th field, and no rollout_extras."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {"x": x})
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        self.samples[...] += rollout_extras.reshape(-1, 3).shape[0]
+
+
+def test_update_statistics_given_none_says_the_module_emitted_no_extras() -> None:
+    # The hint said to fold T and B, about (T, B, *feat) leaves the module never got.
+    network = Sequential([Linear(3, 3, rngs=nnx.Rngs(0)), MetricsForExtras(3)])
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(network, jnp.zeros(3), max_examples=1)
+    error = caught.value
+    assert error.property == ModuleProperty.STATISTICS
+    assert isinstance(error.cause, AttributeError)
+    assert (
+        "hint:     Sequential.layers[1].update_statistics was given None: its __call__ "
+        "emitted no rollout_extras. Return what its statistics need as rollout_extras, the "
+        "5th field of StatefulModuleOutput(next_state, output, regularization_loss, "
+        "metrics, rollout_extras)"
+    ) in str(error)
+
+
+class NumPyCell(StatefulModule):
+    """Starts its carry and builds one output leaf with NumPy, in float64."""
+
+    def initialize_state(self, batch_size: int) -> Any:
+        return {"h": np.zeros((batch_size, 2))}
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return jax.tree.map(jnp.zeros_like, prev_state)
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        h = 0.5 * jnp.asarray(state["h"]) + x
+        output = {"h": h, "ones": np.ones((x.shape[0], 1))}
+        return StatefulModuleOutput({"h": h}, output, jnp.zeros(()), {})
+
+
+def test_numpy_float64_leaves_compare_as_the_float32_jax_holds() -> None:
+    # Eagerly float64, compiled float32: the kit called that a difference between them.
+    check_module(NumPyCell, jnp.zeros(2), max_examples=2)
+
+
+_STEPS = [0]
+
+
+class GlobalStepCount(StatefulModule):
+    """Scales its input by a global count of its calls: compiled, it counts once."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        _STEPS[0] += 1
+        return StatefulModuleOutput(state, x * _STEPS[0], jnp.zeros(()), {})
+
+
+def test_an_eager_compiled_difference_names_side_effects_not_only_attribute_order() -> None:
+    with pytest.raises(ContractPropertyError) as caught:
+        check_module(GlobalStepCount, jnp.ones(2), max_examples=1)
+    assert caught.value.property == ModuleProperty.EAGER_COMPILED
+    assert "nothing depends on Python side effects or global state" in str(caught.value)
+
+
 class BFloat16Cell(StatefulModule):
     """A bfloat16 carry: eager ops and the fused program round it differently."""
 

@@ -59,6 +59,7 @@ from nnx_ppo.contract.checking import (
     CallRecord,
     batched_example_hint,
     format_graph_path,
+    held_dtype,
     is_stats_bearing,
     named_leaves,
     observe_calls,
@@ -263,7 +264,9 @@ def _first_mismatch(
         )
     for (name, want), (_, got) in zip(expected, found, strict=True):
         want_np, got_np = as_numpy(want), as_numpy(got)
-        if want_np.shape != got_np.shape or want_np.dtype != got_np.dtype:
+        # As JAX holds them: an eager NumPy float64 leaf is float32 once compiled.
+        same_dtype = held_dtype(want_np.dtype) == held_dtype(got_np.dtype)
+        if want_np.shape != got_np.shape or not same_dtype:
             return _Mismatch(
                 name,
                 None,
@@ -421,11 +424,32 @@ _PROPERTY_OF_RULE = {
 class _PhaseError(Exception):
     """An error raised while one property's calls ran; turned into a ContractPropertyError."""
 
-    def __init__(self, prop: ModuleProperty, what: str, error: Exception) -> None:
+    def __init__(
+        self, prop: ModuleProperty, what: str, error: Exception, hint: str | None = None
+    ) -> None:
         super().__init__(str(error))
         self.prop = prop
         self.what = what
         self.error = error
+        self.hint = hint
+
+
+class _GivenNoHistory(Exception):
+    """``update_statistics`` raised in a module that was given ``None``: it emitted no
+    ``rollout_extras``, which the error it raised does not say."""
+
+    def __init__(self, module: str, error: Exception) -> None:
+        super().__init__(str(error))
+        self.module = module
+        self.error = error
+
+    def hint(self) -> str:
+        return (
+            f"{self.module}.update_statistics was given None: its __call__ emitted no "
+            "rollout_extras. Return what its statistics need as rollout_extras, the 5th "
+            "field of StatefulModuleOutput(next_state, output, regularization_loss, "
+            "metrics, rollout_extras)"
+        )
 
 
 @contextlib.contextmanager
@@ -435,6 +459,8 @@ def _phase(prop: ModuleProperty, what: str) -> Iterator[None]:
         yield
     except (_PhaseError, ContractPropertyError):
         raise
+    except _GivenNoHistory as given:
+        raise _PhaseError(prop, what, given.error, given.hint()) from given.error
     except Exception as error:
         leaf = contract_leaf(error)
         if prop is ModuleProperty.CHECKED_CALL and leaf and leaf.startswith("next_state"):
@@ -507,10 +533,15 @@ class _PerModule:
             else (lambda r: r.arguments[0][1])
         )
         self.seen: dict[str, list[tuple[Any, bool]]] = {}
+        self.failed: list[tuple[str, Any]] = []
+        """The calls that raised, innermost first: the module's path and what it was given."""
 
     def __call__(self, record: CallRecord) -> None:
         path = self.paths.get(id(record.module))
-        if path is None or record.method != self.method or record.error is not None:
+        if path is None or record.method != self.method:
+            return
+        if record.error is not None:
+            self.failed.append((path, record.arguments[0][1] if record.arguments else None))
             return
         self.seen.setdefault(path, []).append((self.read(record), not record.in_transform))
 
@@ -630,7 +661,14 @@ class _ModuleKit:
         module = nnx.merge(self.graphdef, variables)
         given = _PerModule(module, "update_statistics")
         with observe_calls(given):
-            module.update_statistics(history)
+            try:
+                module.update_statistics(history)
+            except ContractError:
+                raise
+            except Exception as error:
+                if given.failed and given.failed[0][1] is None:
+                    raise _GivenNoHistory(self.name + given.failed[0][0], error) from error
+                raise
         return _variable_values(nnx.state(module, _FORWARD_STATE)), given.at_top(), given.calls()
 
     # -------------------------------------------------------------------- eager calls
@@ -1985,8 +2023,10 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
     ),
     PropertyCheck(
         ModuleProperty.EAGER_COMPILED,
-        "outputs are the same eagerly and compiled: nothing (e.g. the order of a "
-        "container's children) depends on how NNX sorts a module's attributes",
+        "outputs are the same eagerly and compiled: nothing depends on Python side effects "
+        "or global state (under jit they run once, while tracing), on how NNX sorts a "
+        "module's attributes (the order of a container's children), or on dtypes "
+        "(compared as JAX holds them: a NumPy float64 as float32)",
         "the first env alone, run eagerly on your module: ``initialize_state(1)``, its "
         "last step in the rollout and in the replay, its ``reset_state``, and "
         "``update_statistics`` of its first step, give what the compiled calls gave",
@@ -2073,7 +2113,10 @@ _FOLD_HINT = (
 
 
 def _failure_hint(failure: _PhaseError, batched_example_hint: str | None) -> str | None:
-    """What to look at for a call that raised: the example's shape, or the statistics' fold."""
+    """What to look at for a call that raised: the example's shape, the statistics' fold, or
+    what the phase found (a module given no history)."""
+    if failure.hint is not None:
+        return failure.hint
     if failure.prop is ModuleProperty.STATISTICS and not isinstance(failure.error, ContractError):
         return _FOLD_HINT
     return batched_example_hint if failure.prop in _SHAPE_PROPERTIES else None
