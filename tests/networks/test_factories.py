@@ -10,7 +10,9 @@ import pytest
 from flax import nnx
 
 import nnx_ppo
-from nnx_ppo.envs import make
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.envs import State, make, time_limit
 from nnx_ppo.networks import factories
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
@@ -359,3 +361,83 @@ def test_dict_actions_of_one_agent_with_one_reward_are_named_when_the_network_is
         ValueError, match=r"this env returns one reward of shape \(\)\. For one agent"
     ):
         factories.make_default_network(OneReward(), nnx.Rngs(0), hidden_sizes=[8])
+
+
+class Objectives:
+    """One agent, one action, a reward per objective: a dict by ``reward_keys``."""
+
+    observation_size = 2
+    action_size = 1
+
+    def __init__(self, discrete: bool = False, requires_memory: bool = False, reward: Any = None):
+        self.discrete_actions, self.requires_memory = discrete, requires_memory
+        self.reward = {"speed": 0.0, "energy": 0.0} if reward is None else reward
+
+    def _state(self, obs: Any, steps: Any) -> State:
+        done, truncated = time_limit(jnp.zeros((), bool), steps, 3)
+        reward = jax.tree.map(lambda r: jnp.sum(obs) + r, self.reward)
+        return State(obs, reward, done, {}, {"truncated": truncated}, {"steps": steps})
+
+    def reset(self, key: Any) -> State:
+        return self._state(jax.random.uniform(key, (2,)), jnp.zeros((), jnp.int32))
+
+    def step(self, state: State, action: Any) -> State:
+        push = jnp.reshape(action, (-1,))[:1].astype(jnp.float32)
+        return self._state(state.obs + 0.1 * push, state.data["steps"] + 1)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [Objectives(), Objectives(discrete=True), Objectives(requires_memory=True)],
+    ids=["continuous", "discrete", "lstm"],
+)
+def test_one_action_and_a_reward_per_objective_get_a_value_per_objective(env: Objectives):
+    """The preset's one critic returned one value for a dict reward: training broke the
+    contract at its first step, blaming the network's values."""
+    if env.discrete_actions:
+        env.action_size = 3
+    net = factories.make_default_network(env, nnx.Rngs(0), hidden_sizes=[8])
+    out = _call(net, net.initialize_state(B), jnp.ones((B, 2)))
+    assert jax.tree.map(jnp.shape, out.output.value_estimates) == {
+        "energy": (B,),
+        "speed": (B,),
+    }
+
+
+def test_the_preset_trains_on_a_reward_per_objective():
+    env = Objectives()
+    net = factories.make_default_network(env, nnx.Rngs(0), hidden_sizes=[4])
+    ppo = PPOConfig(
+        n_envs=2,
+        rollout_length=3,
+        total_steps=12,
+        n_minibatches=1,
+        n_epochs=1,
+        combine_advantages=True,
+    )
+    config = TrainConfig(ppo=ppo, eval=EvalConfig(n_envs=2, max_episode_length=4))
+    result = train_ppo(env, net, config)
+    assert {"eval/episode_reward/energy/mean", "eval/episode_reward/speed/mean"} <= set(
+        result.eval_history[-1]
+    )
+
+
+@pytest.mark.parametrize(
+    "reward",
+    [{"a": {"x": 0.0}, "b": 0.0}, (0.0, 0.0), {0: 0.0, 1: 0.0}, {}],
+    ids=["nested", "tuple", "int-keys", "empty"],
+)
+def test_a_reward_tree_the_preset_critic_cannot_mirror_is_named(reward: Any):
+    with pytest.raises(
+        ValueError,
+        match=r"returns one value per reward leaf for one reward, or for a flat dict of "
+        r"rewards by str keys .*this env's reward is the tree PyTreeDef.*Build the network "
+        "yourself",
+    ):
+        factories.make_default_network(Objectives(reward=reward), nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("keys", ["speed", [], ["a", "a"], [0]])
+def test_bad_reward_keys_are_named(keys: Any):
+    with pytest.raises(TypeError, match="reward_keys must be a non-empty sequence of distinct"):
+        factories.make_mlp_actor_critic(OBS, ACTIONS, [8], [8], nnx.Rngs(0), reward_keys=keys)

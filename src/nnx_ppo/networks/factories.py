@@ -12,7 +12,7 @@ from nnx_ppo.contract.arguments import require_bool, require_int, require_number
 from nnx_ppo.contract.env_checks import discrete_action_flags, require_env
 from nnx_ppo.networks._initializers import variance_scaling_uniform, zeros
 from nnx_ppo.networks.adapter import PPOAdapter
-from nnx_ppo.networks.containers import Sequential
+from nnx_ppo.networks.containers import Sequential, Splitter
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.recurrent import LSTM
@@ -113,6 +113,7 @@ def make_mlp_actor_critic(
     *,
     actor_obs_keys: Sequence[str] | None = None,
     critic_obs_keys: Sequence[str] | None = None,
+    reward_keys: Sequence[str] | None = None,
 ) -> StatefulModule:
     """An MLP actor and an MLP critic for continuous actions in ``[-1, 1]``.
 
@@ -152,6 +153,8 @@ def make_mlp_actor_critic(
         starts with a :class:`~nnx_ppo.networks.utils.Filter` of its entries and a
         :class:`~nnx_ppo.networks.utils.Flattener`; a side left ``None`` beside one
         given keys starts with a ``Flattener`` of all the entries.
+      reward_keys: for a dict reward (one entry per objective), its keys: the critic
+        then returns a dict of ``(B,)`` values by these keys, one per reward leaf.
     """
     require_int("make_mlp_actor_critic", "action_size", action_size)
     sampler = NormalTanhSampler(
@@ -169,6 +172,7 @@ def make_mlp_actor_critic(
         normalize_obs,
         initializer_scale,
         (actor_obs_keys, critic_obs_keys),
+        reward_keys,
     )
 
 
@@ -185,6 +189,7 @@ def make_discrete_mlp_actor_critic(
     *,
     actor_obs_keys: Sequence[str] | None = None,
     critic_obs_keys: Sequence[str] | None = None,
+    reward_keys: Sequence[str] | None = None,
 ) -> StatefulModule:
     """An MLP actor and an MLP critic for a discrete action out of ``n_actions``.
 
@@ -204,6 +209,8 @@ def make_discrete_mlp_actor_critic(
       entropy_weight: passed to the sampler.
       actor_obs_keys, critic_obs_keys: the dict observation's entries each side
         reads, as for :func:`make_mlp_actor_critic`.
+      reward_keys: a dict reward's keys, for one value per entry, as for
+        :func:`make_mlp_actor_critic`.
     """
     _require_choices("make_discrete_mlp_actor_critic", "n_actions", n_actions)
     return _mlp_actor_critic(
@@ -218,6 +225,7 @@ def make_discrete_mlp_actor_critic(
         normalize_obs,
         initializer_scale,
         (actor_obs_keys, critic_obs_keys),
+        reward_keys,
     )
 
 
@@ -268,6 +276,25 @@ def _obs_selection(
     return width, [Filter({key: key for key in keys}), Flattener()]
 
 
+def _value_split(owner: str, reward_keys: Sequence[str] | None) -> tuple[int, list[Splitter]]:
+    """The critic's output width, and the layer splitting it into one value per key of a
+    dict reward (none for one reward)."""
+    if reward_keys is None:
+        return 1, []
+    keys = list(reward_keys) if isinstance(reward_keys, Sequence) else []
+    if (
+        isinstance(reward_keys, str)
+        or not keys
+        or not all(isinstance(key, str) for key in keys)
+        or len(set(keys)) != len(keys)
+    ):
+        raise TypeError(
+            f"{owner}: reward_keys must be a non-empty sequence of distinct str keys, those "
+            f"of a dict reward, got {reward_keys!r}"
+        )
+    return len(keys), [Splitter(**dict.fromkeys(keys, 1))]
+
+
 def _require_choices(owner: str, name: str, n_actions: int) -> None:
     """A discrete action chooses among at least two: one leaves the policy nothing to learn."""
     require_int(owner, name, n_actions)
@@ -287,8 +314,10 @@ def _mlp_actor_critic(
     normalize_obs: bool,
     initializer_scale: float,
     obs_keys: tuple[Sequence[str] | None, Sequence[str] | None] = (None, None),
+    reward_keys: Sequence[str] | None = None,
 ) -> StatefulModule:
     activation = _resolve_activation(owner, activation)
+    n_values, value_split = _value_split(owner, reward_keys)
     normalize_obs = require_bool(owner, "normalize_obs", normalize_obs)
     require_number(owner, "initializer_scale", initializer_scale, minimum=0.0, strict=True)
     actor_hidden_sizes = require_sizes(owner, "actor_hidden_sizes", actor_hidden_sizes)
@@ -313,7 +342,7 @@ def _mlp_actor_critic(
         bias_init=zeros,
     )
     critic = make_mlp_layers(
-        [critic_width or width, *critic_hidden_sizes, 1],
+        [critic_width or width, *critic_hidden_sizes, n_values],
         rngs,
         activation,
         activation_last_layer=False,
@@ -322,7 +351,7 @@ def _mlp_actor_critic(
     )
     adapter = PPOAdapter(
         action=Sequential([*actor_input, *actor, sampler]),
-        value=Sequential([*critic_input, *critic]),
+        value=Sequential([*critic_input, *critic, *value_split]),
     )
     preprocessing: list[StatefulModule] = []
     if normalize_obs:
@@ -346,6 +375,7 @@ def make_lstm_actor_critic(
     activation: Activation | str = nnx.relu,
     normalize_obs: bool = True,
     entropy_weight: float = 1e-2,
+    reward_keys: Sequence[str] | None = None,
 ) -> StatefulModule:
     """A recurrent actor-critic: an encoder and an LSTM shared by two linear heads.
 
@@ -364,7 +394,9 @@ def make_lstm_actor_critic(
     with a :class:`~nnx_ppo.networks.sampling_layers.CategoricalSampler` over
     ``action_size`` actions when ``discrete``, else a
     :class:`~nnx_ppo.networks.sampling_layers.NormalTanhSampler` of width
-    ``action_size``. The LSTM's carry is reset when an episode ends.
+    ``action_size``. The LSTM's carry is reset when an episode ends. For a dict
+    reward (one entry per objective), ``reward_keys`` are its keys: the value head
+    then returns a dict of ``(B,)`` values by these keys.
     """
     owner = "make_lstm_actor_critic"
     require_int(owner, "obs_size", obs_size)
@@ -375,6 +407,7 @@ def make_lstm_actor_critic(
     if discrete:
         _require_choices(owner, "action_size", action_size)
     activation = _resolve_activation(owner, activation)
+    n_values, value_split = _value_split(owner, reward_keys)
     sampler: ActionSampler
     if discrete:
         sampler, n_out = CategoricalSampler(rngs, entropy_weight=entropy_weight), action_size
@@ -386,7 +419,9 @@ def make_lstm_actor_critic(
         LSTM(hidden_size, hidden_size, rngs),
         PPOAdapter(
             action=Sequential([Dense(hidden_size, n_out, rngs), sampler]),
-            value=Dense(hidden_size, 1, rngs),
+            value=Sequential([Dense(hidden_size, n_values, rngs), *value_split])
+            if value_split
+            else Dense(hidden_size, 1, rngs),
         ),
     ]
     return Sequential(layers)
@@ -473,6 +508,13 @@ def make_default_network(
     - ``env.discrete_actions``: :func:`make_discrete_mlp_actor_critic`;
     - otherwise (Playground envs included): :func:`make_mlp_actor_critic`.
 
+    These presets with one action give their one critic a value per reward leaf
+    (``reward_keys``): one value for one reward, a dict of values for a flat dict of
+    rewards by str keys (one per objective, read on a traced ``reset``). One action
+    then has several advantages: train with ``PPOConfig(combine_advantages=True)``.
+    Another reward tree (nested, a tuple) is a ``ValueError``: build the network
+    yourself.
+
     A dict observation with ``state`` and ``privileged_state`` entries (MuJoCo
     Playground's asymmetric envs) gives the actor ``state`` alone and the critic
     ``privileged_state`` alone, as Brax PPO's defaults for those envs do: the policy
@@ -551,6 +593,7 @@ def _preset(
             discrete=discrete,
             activation=activation,
             entropy_weight=entropy,
+            reward_keys=_objective_keys(owner, env),
         )
     hidden = list(_DEFAULT_MLP_SIZES) if hidden is None else hidden
     if isinstance(action_size, Mapping):
@@ -577,6 +620,7 @@ def _preset(
         rngs,
         activation=activation,
         entropy_weight=entropy,
+        reward_keys=_objective_keys(owner, env),
         **keys,
     )
 
@@ -586,12 +630,44 @@ _ASYMMETRIC_KEYS = {"actor": "state", "critic": "privileged_state"}
 critic alone sees (Brax PPO's ``policy_obs_key``/``value_obs_key``)."""
 
 
+def _traced_reward(env: Any) -> Any:
+    """The env's reward tree, read off a traced ``env.reset`` (nothing is computed);
+    ``None`` where the env has no reset that traces: training names that."""
+    try:
+        return jax.eval_shape(env.reset, jax.random.key(0)).reward
+    except Exception:
+        return None
+
+
+def _objective_keys(owner: str, env: Any) -> tuple[str, ...] | None:
+    """The keys of a dict reward (one entry per objective), for the preset's one critic
+    to return a value per entry; ``None`` for one reward."""
+    reward = _traced_reward(env)
+    if reward is None or _is_leaf(reward):
+        return None
+    if (
+        isinstance(reward, Mapping)
+        and reward
+        and all(isinstance(key, str) and _is_leaf(leaf) for key, leaf in reward.items())
+    ):
+        return tuple(sorted(reward))
+    raise ValueError(
+        f"{owner}: the preset's critic returns one value per reward leaf for one reward, "
+        "or for a flat dict of rewards by str keys (one per objective); this env's "
+        f"reward is the tree {jax.tree.structure(reward)}. Build the network yourself, "
+        "with a value port shaped like the reward (see the layers page)."
+    )
+
+
+def _is_leaf(tree: Any) -> bool:
+    return jax.tree_util.all_leaves([tree])
+
+
 def _require_reward_per_agent(owner: str, env: Any, action_size: Mapping[str, Any]) -> None:
     """Per-agent critics need one reward per agent: a dict reward with the actions' keys
-    (read off a traced ``env.reset``, where the env has one; nothing is computed)."""
-    try:
-        reward = jax.eval_shape(env.reset, jax.random.key(0)).reward
-    except Exception:  # no reset, or one that cannot be traced: training names that
+    (read off a traced ``env.reset``, where the env has one)."""
+    reward = _traced_reward(env)
+    if reward is None:
         return
     if isinstance(reward, Mapping) and set(reward) == set(action_size):
         return
