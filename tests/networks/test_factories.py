@@ -441,3 +441,32 @@ def test_a_reward_tree_the_preset_critic_cannot_mirror_is_named(reward: Any):
 def test_bad_reward_keys_are_named(keys: Any):
     with pytest.raises(TypeError, match="reward_keys must be a non-empty sequence of distinct"):
         factories.make_mlp_actor_critic(OBS, ACTIONS, [8], [8], nnx.Rngs(0), reward_keys=keys)
+
+
+@pytest.mark.parametrize(
+    "spaces",
+    [
+        Spaces({"a": {"x": (2,), "y": 3}, "b": (1,)}, 2),
+        Spaces({"a": {"x": 2}, "b": 1}, {"a": 1, "b": 1}),
+    ],
+    ids=["one-action", "per-agent"],
+)
+def test_a_nested_dict_observation_is_named_by_its_entry(spaces: Spaces):
+    """It was "observation_size must be an int, got dict", naming no entry."""
+    with pytest.raises(
+        TypeError,
+        match=r"observation_size\['a'\] is the dict \{'x': .*one observation leaf .* per dict "
+        r"entry.*Build the network yourself for nested dict observations",
+    ):
+        factories.make_default_network(spaces, nnx.Rngs(0))
+
+
+def test_agents_keyed_by_ints_are_named():
+    """Int agent keys failed deep in a container: "Map keys must be strings, got 0"."""
+    spaces = Spaces({0: (2,), 1: (2,)}, {0: 1, 1: 1})
+    with pytest.raises(
+        TypeError,
+        match=r"make_default_network: action_size's keys \[0, 1\] are not str; .*Key the env's "
+        "observations, actions and rewards by str",
+    ):
+        factories.make_default_network(spaces, nnx.Rngs(0))

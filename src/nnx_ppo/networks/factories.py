@@ -427,14 +427,22 @@ def make_lstm_actor_critic(
     return Sequential(layers)
 
 
-def _width(owner: str, size: Any) -> int:
-    """An observation width from Playground's ``observation_size``: an int or a shape."""
+def _width(owner: str, name: str, size: Any) -> int:
+    """An observation width from Playground's ``observation_size`` (``name`` the entry
+    read): an int or a shape."""
+    if isinstance(size, Mapping):
+        raise TypeError(
+            f"{owner}: {name} is the dict {dict(size)!r}; the preset networks read one "
+            "observation leaf (an int or a shape) per dict entry, one per agent for dict "
+            "actions. Build the network yourself for nested dict observations (see the "
+            "layers page)."
+        )
     if isinstance(size, tuple | list):
         width = 1
         for dim in size:
-            width *= require_int(owner, "observation_size entry", dim)
+            width *= require_int(owner, f"{name} entry", dim)
         return width
-    return require_int(owner, "observation_size", size)
+    return require_int(owner, name, size)
 
 
 def _flat(size: Any) -> bool:
@@ -523,7 +531,9 @@ def make_default_network(
 
     An observation declared with a shape of another rank than one (an image
     ``(H, W, C)``, a scalar ``()``) is flattened first, a dict's entries each on its
-    own (:class:`~nnx_ppo.networks.utils.Flattener`). Each action leaf is an int or a
+    own (:class:`~nnx_ppo.networks.utils.Flattener`); a dict observation's entry that
+    is itself a dict is a ``TypeError`` naming it (build that network yourself), and
+    so are dict actions keyed by other than str. Each action leaf is an int or a
     one-axis shape ``(n,)``; a tuple of actions, or an action of several axes, is a
     ``TypeError`` (describe it as a dict, or build the network yourself), and so is
     an agent's entry of dict actions that is itself a dict of actions (build it
@@ -586,7 +596,7 @@ def _preset(
                 "page)."
             )
         return make_lstm_actor_critic(
-            _width(owner, obs_size),
+            _width(owner, "observation_size", obs_size),
             action_size,
             _DEFAULT_LSTM_WIDTH if hidden is None else hidden[0],
             rngs,
@@ -597,6 +607,13 @@ def _preset(
         )
     hidden = list(_DEFAULT_MLP_SIZES) if hidden is None else hidden
     if isinstance(action_size, Mapping):
+        not_str = [key for key in action_size if not isinstance(key, str)]
+        if not_str:
+            raise TypeError(
+                f"{owner}: action_size's keys {not_str!r} are not str; the per-agent preset "
+                "names each agent's actor, critic and metrics by its key, a str. Key the "
+                "env's observations, actions and rewards by str (e.g. 'agent_0')."
+            )
         for key, size in action_size.items():
             _require_one_action(owner, f"action_size[{key!r}]", size)
         _require_reward_per_agent(owner, env, action_size)
@@ -606,11 +623,13 @@ def _preset(
         )
     keys: dict[str, Any] = {}
     if isinstance(obs_size, Mapping):
-        obs_size = {key: _width(owner, size) for key, size in obs_size.items()}
+        obs_size = {
+            key: _width(owner, f"observation_size[{key!r}]", size) for key, size in obs_size.items()
+        }
         if set(_ASYMMETRIC_KEYS.values()) <= set(obs_size):
             keys = {f"{side}_obs_keys": (key,) for side, key in _ASYMMETRIC_KEYS.items()}
     else:
-        obs_size = _width(owner, obs_size)
+        obs_size = _width(owner, "observation_size", obs_size)
     factory = make_discrete_mlp_actor_critic if discrete else make_mlp_actor_critic
     return factory(
         obs_size,
@@ -699,7 +718,9 @@ def _per_agent_actor_critic(
             f"same keys, got observation_size={obs_size!r}"
         )
     activation = _resolve_activation(owner, activation)
-    widths = {key: _width(owner, size) for key, size in obs_size.items()}
+    widths = {
+        key: _width(owner, f"observation_size[{key!r}]", size) for key, size in obs_size.items()
+    }
     actors: dict[str, StatefulModule] = {}
     critics: dict[str, StatefulModule] = {}
     for key, size in action_size.items():
