@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from cli_runs import TINY, parameters, train
+from cli_runs import STEP, TINY, parameters, train
 from flax import nnx
 
 from nnx_ppo.algorithms.checkpointing import (
@@ -575,6 +575,39 @@ def test_more_devices_than_there_are_is_refused_before_the_run_directory_exists(
     assert main(["train", "--devices", "64", "--run-dir", str(run_dir), *TINY]) == 2
     assert "64 devices asked for" in capsys.readouterr().err
     assert not run_dir.exists()
+
+
+_OBJECTIVES_ENV = """from nnx_ppo.envs import CartPole
+
+
+class Objectives(CartPole):
+    def reset(self, key):
+        return self._per_objective(super().reset(key))
+
+    def step(self, state, action):
+        return self._per_objective(super().step(state, action))
+
+    def _per_objective(self, state):
+        return state.replace(reward={"upright": state.reward, "alive": 0.5 * state.reward})
+"""
+
+
+def test_one_action_with_a_reward_per_objective_is_refused_before_the_run_directory_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The preset gives one action a value per objective, and training needs
+    combine_advantages for it: without, the run directory was made, then training
+    failed at its first step."""
+    (tmp_path / "objective_envs.py").write_text(_OBJECTIVES_ENV)
+    monkeypatch.syspath_prepend(tmp_path)
+    run_dir = tmp_path / "run"
+    assert train(run_dir, STEP, "--env", "objective_envs:Objectives") == 2
+    refused = " ".join(capsys.readouterr().err.split())
+    assert "nnx-ppo train: the network returns one joint log-likelihood" in refused
+    assert "Set PPOConfig.combine_advantages=True" in refused and not run_dir.exists()
+    combined = ("--set", "ppo.combine_advantages=true")
+    assert train(run_dir, STEP, "--env", "objective_envs:Objectives", *combined) == 0
+    assert find_checkpoint(run_dir)
 
 
 def test_unknown_env_and_bad_overrides_are_explained(capsys: pytest.CaptureFixture[str]) -> None:

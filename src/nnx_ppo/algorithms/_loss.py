@@ -85,22 +85,34 @@ def _policy_advantages(
     advantage); a single reward leaf is shared by every action leaf; otherwise
     the reward and action trees must match leaf for leaf (one agent each).
     """
+    require_advantage_per_action("ppo_loss", advantages, loglikelihoods, combine)
     if combine or len(jax.tree.leaves(advantages)) == 1:
         shared = jax.tree.reduce(jnp.add, advantages)
         return jax.tree.map(lambda _: shared, loglikelihoods)
-    if jax.tree.structure(advantages) == jax.tree.structure(loglikelihoods):
-        return advantages
+    return advantages
+
+
+def require_advantage_per_action(
+    owner: str, rewards: PyTree[Any], loglikelihoods: PyTree[Any], combine: bool
+) -> None:
+    """Every action leaf of ``loglikelihoods`` gets an advantage from the reward tree
+    ``rewards`` (or the advantages, its mirror), as :func:`ppo_loss` assigns them;
+    reads the trees' structures only."""
+    if combine or len(jax.tree.leaves(rewards)) == 1:
+        return
+    if jax.tree.structure(rewards) == jax.tree.structure(loglikelihoods):
+        return
     if len(jax.tree.leaves(loglikelihoods)) == 1:
         raise ValueError(
-            "ppo_loss: the network returns one joint log-likelihood for its actions (one "
-            f"probability ratio), but the reward tree {jax.tree.structure(advantages)} "
+            f"{owner}: the network returns one joint log-likelihood for its actions (one "
+            f"probability ratio), but the reward tree {jax.tree.structure(rewards)} "
             "gives one advantage per leaf. Set PPOConfig.combine_advantages=True to train "
             "the joint policy on the summed advantage, return one log-likelihood per "
             "reward leaf (a dict with the reward's keys), or give a single reward."
         )
     raise ValueError(
-        "ppo_loss: the reward tree "
-        f"{jax.tree.structure(advantages)} and the log-likelihood tree "
+        f"{owner}: the reward tree "
+        f"{jax.tree.structure(rewards)} and the log-likelihood tree "
         f"{jax.tree.structure(loglikelihoods)} differ, so no action leaf has its own "
         "advantage. Give one reward leaf per action leaf, or set "
         "PPOConfig.combine_advantages=True to train every action leaf on the summed advantage."

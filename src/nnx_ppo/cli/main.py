@@ -390,6 +390,7 @@ def _train(args: argparse.Namespace, console: Console) -> int:
     eval_envs = train_config.eval.n_envs if train_config.eval.enabled else None
     sharding.require_divisible("train", mesh, ppo.n_envs, ppo.n_minibatches, eval_envs)
     env, network = _make_env_and_network(run_config)
+    _require_advantage_per_action(env, network, ppo.combine_advantages)
     if train_config.video.enabled:
         _require_rendering(env, run_config["env"], train_config.video.render_kwargs)
     if args.resume is not None:
@@ -406,6 +407,21 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         with _writing(run_dir / LOCK_FILE, run_dir):
             held.enter_context(hold_run_lock(run_dir))
         return _train_locked(args, console, run_dir, run_config, train_config, env, network)
+
+
+def _require_advantage_per_action(env: RLEnv, network: StatefulModule, combine: bool) -> None:
+    """A reward tree that leaves one of the network's actions without an advantage stops
+    training at its first PPO step: found here, from shapes alone, before the run
+    directory exists."""
+    from flax import nnx
+
+    from nnx_ppo.algorithms._loss import require_advantage_per_action
+    from nnx_ppo.algorithms.rollout import _single_state_shapes
+
+    state = _single_state_shapes(env)
+    obs = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct((1, *leaf.shape), leaf.dtype), state.obs)
+    output = nnx.eval_shape(lambda net, x: net(net.initialize_state(1), x).output, network, obs)
+    require_advantage_per_action("nnx-ppo train", state.reward, output.loglikelihoods, combine)
 
 
 def _refuse_foreign_directory(run_dir: Path) -> None:
