@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
@@ -53,9 +52,9 @@ from nnx_ppo.contract.env_checks import (
     check_env_keeps_no_tracer,
     check_env_reset_key,
     check_env_state,
-    check_env_unbatched,
     check_given_env_state,
     plain_values,
+    single_state_shapes,
 )
 from nnx_ppo.contract.errors import rule_text
 from nnx_ppo.envs.state import (
@@ -207,7 +206,7 @@ class _BatchedEnv:
     def __init__(self, env: RLEnv) -> None:
         self.env = env
         self.name = type(env).__name__
-        self.single_state = _single_state_shapes(env)
+        self.single_state = single_state_shapes(env)
         self.reference = self.single_state if checks_enabled() else None
         self.has_shared = _holds_shared(self.single_state)
         self._unmapped: frozenset[str] | None = frozenset() if self.has_shared else None
@@ -280,32 +279,6 @@ def _unmapped_paths(single: EnvState, batched: EnvState) -> frozenset[str]:
         )
         if jnp.ndim(many) == len(one.shape)
     )
-
-
-_SINGLE_STATES: weakref.WeakKeyDictionary[Any, tuple[bool, EnvState]] = weakref.WeakKeyDictionary()
-"""Per env: whether the contract checks ran on its reset, and its one-env reset state's shapes."""
-
-
-def _single_state_shapes(env: RLEnv) -> EnvState:
-    """The shapes of one env's reset state, checked when the checks are on.
-
-    Tracing a simulator's ``reset`` takes seconds (MJX: about 1.5 s), and every
-    compiled program that steps the env needs these shapes, so they are kept per
-    env object (hashable, weakly referenced envs; JAX already takes an env passed
-    as a static argument to be immutable). A state traced with the checks off is
-    traced again, and checked, once they are on.
-    """
-    checked = checks_enabled()
-    try:
-        cached = _SINGLE_STATES.get(env)
-    except TypeError:  # an unhashable or not weakly referenceable env: no cache
-        cached = None
-    if cached is not None and (cached[0] or not checked):
-        return cached[1]
-    shapes = check_env_unbatched(env) if checked else jax.eval_shape(env.reset, jax.random.key(0))
-    with contextlib.suppress(TypeError):
-        _SINGLE_STATES[env] = (checked, shapes)
-    return shapes
 
 
 def reset_envs(env: RLEnv, keys: PerEnvKeys) -> EnvState:

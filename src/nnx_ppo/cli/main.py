@@ -416,9 +416,9 @@ def _require_advantage_per_action(env: RLEnv, network: StatefulModule, combine: 
     from flax import nnx
 
     from nnx_ppo.algorithms._loss import require_advantage_per_action
-    from nnx_ppo.algorithms.rollout import _single_state_shapes
+    from nnx_ppo.contract.env_checks import single_state_shapes
 
-    state = _single_state_shapes(env)
+    state = single_state_shapes(env)
     obs = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct((1, *leaf.shape), leaf.dtype), state.obs)
     output = nnx.eval_shape(lambda net, x: net(net.initialize_state(1), x).output, network, obs)
     require_advantage_per_action("nnx-ppo train", state.reward, output.loglikelihoods, combine)

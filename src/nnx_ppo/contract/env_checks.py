@@ -29,8 +29,10 @@ with ``action_size``'s structure says it per leaf (:func:`discrete_action_flags`
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import types
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -63,6 +65,7 @@ __all__ = [
     "is_size",
     "plain_values",
     "require_env",
+    "single_state_shapes",
     "size_shape",
     "traced_attribute",
 ]
@@ -840,3 +843,29 @@ def check_action_tree(
                 found=describe_leaf(leaf),
                 rule=_RULE_ACTION,
             )
+
+
+_SINGLE_STATES: weakref.WeakKeyDictionary[Any, tuple[bool, Any]] = weakref.WeakKeyDictionary()
+"""Per env: whether the contract checks ran on its reset, and its one-env reset state's shapes."""
+
+
+def single_state_shapes(env: Any) -> Any:
+    """The shapes of one env's reset state, checked when the checks are on.
+
+    Tracing a simulator's ``reset`` takes seconds (MJX: about 1.5 s), and every
+    compiled program that steps the env needs these shapes, so they are kept per
+    env object (hashable, weakly referenced envs; JAX already takes an env passed
+    as a static argument to be immutable). A state traced with the checks off is
+    traced again, and checked, once they are on.
+    """
+    checked = checks_enabled()
+    try:
+        cached = _SINGLE_STATES.get(env)
+    except TypeError:  # an unhashable or not weakly referenceable env: no cache
+        cached = None
+    if cached is not None and (cached[0] or not checked):
+        return cached[1]
+    shapes = check_env_unbatched(env) if checked else jax.eval_shape(env.reset, jax.random.key(0))
+    with contextlib.suppress(TypeError):
+        _SINGLE_STATES[env] = (checked, shapes)
+    return shapes

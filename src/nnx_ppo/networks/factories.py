@@ -9,7 +9,11 @@ from flax import nnx
 from jaxtyping import Array
 
 from nnx_ppo.contract.arguments import require_bool, require_int, require_number, require_sizes
-from nnx_ppo.contract.env_checks import discrete_action_flags, require_env
+from nnx_ppo.contract.env_checks import (
+    discrete_action_flags,
+    require_env,
+    single_state_shapes,
+)
 from nnx_ppo.networks._initializers import variance_scaling_uniform, zeros
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential, Splitter
@@ -650,10 +654,11 @@ critic alone sees (Brax PPO's ``policy_obs_key``/``value_obs_key``)."""
 
 
 def _traced_reward(env: Any) -> Any:
-    """The env's reward tree, read off a traced ``env.reset`` (nothing is computed);
-    ``None`` where the env has no reset that traces: training names that."""
+    """The env's reward tree, read off a traced ``env.reset`` (nothing is computed; the
+    shapes are kept for training's programs); ``None`` where the env has no reset that
+    traces, or one that breaks the contract: training names that."""
     try:
-        return jax.eval_shape(env.reset, jax.random.key(0)).reward
+        return single_state_shapes(env).reward
     except Exception:
         return None
 
