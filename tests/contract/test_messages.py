@@ -619,11 +619,12 @@ def test_a_module_that_keeps_statistics_but_inherits_the_no_op_update_statistics
 
     assert message.splitlines() == [
         f"Sequential.update_statistics: {name} keeps running statistics {variables} but "
-        "inherits the no-op default update_statistics: they would never change.",
+        "inherits the no-op default update_statistics, and nothing wrote them: they would "
+        "never change.",
         f"  leaf:     {name}",
         f"  expected: {module.__name__} to define update_statistics and fold the (T, B, *feat) "
-        "history into them; or, if they are held fixed on purpose, "
-        f"{module.__name__} wrapped in FrozenStatistics",
+        "history into them (or a module above it to write them); or, if they are held fixed "
+        f"on purpose, {module.__name__} wrapped in FrozenStatistics",
         f"  found:    {name} inherits the no-op default{why}",
         "  rule:     a module that keeps running statistics (nnx.BatchStat) updates them in an "
         "update_statistics of its own; one whose statistics are held fixed on purpose is "
@@ -633,6 +634,32 @@ def test_a_module_that_keeps_statistics_but_inherits_the_no_op_update_statistics
     assert "keeps running statistics" in _message(
         lambda: module().update_statistics(_zeros(2, B, 3))
     )
+
+
+class _FoldsItsChildsMean(StatefulModule):
+    """Keeps its child's statistics itself: the child needs no update_statistics."""
+
+    def __init__(self) -> None:
+        self.centred = _Centred()
+
+    def __call__(self, state: Any, x: Array, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return self.centred(state, x)
+
+    def update_statistics(self, rollout_extras: Array) -> None:
+        self.centred.mean[...] = rollout_extras.reshape(-1, 3).mean(0)
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+def test_statistics_a_parent_writes_need_no_update_statistics_of_their_own(jitted: bool) -> None:
+    network = Sequential([Linear(3, 3, rngs=nnx.Rngs(0)), _FoldsItsChildsMean()])
+    history = [None, jnp.ones((2, B, 3))]
+
+    if jitted:
+        nnx.jit(lambda n, h: n.update_statistics(h))(network, history)
+    else:
+        network.update_statistics(history)
+
+    np.testing.assert_array_equal(network.layers[1].centred.mean[...], np.ones(3))
 
 
 def test_statistics_held_fixed_or_constants_need_no_update_statistics() -> None:

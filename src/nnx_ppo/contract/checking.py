@@ -1652,7 +1652,7 @@ def _check_update_statistics(site: _Site, arguments: _Arguments, call: Callable[
                 path: held for path, held in before.items() if _holds_a_statistic(held[0])
             }
             _check_kept_shapes(site, statistics)
-            _check_statistics_updated(site, site.module)
+            _check_statistics_updated(site, site.module, before)
             _check_all_reached(site, site.module, shared.reached, _STATISTICS_ROUTING)
     finally:
         if token is not None:
@@ -1786,13 +1786,11 @@ def _is_contract_module(node: Any) -> bool:
 
 def is_stats_bearing(node: Any) -> bool:
     """A contract module that defines ``update_statistics`` and holds no sub-modules, or
-    holds statistics of its own beside them (not only its children's); or one that
-    holds ``nnx.BatchStat`` variables of its own but inherits the no-op default (a
-    contract violation: nothing would ever update them)."""
+    holds statistics of its own beside them (not only its children's)."""
     if not _is_contract_module(node):
         return False
     if not _overrides(node, "update_statistics"):
-        return bool(_own_batch_statistics(node))
+        return False
     return not _has_contract_children(node) or bool(_own_statistics(node))
 
 
@@ -1866,31 +1864,55 @@ def _is_below(path: tuple[Any, ...], ancestors: list[tuple[Any, ...]]) -> bool:
     return any(path[: len(ancestor)] == ancestor for ancestor in ancestors)
 
 
-def _check_statistics_updated(site: _Site, root: Any) -> None:
-    """No module below ``root`` keeps ``nnx.BatchStat`` statistics of its own while
-    inheriting the no-op default ``update_statistics``, unless it is held fixed by
-    ``FrozenStatistics``: its statistics would silently never change."""
+def _check_statistics_updated(
+    site: _Site, root: Any, before: dict[tuple[Any, ...], tuple[_Held, Any]]
+) -> None:
+    """No module below ``root`` keeps ``nnx.BatchStat`` statistics of its own that the
+    whole top-level call left unwritten while it inherits the no-op default
+    ``update_statistics``, unless ``FrozenStatistics`` holds it fixed: nothing would
+    ever update them. (A parent's ``update_statistics`` may write them itself.)"""
     nodes = {tuple(path): node for path, node in nnx.iter_graph(root)}
     frozen = _frozen_paths(nodes)
     for path, node in nodes.items():
         if not _is_contract_module(node) or _overrides(node, "update_statistics"):
             continue
-        held = _own_batch_statistics(node)
-        if not held or _is_below(path, frozen):
+        if _is_below(path, frozen):
+            continue
+        held = [
+            (own, variable)
+            for own, variable in _own_batch_statistics(node)
+            if not _written((*path, *own), variable, before)
+        ]
+        if not held:
             continue
         name = _module_name(root, path, node)
         variables = ", ".join(_describe_variable(node, p, v) for p, v in held[:4])
         raise _violation(
             site,
             f"{name} keeps running statistics ({variables}) but inherits the no-op default "
-            "update_statistics: they would never change.",
+            "update_statistics, and nothing wrote them: they would never change.",
             leaf=name,
             expected=f"{type(node).__name__} to define update_statistics and fold the "
-            f"(T, B, *feat) history into them; or, if they are held fixed on purpose, "
-            f"{type(node).__name__} wrapped in FrozenStatistics",
+            f"(T, B, *feat) history into them (or a module above it to write them); or, if "
+            f"they are held fixed on purpose, {type(node).__name__} wrapped in "
+            "FrozenStatistics",
             found=f"{name} inherits the no-op default{_why_default(type(node))}",
             rule=_RULE_STATISTICS_UPDATED,
         )
+
+
+def _written(
+    path: tuple[Any, ...], variable: Any, before: dict[tuple[Any, ...], tuple[_Held, Any]]
+) -> bool:
+    """Whether the call gave ``variable`` (at ``path``) a new value: any leaf not the very
+    object it held before (an equal value written eagerly counts as written)."""
+    if path not in before:
+        return True
+    leaves_now = jax.tree.leaves(variable.get_raw_value())
+    leaves_before = jax.tree.leaves(before[path][1])
+    return len(leaves_now) != len(leaves_before) or any(
+        now is not then for now, then in zip(leaves_now, leaves_before, strict=True)
+    )
 
 
 def _why_default(cls: type) -> str:

@@ -139,8 +139,7 @@ class ModuleRow:
         Its parameters are those of the earlier row: the table shows ``shared`` in
         place of the count, and :attr:`NetworkSummary.parameters` counts them once.
       keeps_statistics: whether the module keeps running statistics (it defines
-        ``update_statistics`` and holds no contract module, or holds ``nnx.BatchStat``
-        variables of its own), see
+        ``update_statistics`` and holds no contract module), see
         :func:`nnx_ppo.contract.checking.is_stats_bearing`.
       history: the leaves of the ``(T, B, *feat)`` history its ``update_statistics``
         received; ``None`` when it was not called with one.
