@@ -255,3 +255,25 @@ def test_a_step_directory_without_a_manifest_names_its_checkpoints_directory(
         find_checkpoint(step_dir)
     assert f"pass its checkpoints directory {tmp_path} to load the latest" in str(caught.value)
     assert "step_0000100000" not in str(caught.value)
+
+
+def test_a_step_directory_that_lost_its_manifest_passed_itself_is_named_damaged(
+    tmp_path: Path,
+) -> None:
+    # It said a cut write leaves such a directory and to pass the checkpoints directory,
+    # which then named it damaged: Orbax's metadata shows the write had finished.
+    state = new_training_state(make("cartpole"), _policy(), 4, seed=0)
+    save = make_checkpoint_fn(tmp_path)
+    save(state, 8)
+    save(state, 16)
+    damaged = step_directory(tmp_path, 16)
+    shutil.rmtree(damaged / "manifest")
+    for target in (damaged, tmp_path):
+        with pytest.raises(CheckpointError) as caught:
+            find_checkpoint(target)
+        assert not isinstance(caught.value, NoCheckpointError)
+        assert str(caught.value) == (
+            f"checkpoint {damaged} is incomplete or corrupted: its manifest/ "
+            f"(make_checkpoint_fn's) is missing. The checkpoint of step 8 is complete: "
+            f"remove {damaged} to resume from it"
+        )

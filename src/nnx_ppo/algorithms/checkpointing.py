@@ -703,10 +703,10 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
 
     Raises:
       CheckpointError: nothing usable there, a step directory given with another
-        ``step``, a checkpoint of nnx-ppo 0.3.0 there, or a step directory after the
-        latest complete one that holds Orbax's metadata or the manifest but not both
-        (it lost the other since Orbax renamed it); the message says what was looked
-        for or what is missing.
+        ``step``, a checkpoint of nnx-ppo 0.3.0 there, or a step directory (given, or
+        after the latest complete one) that holds Orbax's metadata or the manifest but
+        not both (it lost the other since Orbax renamed it); the message says what was
+        looked for or what is missing.
     """
     path = Path(path)
     if not path.exists():
@@ -723,14 +723,19 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
                 f"checkpoints directory {path.parent} to choose another step"
             )
         return path.parent, own_step
+    if own_step is not None and (missing := _missing_item(path)) is not None:
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete or corrupted: its {missing} is missing"
+            f"{_earlier(path)}"
+        )
     steps = _complete_steps(path)
     if step is None:
         _refuse_damaged_after(path, steps[-1] if steps else None)
     if not steps and own_step is not None:
         raise NoCheckpointError(
             f"no checkpoint in {path}: this step directory holds no manifest of "
-            "make_checkpoint_fn, as a write cut short leaves it; pass its checkpoints "
-            f"directory {path.parent} to load the latest complete checkpoint"
+            f"make_checkpoint_fn; pass its checkpoints directory {path.parent} to load the "
+            "latest complete checkpoint"
         )
     if not steps:
         # A run directory keeps its checkpoints in a subdirectory, absent until the first.
