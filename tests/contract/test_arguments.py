@@ -2,6 +2,7 @@
 
 import math
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given
@@ -58,8 +59,26 @@ def test_require_number_checks_the_bounds_and_their_strictness(value):
             require_number("Owner", "rate", value, minimum=0.0, strict=True)
 
 
+@pytest.mark.parametrize("array", [np.asarray, jnp.asarray], ids=["numpy", "jax"])
+@given(st.floats(min_value=-1e6, max_value=1e6, width=32) | st.integers(-1000, 1000))
+def test_require_number_takes_a_0_d_array_as_its_number(array, value):
+    assert require_number("Owner", "rate", array(value)) == pytest.approx(value)
+
+
 @pytest.mark.parametrize(
-    "value", [math.nan, math.inf, -math.inf, np.float32("nan"), True, "1", None]
+    "value",
+    [
+        math.nan,
+        math.inf,
+        -math.inf,
+        np.float32("nan"),
+        True,
+        "1",
+        None,
+        np.ones(1),
+        np.asarray(True),
+        jnp.asarray(math.inf),
+    ],
 )
 def test_require_number_rejects_what_is_not_a_finite_number(value):
     with pytest.raises(TypeError, match="Owner: rate must be a finite number, got"):

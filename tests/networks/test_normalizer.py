@@ -1,5 +1,6 @@
 """Normalizer: running statistics against NumPy, read-only forward pass, replay, bad input."""
 
+import math
 from collections import OrderedDict
 from typing import Any
 
@@ -219,6 +220,16 @@ def test_mismatched_inputs_are_named():
         normalizer.update_statistics({"a": jnp.ones((2, 4, 3)), "b": jnp.ones((2, 4, 1, 3))})
     with pytest.raises(nnx_ppo.ContractError, match="T=2"):
         normalizer.update_statistics({"a": jnp.ones((2, 4, 2)), "b": jnp.ones((3, 4, 1, 3))})
+
+
+def test_clip_takes_infinity_as_no_clip_and_a_0_d_array():
+    # Both were taken before clip was checked as a number.
+    x = jnp.array([[1e6, -1e6]])
+    unclipped = Normalizer(2, clip=math.inf)
+    normalised = unclipped(unclipped.initialize_state(1), x).output
+    plain = Normalizer(2)
+    np.testing.assert_array_equal(normalised, plain(plain.initialize_state(1), x).output)
+    assert Normalizer(2, clip=jnp.array(5.0)).clip == 5.0
 
 
 @pytest.mark.parametrize(

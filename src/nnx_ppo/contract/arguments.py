@@ -100,12 +100,16 @@ def require_number(
       maximum: the greatest value allowed; ``None`` for no upper bound.
       strict: exclude ``minimum`` itself (``minimum=0.0, strict=True``: positive).
 
+    A 0-d NumPy or JAX array of integers or floats is taken as its number.
+
     Raises:
       TypeError: ``value`` is not a finite real number: NaN, an infinity, a ``bool``
         or no number at all.
       ValueError: ``value`` lies outside the bounds.
     """
     __tracebackhide__ = True
+    if _is_concrete_scalar(value):  # a 0-d array: jnp.array(5.0), np.float32 arrays
+        value = value.item()
     real = isinstance(value, int | float | np.integer | np.floating)
     if isinstance(value, bool) or not real or not math.isfinite(value):
         raise TypeError(
@@ -115,6 +119,16 @@ def require_number(
     if below or (maximum is not None and value > maximum):
         raise ValueError(f"{owner}: {name} must {_allowed(minimum, maximum, strict)}, got {value}")
     return float(value)
+
+
+def _is_concrete_scalar(value: Any) -> bool:
+    """A 0-d NumPy or JAX array of integers or floats, not traced: it has one number."""
+    return (
+        isinstance(value, np.ndarray | jax.Array)
+        and not isinstance(value, jax.core.Tracer)
+        and value.shape == ()
+        and value.dtype.kind in "iuf"
+    )
 
 
 def require_bool(owner: str, name: str, value: Any, *, also: str | None = None) -> bool:

@@ -5,6 +5,7 @@ pass only reads them; they change only in ``update_statistics``, which folds in
 the ``(T, B, *feat)`` history of the inputs the module emitted during rollout.
 """
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -111,7 +112,8 @@ class Normalizer(StatefulModule):
       shape: the per-sample feature shape: an int, a shape (a tuple or list of
         ints; NumPy integers count), or a pytree (dicts and other mappings, lists,
         tuples) whose leaves are ints, shapes or example arrays (unbatched).
-      clip: if given, the normalised value is clipped to ``[-clip, clip]``.
+      clip: if given, the normalised value is clipped to ``[-clip, clip]`` (``math.inf``
+        clips nothing, as ``None``).
       epsilon: the floor of the variance, so constant features do not divide by zero.
 
     Example::
@@ -120,7 +122,7 @@ class Normalizer(StatefulModule):
     """
 
     def __init__(self, shape: Any, *, clip: float | None = None, epsilon: float = 1e-6) -> None:
-        if clip is not None:
+        if clip is not None and not (isinstance(clip, float) and clip == math.inf):
             clip = require_number("Normalizer", "clip", clip, minimum=0.0, strict=True)
         epsilon = require_number("Normalizer", "epsilon", epsilon, minimum=0.0, strict=True)
         if is_size(shape):
