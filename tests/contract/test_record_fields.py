@@ -205,3 +205,30 @@ def test_a_missing_required_key_tells_typeddicts_in_a_union_apart() -> None:
     assert module({"b": jnp.zeros((4, 3))}, jnp.ones((4, 3))).next_state.keys() == {"b"}
     with pytest.raises(ContractError, match=r"argument state does not match"):
         module({"c": jnp.zeros((4, 3))}, jnp.ones((4, 3)))
+
+
+typing_extensions = pytest.importorskip("typing_extensions")
+
+
+class ExtensionsCarry(typing_extensions.TypedDict):
+    """typing.is_typeddict does not know typing_extensions' classes on Python 3.11: its
+    fields and keys went unchecked."""
+
+    h: Float[Array, "B H"]
+    seen: typing_extensions.ReadOnly[typing_extensions.NotRequired[Float[Array, "B H"]]]
+
+
+def test_a_typing_extensions_typeddicts_fields_and_keys_are_checked() -> None:
+    module = _module(ExtensionsCarry)
+    x = jnp.ones((4, 3))
+    module({"h": jnp.zeros((4, 3))}, x)  # a ReadOnly NotRequired key may be absent
+    module({"h": jnp.zeros((4, 3)), "seen": jnp.zeros((4, 3))}, x)
+
+    for carry, leaf in [
+        ({"h": jnp.zeros((4,))}, "state['h']"),
+        ({"h": jnp.zeros((4, 3)), "seen": jnp.zeros((4,))}, "state['seen']"),
+        ({"seen": jnp.zeros((4, 3))}, "state['h']"),
+    ]:
+        with pytest.raises(ContractError) as caught:
+            module(carry, x)
+        assert caught.value.leaf == leaf

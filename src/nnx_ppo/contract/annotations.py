@@ -425,7 +425,7 @@ def _fields_of(value: Any, hint: Any) -> list[tuple[str, Any, Any]] | None:
     ``NamedTuple`` or dataclass ``value`` is an instance of, or a ``TypedDict`` and
     ``value`` a mapping; else ``None``. A key the ``TypedDict`` requires and the mapping
     lacks is a :class:`_MissingKey` in its place; one it may lack is left out."""
-    if typing.is_typeddict(hint):
+    if _is_typeddict(hint):
         if not isinstance(value, collections.abc.Mapping):
             return None
         hints = _field_hints(hint)
@@ -477,11 +477,29 @@ def _required_keys(record: type) -> tuple[str, ...]:
     )
 
 
+def _is_typeddict(hint: Any) -> bool:
+    """A ``TypedDict`` class, ``typing``'s or ``typing_extensions``' (whose classes
+    ``typing.is_typeddict`` does not know on Python 3.11)."""
+    return typing.is_typeddict(hint) or (
+        isinstance(hint, type)
+        and issubclass(hint, dict)
+        and all(hasattr(hint, name) for name in ("__required_keys__", "__optional_keys__"))
+    )
+
+
+def _is_read_only(hint: Any) -> bool:
+    return getattr(typing.get_origin(hint), "_name", None) == "ReadOnly"
+
+
+def _without_read_only(hint: Any) -> Any:
+    return _without_read_only(typing.get_args(hint)[0]) if _is_read_only(hint) else hint
+
+
 def _key_mark(hint: Any) -> Any:
     """``typing.Required`` or ``typing.NotRequired`` where ``hint`` is marked with it
-    (inside ``Annotated[...]`` too), else ``None``."""
+    (inside ``Annotated[...]`` or ``ReadOnly[...]`` too), else ``None``."""
     origin = typing.get_origin(hint)
-    if origin is typing.Annotated:
+    if origin is typing.Annotated or _is_read_only(hint):
         return _key_mark(typing.get_args(hint)[0])
     return origin if origin in (typing.Required, typing.NotRequired) else None
 
@@ -512,6 +530,9 @@ def _field_hints(record: type) -> dict[str, Any]:
         names = [field.name for field in dataclasses.fields(record)]
     else:  # a NamedTuple's fields, or a TypedDict's keys: every annotation
         names = list(hints)
+        # ReadOnly (PEP 705) only qualifies the key, as Required does, which
+        # get_type_hints strips; it strips ReadOnly only where typing has it.
+        hints = {name: _without_read_only(hint) for name, hint in hints.items()}
     checkable = {}
     for name in names:
         try:
