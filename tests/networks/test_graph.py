@@ -395,13 +395,6 @@ CARRY_RULE = "custom_containers.html#the-four-rules"
             "a list with one entry per connection (2)",
             "a list of length 3",
         ),
-        (
-            lambda: GRAPH.reset_state({"populations": STALE["populations"]}),
-            "reset_state",
-            "prev_state",
-            "a dict whose 'connections' list holds one entry per connection (2)",
-            "a dict with keys ['populations']",
-        ),
     ],
 )
 def test_a_carry_or_extras_without_one_entry_per_connection_is_named(
@@ -415,6 +408,21 @@ def test_a_carry_or_extras_without_one_entry_per_connection_is_named(
     assert str(error).startswith(f"PopulationGraph.{where}: {leaf} does not hold one entry")
     assert (error.leaf, error.expected, error.found) == (leaf, expected, found)
     assert error.rule is not None and CARRY_RULE in error.rule
+
+
+def test_a_carry_without_its_connections_is_named_with_checks_on_and_off() -> None:
+    # With the checks on, the carry's TypedDict annotation names the key first.
+    carry = {"populations": STALE["populations"]}
+    with pytest.raises(ContractError, match=r"argument prev_state\['connections'\] is missing"):
+        GRAPH.reset_state(carry)
+    with nnx_ppo.checks(False), pytest.raises(ContractError) as raised:
+        GRAPH.reset_state(carry)
+    error = raised.value
+    assert (error.leaf, error.expected, error.found) == (
+        "prev_state",
+        "a dict whose 'connections' list holds one entry per connection (2)",
+        "a dict with keys ['populations']",
+    )
 
 
 def test_a_stale_graph_carry_is_named_under_jit_inside_a_container_and_without_checks() -> None:

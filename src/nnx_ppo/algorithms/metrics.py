@@ -48,6 +48,7 @@ __all__ = [
     "EpisodeTotals",
     "compute_metrics",
     "episode_metrics",
+    "has_reward_leaves",
     "log_weight_stats",
     "summarize",
     "to_host",
