@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.core import Tracer
 
 __all__ = [
     "as_whole",
@@ -125,7 +126,7 @@ def _is_concrete_scalar(value: Any) -> bool:
     """A 0-d NumPy or JAX array of integers or floats, not traced: it has one number."""
     return (
         isinstance(value, np.ndarray | jax.Array)
-        and not isinstance(value, jax.core.Tracer)
+        and not isinstance(value, Tracer)
         and value.shape == ()
         and value.dtype.kind in "iuf"
     )
