@@ -534,6 +534,33 @@ class EpisodeLatentFromStepKeys(StepNoiseNewKeysAtReset):
         return out.replace(next_state={**out.next_state, "latent": state["latent"]})
 
 
+class EpisodeNoiseDrawnAtFirstStep(StepNoiseNewKeysAtReset):
+    """Correct for stochastic='per_episode': splits its keys and draws at every step, but
+    keeps the noise drawn at an episode's first step (flagged by reset_state) through the
+    episode, so its noise changes at resets only."""
+
+    def initialize_state(self, batch_size: int) -> dict[str, Array]:
+        return {
+            "keys": new_env_keys(nnx.Rngs(0), batch_size),
+            "noise": jnp.zeros((batch_size, FEATURES)),
+            "first_step": jnp.ones((batch_size,), bool),
+        }
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return {
+            "keys": split_env_keys(prev_state["keys"])[0],
+            "noise": jnp.zeros_like(prev_state["noise"]),
+            "first_step": jnp.ones_like(prev_state["first_step"]),
+        }
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        next_keys, step_keys = split_env_keys(state["keys"])
+        drawn = jax.vmap(lambda key: jax.random.normal(key, (FEATURES,)))(step_keys)
+        noise = jnp.where(state["first_step"][:, None], drawn, state["noise"])
+        first_step = jnp.zeros_like(state["first_step"])
+        return _out({"keys": next_keys, "noise": noise, "first_step": first_step}, x + noise)
+
+
 def episode_noise_then_sampler() -> StatefulModule:
     """Correct: a per-episode latent (keys replaced at reset) before a sampler (keys split
     every step, kept at reset)."""
@@ -1029,6 +1056,18 @@ def test_draws_once_per_episode_and_every_step_pass_either_setting(
     check_module(factory, jnp.zeros(FEATURES), stochastic=stochastic, **FEW_SMALL_EXAMPLES)
 
 
+def test_noise_drawn_at_an_episodes_first_step_and_kept_passes_per_episode() -> None:
+    # Its keys are split and drawn from at every step, yet the noise changes at resets
+    # only: the call a step into an episode gives the same results from any keys. A rule
+    # on where the keys flow refused it.
+    check_module(
+        EpisodeNoiseDrawnAtFirstStep,
+        jnp.zeros(FEATURES),
+        stochastic="per_episode",
+        **FEW_SMALL_EXAMPLES,
+    )
+
+
 def test_per_step_noise_declared_per_episode_says_to_declare_true() -> None:
     # Its keys change at every reset, as per-episode keys do, but at every step too.
     noise = StepNoiseNewKeysAtReset
@@ -1038,6 +1077,7 @@ def test_per_step_noise_declared_per_episode_says_to_declare_true() -> None:
     assert "the key in state['keys'] changes at every step within an episode" in message
     assert "its draws change from step to step within an episode" in message
     assert "says so with stochastic=True" in message
+    assert "from other keys in state['keys']" in message
     check_module(noise, jnp.zeros(FEATURES), stochastic=True, **FEW_SMALL_EXAMPLES)
 
 

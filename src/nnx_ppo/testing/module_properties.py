@@ -39,7 +39,7 @@ from flax import nnx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
-from jaxtyping import Array, Bool, Float, Inexact, PyTree, Shaped
+from jaxtyping import Array, Bool, Float, Inexact, Key, PyTree, Shaped
 
 from nnx_ppo._compile import fast_compile_options
 from nnx_ppo.contract import ContractError, checks
@@ -1674,19 +1674,18 @@ def _resets_keeping_keys(case: _Case, names: list[str]) -> dict[str, int]:
     return kept
 
 
+def _other_keys(keys: Key[Array, "B ..."], data: int) -> Key[Array, "B ..."]:
+    """Other valid keys of the same kind, one per key given: each folded with ``data``."""
+    folded = jax.vmap(lambda key: jax.random.fold_in(key, data))(keys.reshape(-1))
+    return folded.reshape(keys.shape)
+
+
 def _check_reset_draws_from_given_keys(case: _Case, names: list[str]) -> None:
     """``reset_state`` of the rollout's final carry, once as it is and once with other keys:
     a key leaf that comes out the same for a row both times was drawn from something
     other than the keys given (a fixed key), and every episode would repeat its draws."""
     final = case.rollout.outputs[-1].next_state
-    other_keys = jax.tree.map(
-        lambda leaf: (
-            jax.vmap(lambda key: jax.random.fold_in(key, 1))(leaf.reshape(-1)).reshape(leaf.shape)
-            if is_key(leaf)
-            else leaf
-        ),
-        final,
-    )
+    other_keys = jax.tree.map(lambda leaf: _other_keys(leaf, 1) if is_key(leaf) else leaf, final)
     with _phase(ModuleProperty.PER_ENV_KEYS, "reset_state of the final carry with other keys"):
         from_other = dict(
             named_leaves("state", host(case.kit.reset(case.variables, other_keys))[0])
@@ -1770,27 +1769,62 @@ def _check_step_draws_from_given_keys(case: _Case, per_step: list[str]) -> None:
         )
 
 
+_OTHER_KEYS_TRIED = 3
+"""How many other keys one per-step key leaf gets: a draw from few values (a sampler's
+action among two) may come out the same from one other key by chance."""
+
+
 def _check_some_draw_once_per_episode(case: _Case, per_step: list[str]) -> None:
     """``stochastic='per_episode'`` with every key split at every step: some key is drawn
     from by ``reset_state`` (a latent drawn at reset from a key that also advances), else
-    the draws of ``__call__`` from its per-step keys change within an episode."""
-    at_reset, in_step = _key_readers(case, "reset_state"), _key_readers(case, "__call__")
-    drawn_every_step = [name for name in per_step if in_step[name]]
-    if not drawn_every_step or any(at_reset[name] for name in per_step):
+    the call a step into each episode (from the rollout's final carry, which has taken a
+    step since every env's last reset) gives the same results when a key leaf holds other
+    keys. A draw made at an episode's first step and kept after it passes; one that
+    changes from step to step within an episode fails."""
+    if any(_key_readers(case, "reset_state")[name] for name in per_step):
         return
-    name = drawn_every_step[0]
-    raise case.fail(
-        ModuleProperty.PER_ENV_KEYS,
-        f"stochastic='per_episode', but the key in {name} changes at every step within an "
-        "episode, not only at reset_state, and __call__ draws from it: its draws change "
-        "from step to step within an episode. A module that draws at every step says so "
-        "with stochastic=True; one that draws once per episode keeps its key through the "
-        "episode and replaces it in reset_state.",
-        leaf=f"next_state{name.removeprefix('state')} at step 0, env 0",
-        expected="a key __call__ hands on unchanged and reset_state replaces, drawn from "
-        "once per episode (or a key reset_state draws the episode's noise from)",
-        found="a key split from the one step 0 was given, and an output of __call__ drawn from it",
-    )
+    last = case.ex.time_length - 1
+    final = case.rollout.outputs[-1].next_state
+    leaves, treedef = jax.tree.flatten(final)
+    names = [name for name, _ in named_leaves("state", final)]
+    x = _at_step(case.ex.inputs, last)
+
+    def results(given: list[Any]) -> list[tuple[str, Any]]:
+        what = "__call__ a step into each episode, its carry holding other keys"
+        with _phase(ModuleProperty.PER_ENV_KEYS, what):
+            out = host(
+                case.kit.step(case.variables, jax.tree.unflatten(treedef, given), x, None)[0]
+            )
+        return [
+            (name, leaf)
+            for name, leaf in _step_leaves(out, batched_only=False, extras=True)
+            if not is_key(leaf)
+        ]
+
+    handed_on = results(leaves)
+    for name in per_step:
+        at = names.index(name)
+        for data in range(1, _OTHER_KEYS_TRIED + 1):
+            given = list(leaves)
+            given[at] = _other_keys(leaves[at], data)
+            mismatch = _first_mismatch(handed_on, results(given), case.kit.rtol, case.kit.atol)
+            if mismatch is None:
+                continue
+            env = "" if mismatch.row is None else f", env {mismatch.row}"
+            raise case.fail(
+                ModuleProperty.PER_ENV_KEYS,
+                f"stochastic='per_episode', but the key in {name} changes at every step "
+                "within an episode, not only at reset_state, and __call__ draws from it: "
+                "its draws change from step to step within an episode. A module that draws "
+                "at every step says so with stochastic=True; one that draws once per "
+                "episode keeps its key through the episode and replaces it in reset_state, "
+                "or keeps what it drew at the episode's first step.",
+                leaf=f"next_state{name.removeprefix('state')} at step {last}{env}",
+                expected=f"{mismatch.leaf} = {mismatch.expected}, from the keys step {last} "
+                "handed on or any others (a step into an episode, nothing new is drawn)",
+                found=f"{mismatch.leaf} = {mismatch.found}, from other keys in {name}"
+                + (f"; {mismatch.gap}" if mismatch.gap else ""),
+            )
 
 
 def _check_episode_keys_drawn_from(case: _Case, per_episode: list[str]) -> None:
@@ -2042,10 +2076,11 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         "``reset_state`` and, in the program of ``reset_state`` or of the call, some "
         "other leaf is computed from it; with ``True`` some leaf is split by every call "
         "and, in the call's program, some other output is computed from those leaves; "
-        "with ``'per_episode'`` ``reset_state`` replaces some leaf and some leaf is kept "
-        "by every call or drawn from by ``reset_state`` (else the draws change within an "
-        "episode); and ``reset_state`` "
-        "derives its keys from the ones it is given",
+        "with ``'per_episode'`` ``reset_state`` replaces some leaf and, unless some leaf "
+        "is kept by every call or drawn from by ``reset_state``, the call a step into each "
+        "episode gives the same results whatever keys the carry holds (else its draws "
+        "change within an episode); and ``reset_state`` derives its keys from the ones it "
+        "is given",
         _check_keys,
         Condition("``stochastic`` is set", lambda case: bool(case.kit.stochastic)),
     ),
@@ -2210,8 +2245,10 @@ def check_module(
         in carry``): ``True`` where it draws at every step, ``"per_episode"``
         where it draws once per episode (noise drawn at reset and kept), whose
         keys change at each ``reset_state`` rather than each step; one whose
-        only draws come from keys split at every step fails it. A module that
-        does both (a per-episode latent before a sampler) passes either.
+        results a step into an episode change with keys split at every step
+        fails it (a draw made at an episode's first step and kept passes). A
+        module that does both (a per-episode latent before a sampler) passes
+        either.
       episodic: whether an episode's end forgets the episode (``episodes are
         independent``); ``False`` for a module that remembers across episodes on
         purpose (RL^2-style meta-learning), which skips that property.
