@@ -605,6 +605,7 @@ def test_one_action_with_a_reward_per_objective_is_refused_before_the_run_direct
     refused = " ".join(capsys.readouterr().err.split())
     assert "nnx-ppo train: the network returns one joint log-likelihood" in refused
     assert "Set PPOConfig.combine_advantages=True" in refused and not run_dir.exists()
+    assert refused.endswith("On the command line: --set ppo.combine_advantages=true")
     combined = ("--set", "ppo.combine_advantages=true")
     assert train(run_dir, STEP, "--env", "objective_envs:Objectives", *combined) == 0
     assert find_checkpoint(run_dir)

@@ -1056,16 +1056,24 @@ def test_draws_once_per_episode_and_every_step_pass_either_setting(
     check_module(factory, jnp.zeros(FEATURES), stochastic=stochastic, **FEW_SMALL_EXAMPLES)
 
 
-def test_noise_drawn_at_an_episodes_first_step_and_kept_passes_per_episode() -> None:
+def _first_step_latent_before_a_sampler() -> StatefulModule:
+    sampler = NormalSampler(nnx.Rngs(0), 0.01, action_size=FEATURES)
+    return Sequential([EpisodeNoiseDrawnAtFirstStep(), sampler])
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [EpisodeNoiseDrawnAtFirstStep, _first_step_latent_before_a_sampler],
+    ids=["alone", "before a sampler"],
+)
+def test_noise_drawn_at_an_episodes_first_step_and_kept_passes_per_episode(
+    factory: Callable[[], StatefulModule],
+) -> None:
     # Its keys are split and drawn from at every step, yet the noise changes at resets
-    # only: the call a step into an episode gives the same results from any keys. A rule
-    # on where the keys flow refused it.
-    check_module(
-        EpisodeNoiseDrawnAtFirstStep,
-        jnp.zeros(FEATURES),
-        stochastic="per_episode",
-        **FEW_SMALL_EXAMPLES,
-    )
+    # only: other keys change the call's results at an episode's first step, not a step
+    # into it. A rule on where the keys flow refused it, and a first behavioural rule
+    # refused it before a sampler, whose own per-step keys change the results.
+    check_module(factory, jnp.zeros(FEATURES), stochastic="per_episode", **FEW_SMALL_EXAMPLES)
 
 
 def test_per_step_noise_declared_per_episode_says_to_declare_true() -> None:

@@ -421,7 +421,12 @@ def _require_advantage_per_action(env: RLEnv, network: StatefulModule, combine: 
     state = single_state_shapes(env)
     obs = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct((1, *leaf.shape), leaf.dtype), state.obs)
     output = nnx.eval_shape(lambda net, x: net(net.initialize_state(1), x).output, network, obs)
-    require_advantage_per_action("nnx-ppo train", state.reward, output.loglikelihoods, combine)
+    try:
+        require_advantage_per_action("nnx-ppo train", state.reward, output.loglikelihoods, combine)
+    except ValueError as error:  # its advice names the Python API
+        raise ValueError(
+            f"{error} On the command line: --set ppo.combine_advantages=true"
+        ) from None
 
 
 def _refuse_foreign_directory(run_dir: Path) -> None:

@@ -1776,21 +1776,25 @@ action among two) may come out the same from one other key by chance."""
 
 def _check_some_draw_once_per_episode(case: _Case, per_step: list[str]) -> None:
     """``stochastic='per_episode'`` with every key split at every step: some key is drawn
-    from by ``reset_state`` (a latent drawn at reset from a key that also advances), else
-    the call a step into each episode (from the rollout's final carry, which has taken a
-    step since every env's last reset) gives the same results when a key leaf holds other
-    keys. A draw made at an episode's first step and kept after it passes; one that
-    changes from step to step within an episode fails."""
+    from by ``reset_state`` (a latent drawn at reset from a key that also advances), or
+    some key leaf acts once per episode: other keys in it change the call's results at an
+    episode's first step (from ``reset_state`` of the rollout's final carry) but not a
+    step into the episode (from the final carry itself, which has taken a step since
+    every env's last reset). A draw made at an episode's first step and kept passes, a
+    sampler's per-step leaf beside it too; draws that change from step to step within an
+    episode, and nothing drawn once per episode, fail."""
     if any(_key_readers(case, "reset_state")[name] for name in per_step):
         return
     last = case.ex.time_length - 1
     final = case.rollout.outputs[-1].next_state
     leaves, treedef = jax.tree.flatten(final)
+    with _phase(ModuleProperty.PER_ENV_KEYS, "reset_state of the final carry"):
+        fresh = jax.tree.leaves(case.kit.reset(case.variables, final)[0])
     names = [name for name, _ in named_leaves("state", final)]
     x = _at_step(case.ex.inputs, last)
 
     def results(given: list[Any]) -> list[tuple[str, Any]]:
-        what = "__call__ a step into each episode, its carry holding other keys"
+        what = "__call__ with other keys in its carry"
         with _phase(ModuleProperty.PER_ENV_KEYS, what):
             out = host(
                 case.kit.step(case.variables, jax.tree.unflatten(treedef, given), x, None)[0]
@@ -1801,30 +1805,39 @@ def _check_some_draw_once_per_episode(case: _Case, per_step: list[str]) -> None:
             if not is_key(leaf)
         ]
 
-    handed_on = results(leaves)
-    for name in per_step:
-        at = names.index(name)
+    def first_change(carry: list[Any], name: str) -> Any:
+        """The first result that other keys in the leaf ``name`` change, or ``None``."""
+        at, as_given = names.index(name), results(carry)
         for data in range(1, _OTHER_KEYS_TRIED + 1):
-            given = list(leaves)
-            given[at] = _other_keys(leaves[at], data)
-            mismatch = _first_mismatch(handed_on, results(given), case.kit.rtol, case.kit.atol)
-            if mismatch is None:
-                continue
-            env = "" if mismatch.row is None else f", env {mismatch.row}"
-            raise case.fail(
-                ModuleProperty.PER_ENV_KEYS,
-                f"stochastic='per_episode', but the key in {name} changes at every step "
-                "within an episode, not only at reset_state, and __call__ draws from it: "
-                "its draws change from step to step within an episode. A module that draws "
-                "at every step says so with stochastic=True; one that draws once per "
-                "episode keeps its key through the episode and replaces it in reset_state, "
-                "or keeps what it drew at the episode's first step.",
-                leaf=f"next_state{name.removeprefix('state')} at step {last}{env}",
-                expected=f"{mismatch.leaf} = {mismatch.expected}, from the keys step {last} "
-                "handed on or any others (a step into an episode, nothing new is drawn)",
-                found=f"{mismatch.leaf} = {mismatch.found}, from other keys in {name}"
-                + (f"; {mismatch.gap}" if mismatch.gap else ""),
-            )
+            given = list(carry)
+            given[at] = _other_keys(carry[at], data)
+            mismatch = _first_mismatch(as_given, results(given), case.kit.rtol, case.kit.atol)
+            if mismatch is not None:
+                return mismatch
+        return None
+
+    step_in = {name: first_change(leaves, name) for name in per_step}
+    changing = [(name, mismatch) for name, mismatch in step_in.items() if mismatch is not None]
+    if not changing or any(
+        step_in[name] is None and first_change(fresh, name) is not None for name in per_step
+    ):
+        return
+    name, mismatch = changing[0]
+    env = "" if mismatch.row is None else f", env {mismatch.row}"
+    raise case.fail(
+        ModuleProperty.PER_ENV_KEYS,
+        f"stochastic='per_episode', but the key in {name} changes at every step within an "
+        "episode, not only at reset_state, and __call__ draws from it: its draws change "
+        "from step to step within an episode, and no key is drawn from once per episode. "
+        "A module that draws at every step says so with stochastic=True; one that draws "
+        "once per episode keeps its key through the episode and replaces it in "
+        "reset_state, or keeps what it drew at the episode's first step.",
+        leaf=f"next_state{name.removeprefix('state')} at step {last}{env}",
+        expected=f"{mismatch.leaf} = {mismatch.expected}, from the keys step {last} handed "
+        "on or any others (a step into an episode, nothing new is drawn)",
+        found=f"{mismatch.leaf} = {mismatch.found}, from other keys in {name}"
+        + (f"; {mismatch.gap}" if mismatch.gap else ""),
+    )
 
 
 def _check_episode_keys_drawn_from(case: _Case, per_episode: list[str]) -> None:
@@ -2077,10 +2090,10 @@ MODULE_PROPERTIES: tuple[PropertyCheck[_Case], ...] = (
         "other leaf is computed from it; with ``True`` some leaf is split by every call "
         "and, in the call's program, some other output is computed from those leaves; "
         "with ``'per_episode'`` ``reset_state`` replaces some leaf and, unless some leaf "
-        "is kept by every call or drawn from by ``reset_state``, the call a step into each "
-        "episode gives the same results whatever keys the carry holds (else its draws "
-        "change within an episode); and ``reset_state`` derives its keys from the ones it "
-        "is given",
+        "is kept by every call or drawn from by ``reset_state``, some key leaf acts once "
+        "per episode: other keys in it change the call's results at an episode's first "
+        "step but not a step into it (else its draws change within an episode); and "
+        "``reset_state`` derives its keys from the ones it is given",
         _check_keys,
         Condition("``stochastic`` is set", lambda case: bool(case.kit.stochastic)),
     ),
@@ -2245,8 +2258,9 @@ def check_module(
         in carry``): ``True`` where it draws at every step, ``"per_episode"``
         where it draws once per episode (noise drawn at reset and kept), whose
         keys change at each ``reset_state`` rather than each step; one whose
-        results a step into an episode change with keys split at every step
-        fails it (a draw made at an episode's first step and kept passes). A
+        results a step into an episode change with every key leaf split at
+        every step fails it (a draw made at an episode's first step and kept
+        passes, before a sampler too). A
         module that does both (a per-episode latent before a sampler) passes
         either.
       episodic: whether an episode's end forgets the episode (``episodes are
