@@ -298,12 +298,36 @@ def test_a_step_that_diverges_raises_and_leaves_the_student_as_it_was():
     assert state.steps_taken == 0
 
 
-def test_a_step_adds_the_regularization_folds_statistics_and_carries_the_teacher_on():
-    teacher = lstm_teacher(ENV)
-    student = make_lstm_actor_critic(  # its sampler's entropy bonus is a regularization
-        ENV.observation_size, ENV.action_size, 16, nnx.Rngs(3), discrete=True,
+def normalized_lstm_student(seed: int = 3):
+    return make_lstm_actor_critic(  # its sampler's entropy bonus is a regularization
+        ENV.observation_size, ENV.action_size, 16, nnx.Rngs(seed), discrete=True,
         activation=nnx.tanh, normalize_obs=True,
     )  # fmt: skip
+
+
+def test_student_statistics_that_overflow_stop_the_step_naming_them():
+    # Only the student's parameters were checked: an M2 overflowed to inf went on into
+    # the next step and every checkpoint, with that feature normalised to 0 for good.
+    student = normalized_lstm_student()
+    normalizer = student.layers[0]
+    normalizer.mean[...] = jnp.full_like(normalizer.mean[...], 3e19)  # finite; squared, not
+    normalizer.counter[...] = jnp.ones_like(normalizer.counter[...])
+    state = new_distillation_state(ENV, lstm_teacher(ENV), student, STEP[0], 0, LEARNING_RATE)
+    before = leaves((nnx.state(student), nnx.state(state.optimizer)))
+    with pytest.raises(
+        FloatingPointError,
+        match=r"step 48: the student's running statistics became NaN or infinite in "
+        r"update_statistics: \['layers'\]\[0\]\['M2'\]\.value \(finite inputs can overflow",
+    ):
+        distillation_step(ENV, lstm_teacher(ENV), state, *STEP)
+    for was, now in zip(
+        before, leaves((nnx.state(student), nnx.state(state.optimizer))), strict=True
+    ):
+        np.testing.assert_array_equal(was, now)
+
+
+def test_a_step_adds_the_regularization_folds_statistics_and_carries_the_teacher_on():
+    teacher, student = lstm_teacher(ENV), normalized_lstm_student()
     state = new_distillation_state(ENV, teacher, student, STEP[0], 0, LEARNING_RATE)
     statistics = leaves(nnx.state(student, NormalizerStatistics))
     teacher_carry = leaves(state.teacher_states)

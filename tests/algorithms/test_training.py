@@ -93,6 +93,41 @@ def test_training_step_compiles_once(traced_env, scripted_network):
     assert traced_env.traces == traces
 
 
+@pytest.mark.parametrize("iterations_per_call", [1, 3])
+def test_a_python_number_parameter_stays_weakly_typed_and_compiles_once(
+    traced_env, scripted_network, caplog, iterations_per_call
+):
+    # The optimizer returned it strongly typed: the second call compiled the learning
+    # again, and its bfloat16 product became float32 from then on.
+    class PythonNumberScale(scripted_network):
+        seen: ClassVar[list[tuple[bool, jnp.dtype]]] = []
+
+        def __init__(self):
+            super().__init__()
+            self.w = nnx.Param(0.3)
+
+        def __call__(self, state, x, rollout_extras=None) -> StatefulModuleOutput:
+            product = self.w[...] * x.astype(jnp.bfloat16)
+            self.seen.append((jax.typeof(self.w[...]).weak_type, product.dtype))
+            return super().__call__(state, x)
+
+    network = PythonNumberScale()
+    total = 2 * iterations_per_call * STEP  # two calls
+    config = train_config(total, iterations_per_call=iterations_per_call)
+    with caplog.at_level(logging.DEBUG, logger="jax._src.dispatch"):
+        result = train_ppo(traced_env, network, config)
+    assert result.total_steps == total
+    assert float(network.w[...]) != 0.3  # trained
+    assert jax.typeof(network.w[...]).weak_type
+    assert set(PythonNumberScale.seen) == {(True, jnp.dtype(jnp.bfloat16))}
+    compiled = [m for m in (r.getMessage() for r in caplog.records) if "XLA compilation of" in m]
+    programs = (
+        ["_compiled_learn", "_compiled_collect"] if iterations_per_call == 1 else ["_scan_steps"]
+    )
+    for program in programs:
+        assert sum(f"jit({program})" in m for m in compiled) == 1, (program, compiled)
+
+
 def test_train_ppo_compiles_its_first_step_once_while_the_reset_compiles(
     traced_env, scripted_network, caplog, monkeypatch
 ):

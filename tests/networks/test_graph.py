@@ -410,6 +410,40 @@ def test_a_carry_or_extras_without_one_entry_per_connection_is_named(
     assert error.rule is not None and CARRY_RULE in error.rule
 
 
+@pytest.mark.parametrize("method", ["__call__", "reset_state"])
+@pytest.mark.parametrize(
+    ("rings", "found"),
+    [
+        ({}, "a dict with keys []"),
+        ({"src": None, "other": None}, "a dict with keys ['src', 'other']"),
+    ],
+)
+def test_a_carry_without_the_graphs_ring_buffers_is_named(
+    method: str, rings: dict[str, Any], found: str
+) -> None:
+    """A carry of a graph with other delayed sources failed in a KeyError in __call__,
+    and reset_state handed its buffers on."""
+    held = GRAPH.initialize_state(3)
+    carry = {"populations": {name: held["populations"]["src"] for name in rings}}
+    carry["connections"] = held["connections"]
+    with pytest.raises(ContractError) as raised:
+        if method == "__call__":
+            GRAPH(carry, inputs(0, 3))
+        else:
+            GRAPH.reset_state(carry)
+    error = raised.value
+    leaf = "state" if method == "__call__" else "prev_state"
+    assert str(error).startswith(
+        f"PopulationGraph.{method}: {leaf}['populations'] does not hold one ring buffer per "
+        "population a delayed connection reads."
+    )
+    assert (error.leaf, error.expected, error.found) == (
+        f"{leaf}['populations']",
+        "a dict with a RingBuffer for each population a delayed connection reads: ['src']",
+        found,
+    )
+
+
 def test_a_carry_without_its_connections_is_named_with_checks_on_and_off() -> None:
     # With the checks on, the carry's TypedDict annotation names the key first.
     carry = {"populations": STALE["populations"]}

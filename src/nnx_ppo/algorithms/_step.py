@@ -51,7 +51,7 @@ from nnx_ppo.algorithms.types import (
     Transition,
 )
 from nnx_ppo.contract.arguments import require_int
-from nnx_ppo.contract.axes import FloatHistory
+from nnx_ppo.contract.axes import FloatHistory, HistoryTree
 from nnx_ppo.networks.types import (
     ModuleState,
     StatefulModule,
@@ -71,6 +71,60 @@ def _finite_leaves(tree: Any) -> dict[str, Bool[Array, ""]]:
 _STATISTICS = nnx.Not(nnx.Any(nnx.Param, nnx.RngState, nnx.Intermediate))
 """The network's running statistics: what ``update_statistics`` writes, and the step's
 health record checks besides the parameters."""
+
+
+def _update_statistics_checked(
+    networks: StatefulModule, rollout_extras: HistoryTree
+) -> dict[str, Bool[Array, ""]]:
+    """``networks.update_statistics(rollout_extras)``, and whether each running statistic
+    is finite after it, by path.
+
+    A huge but finite observation overflows a Normalizer's M2 to inf, which then zeroes
+    that feature for good. A statistic that was not finite before (a running maximum
+    from -inf, on purpose) counts as finite.
+    """
+    finite_before = _finite_leaves(nnx.state(networks, _STATISTICS))
+    networks.update_statistics(rollout_extras)
+    return {
+        path: finite | ~finite_before[path]
+        for path, finite in _finite_leaves(nnx.state(networks, _STATISTICS)).items()
+    }
+
+
+def _typed_as_given(given: nnx.State) -> Callable[[nnx.State], nnx.State]:
+    """A function that types a state's leaves as ``given``'s are typed now: weakly where
+    a leaf is (a Variable's Python number, as JAX holds it), strongly where it is not.
+
+    The optimizer returns a parameter it updated strongly typed: the next call's
+    program was another (compiled again), and so was its arithmetic (a float32 scalar
+    then promoted a bfloat16 computation the first call had left in bfloat16). Take it
+    before anything writes to ``given``'s Variables (``nnx.merge`` shares them). A
+    state whose leaves are all typed as given comes back as it is.
+    """
+    leaves = jax.tree.leaves(given)
+
+    def held_as_given(before: jax.Array, after: jax.Array) -> jax.Array:
+        weak = jax.typeof(before).weak_type
+        if jax.typeof(after).weak_type == weak:
+            return after
+        if not weak:
+            return jax.lax.convert_element_type(after, before.dtype)
+        # An update keeps the weak type of the array it writes into.
+        return jax.lax.full_like(before, 0).at[...].set(after.astype(before.dtype))
+
+    def typed(updated: nnx.State) -> nnx.State:
+        written, treedef = jax.tree.flatten(updated)
+        return jax.tree.unflatten(
+            treedef, [held_as_given(*pair) for pair in zip(leaves, written, strict=True)]
+        )
+
+    return typed
+
+
+_STATISTICS_OVERFLOW_HINT = (
+    "finite inputs can overflow float32 there: a Normalizer's M2 squares them, infinite "
+    "above about 1.8e19; check the env's observations"
+)
 
 
 class StepCarry(NamedTuple):
@@ -190,21 +244,14 @@ def _learn_from(
     advantages, targets = compute_advantages(scored, config.gae_lambda, config.discounting_factor)
     data = _LearnData(carry.network_states, scored, advantages, targets)
     diagnostics, ran = _learn(networks, optimizer, data, keys.learn, config)
-    statistics_finite_before = _finite_leaves(nnx.state(networks, _STATISTICS))
-    networks.update_statistics(transitions.rollout_extras)
+    statistics_finite = _update_statistics_checked(networks, transitions.rollout_extras)
     ended = rollout.episode_ended(transitions.done)
     running, episodes = track_episodes(carry.running, transitions.rewards, ended)
     metrics = _step_metrics(networks, transitions, advantages, targets, diagnostics, ran, config)
     health = {
         "loss_finite": jnp.isfinite(diagnostics["losses/total"]) | ~ran[:, None],
         "parameters_finite": _finite_leaves(nnx.state(networks, nnx.Param)),
-        # As written by update_statistics: a huge but finite observation overflows a
-        # Normalizer's M2 to inf, which then zeroes that feature for good. A statistic
-        # that starts infinite on purpose (a running maximum from -inf) stays allowed.
-        "statistics_finite": {
-            path: finite | ~statistics_finite_before[path]
-            for path, finite in _finite_leaves(nnx.state(networks, _STATISTICS)).items()
-        },
+        "statistics_finite": statistics_finite,
         "rewards_finite": _finite_leaves(transitions.rewards),
         "observations_finite": {
             field + path: finite
@@ -336,13 +383,14 @@ def _scan_steps(
         scanned: tuple[nnx.State, StepCarry], _: None
     ) -> tuple[tuple[nnx.State, StepCarry], StepReport]:
         state, carry = scanned
+        as_given = _typed_as_given(state)
         networks, optimizer = nnx.merge(graph.graphdef, state)
         carry, report = _train_step(env.env, config.config, networks, optimizer, carry)
         network_states, env_states, running = sharding.constrain_envs(
             (carry.network_states, carry.env_states, carry.running), n_envs
         )
         carry = StepCarry(network_states, env_states, running, carry.key)
-        state = sharding.constrain_replicated(nnx.state((networks, optimizer)))
+        state = sharding.constrain_replicated(as_given(nnx.state((networks, optimizer))))
         return (state, carry), sharding.constrain_replicated(report)
 
     (state, carry), reports = jax.lax.scan(one_step, (state, carry), None, length=iterations)
@@ -389,9 +437,11 @@ def _compiled_learn(
     Called through :func:`_learning_arguments`, which leaves the env states out.
     """
     del env
+    as_given = _typed_as_given(state)
     networks, optimizer = nnx.merge(graph.graphdef, state)
     carry, report = _learn_from(config.config, networks, optimizer, carry, collected)
-    return nnx.state((networks, optimizer)), carry, jax.tree.map(lambda leaf: leaf[None], report)
+    learned = as_given(nnx.state((networks, optimizer)))
+    return learned, carry, jax.tree.map(lambda leaf: leaf[None], report)
 
 
 def _learning_arguments(arguments: tuple[Any, ...], collected: Collected) -> tuple[Any, ...]:
@@ -550,9 +600,8 @@ def _raise_if_diverged(health: dict[str, Any], steps: int) -> None:
             f"PPO step ending at env step {steps}: running statistics became NaN or infinite "
             "in update_statistics: "
             + ", ".join(names[:5])
-            + " (finite inputs can overflow float32 there: a Normalizer's M2 squares them, "
-            "infinite above about 1.8e19; check the env's observations); the network and "
-            "optimizer are left as they were before the call."
+            + f" ({_STATISTICS_OVERFLOW_HINT}); the network and optimizer are left as they "
+            "were before the call."
         )
 
 

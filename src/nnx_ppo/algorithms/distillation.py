@@ -39,7 +39,14 @@ from nnx_ppo._compile import warn_if_mappings_near_cap
 from nnx_ppo.algorithms import rollout
 from nnx_ppo.algorithms._loss import _replay
 from nnx_ppo.algorithms._removed import missing_attribute
-from nnx_ppo.algorithms._step import _ConfigArgument, _EnvArgument, _finite_leaves
+from nnx_ppo.algorithms._step import (
+    _STATISTICS_OVERFLOW_HINT,
+    _ConfigArgument,
+    _EnvArgument,
+    _finite_leaves,
+    _typed_as_given,
+    _update_statistics_checked,
+)
 from nnx_ppo.algorithms._timing import ProgramClock
 from nnx_ppo.algorithms._train import (
     _check_video,
@@ -523,7 +530,7 @@ def _step(
     )
     data = (states["student"], transitions, targets)
     diagnostics = _learn(pair.student, optimizer, data, learn_key, config)
-    pair.student.update_statistics(extras["student"])
+    statistics_finite = _update_statistics_checked(pair.student, extras["student"])
     metrics = {  # the student's network metrics under 0.3.0's name for them, student/...
         _STUDENT_PREFIX + name.removeprefix("net/") if name.startswith("net/") else name: value
         for name, value in compute_metrics(
@@ -543,6 +550,7 @@ def _step(
         },
         "loss_finite": jnp.isfinite(diagnostics["losses/total"]),
         "parameters_finite": _finite_leaves(nnx.state(pair.student, nnx.Param)),
+        "statistics_finite": statistics_finite,
     }
     nnx.pop(pair, nnx.Intermediate)  # what the rollout sowed: the state keeps none
     return (final_states, final_env_states, next_key), metrics, health
@@ -573,7 +581,8 @@ def _raise_if_distillation_diverged(health: dict[str, Any], steps: int) -> None:
     actions = [name for name, finite in health["teacher_actions_finite"].items() if not finite]
     bad_updates = np.argwhere(~np.asarray(health["loss_finite"]))
     student = [name for name, finite in health["parameters_finite"].items() if not finite]
-    if not (actions or bad_updates.size or student):
+    statistics = [name for name, finite in health["statistics_finite"].items() if not finite]
+    if not (actions or bad_updates.size or student or statistics):
         return
     observations = [name for name, finite in health["observations_finite"].items() if not finite]
     if observations:  # named only where the step diverged: an unread inf may be harmless
@@ -592,8 +601,14 @@ def _raise_if_distillation_diverged(health: dict[str, Any], steps: int) -> None:
             f"{step}: the distillation loss is NaN or infinite (epoch {epoch}, minibatch "
             f"{minibatch}); {unchanged}"
         )
+    if student:
+        raise FloatingPointError(
+            f"{step}: the student's parameters became NaN or infinite: "
+            f"{', '.join(student[:5])}; {unchanged}"
+        )
     raise FloatingPointError(
-        f"{step}: the student's parameters became NaN or infinite: {', '.join(student[:5])}; "
+        f"{step}: the student's running statistics became NaN or infinite in "
+        f"update_statistics: {', '.join(statistics[:5])} ({_STATISTICS_OVERFLOW_HINT}); "
         f"{unchanged}"
     )
 
@@ -613,9 +628,10 @@ def _compiled_step(
     dict[str, Any],
 ]:
     env, config, leaves = static
+    as_given = _typed_as_given(state)
     pair, optimizer = nnx.merge(graphdef, state)
     carry, metrics, health = _step(env.env, config.config, leaves, pair, optimizer, carry)
-    return nnx.state((pair, optimizer)), carry, metrics, health
+    return as_given(nnx.state((pair, optimizer))), carry, metrics, health
 
 
 def _require_unshared(teacher: StatefulModule, student: StatefulModule) -> None:
@@ -694,9 +710,9 @@ def distillation_step(
       ValueError: teacher and student have different action trees or samplers (the
         message shows both), found before anything is compiled; ``n_envs`` is not the
         state's number of environments; or a setting is invalid.
-      FloatingPointError: the teacher's parameters or actions, the loss or the
-        student's parameters are NaN or infinite (named); the student and optimizer
-        are left as they were before the call.
+      FloatingPointError: the teacher's parameters or actions, the loss, or the
+        student's parameters or running statistics are NaN or infinite (named); the
+        student and optimizer are left as they were before the call.
     """
     config = DistillationConfig(
         n_envs=n_envs,

@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import jaxtyping
 import numpy as np
+import typing_extensions
 from beartype import beartype
 from beartype.door import is_bearable
 from jaxtyping import AbstractArray, AnnotationError, PyTree, jaxtyped, print_bindings
@@ -477,18 +478,13 @@ def _required_keys(record: type) -> tuple[str, ...]:
     )
 
 
-def _is_typeddict(hint: Any) -> bool:
-    """A ``TypedDict`` class, ``typing``'s or ``typing_extensions``' (whose classes
-    ``typing.is_typeddict`` does not know on Python 3.11)."""
-    return typing.is_typeddict(hint) or (
-        isinstance(hint, type)
-        and issubclass(hint, dict)
-        and all(hasattr(hint, name) for name in ("__required_keys__", "__optional_keys__"))
-    )
+# typing_extensions' test knows typing's TypedDicts and its own (typing's does not know
+# typing_extensions' on Python 3.11).
+_is_typeddict = typing_extensions.is_typeddict
 
 
 def _is_read_only(hint: Any) -> bool:
-    return getattr(typing.get_origin(hint), "_name", None) == "ReadOnly"
+    return typing.get_origin(hint) is typing_extensions.ReadOnly
 
 
 def _without_read_only(hint: Any) -> Any:

@@ -69,11 +69,16 @@ def _describe_entries(value: Any) -> str:
 
 
 def _per_child_violation(
-    container: StatefulModule, method: str, name: str, expected: str, value: Any
+    container: StatefulModule,
+    method: str,
+    name: str,
+    expected: str,
+    value: Any,
+    entries: str = "one entry per child",
 ) -> ContractError:
     return ContractError.violation(
         f"{describe_module(container)}.{method}",
-        f"{name} does not hold one entry per child.",
+        f"{name} does not hold {entries}.",
         leaf=name,
         expected=expected,
         found=_describe_entries(value),

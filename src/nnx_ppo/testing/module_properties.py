@@ -1805,9 +1805,10 @@ def _check_some_draw_once_per_episode(case: _Case, per_step: list[str]) -> None:
             if not is_key(leaf)
         ]
 
-    def first_change(carry: list[Any], name: str) -> Any:
-        """The first result that other keys in the leaf ``name`` change, or ``None``."""
-        at, as_given = names.index(name), results(carry)
+    def first_change(carry: list[Any], as_given: list[tuple[str, Any]], name: str) -> Any:
+        """The first of ``as_given`` (the results of ``carry``) that other keys in the leaf
+        ``name`` change, or ``None``."""
+        at = names.index(name)
         for data in range(1, _OTHER_KEYS_TRIED + 1):
             given = list(carry)
             given[at] = _other_keys(carry[at], data)
@@ -1816,10 +1817,15 @@ def _check_some_draw_once_per_episode(case: _Case, per_step: list[str]) -> None:
                 return mismatch
         return None
 
-    step_in = {name: first_change(leaves, name) for name in per_step}
+    final_results = results(leaves)
+    step_in = {name: first_change(leaves, final_results, name) for name in per_step}
     changing = [(name, mismatch) for name, mismatch in step_in.items() if mismatch is not None]
-    if not changing or any(
-        step_in[name] is None and first_change(fresh, name) is not None for name in per_step
+    if not changing:
+        return
+    fresh_results = results(fresh)
+    if any(
+        step_in[name] is None and first_change(fresh, fresh_results, name) is not None
+        for name in per_step
     ):
         return
     name, mismatch = changing[0]

@@ -418,7 +418,7 @@ class PopulationGraph(StatefulModule):
             raise TypeError(
                 f"PopulationGraph input must be a dict of observations, got a {type(x).__name__}"
             )
-        self._require_per_connection("__call__", "state", state)
+        self._require_carry("__call__", "state", state)
         if rollout_extras is not None:
             self._require_per_connection("__call__", "rollout_extras", rollout_extras)
         batch_size = _batch_size(x, state)
@@ -495,7 +495,7 @@ class PopulationGraph(StatefulModule):
 
     def reset_state(self, prev_state: GraphCarry) -> GraphCarry:
         self._require_finalized("reset_state")
-        self._require_per_connection("reset_state", "prev_state", prev_state)
+        self._require_carry("reset_state", "prev_state", prev_state)
         return GraphCarry(
             populations={
                 name: RingBuffer(
@@ -514,6 +514,23 @@ class PopulationGraph(StatefulModule):
         self._require_per_connection("update_statistics", "rollout_extras", rollout_extras)
         for edge, history in zip(self.connections, rollout_extras["connections"], strict=True):
             edge.transform.update_statistics(history)
+
+    def _require_carry(self, method: str, name: str, carry: Any) -> None:
+        """``carry`` holds one entry per connection and a ring buffer for each population
+        a delayed connection reads, no more: a carry of another graph failed in a
+        ``KeyError`` or came back from ``reset_state`` with the other graph's buffers."""
+        self._require_per_connection(method, name, carry)
+        rings = [pop.name for pop in self._delayed_sources()]
+        held = carry.get("populations")
+        if not (isinstance(held, Mapping) and set(held) == set(rings)):
+            raise _per_child_violation(
+                self,
+                method,
+                f"{name}['populations']",
+                f"a dict with a RingBuffer for each population a delayed connection reads: {rings}",
+                held,
+                entries="one ring buffer per population a delayed connection reads",
+            )
 
     def _require_per_connection(self, method: str, name: str, value: Any) -> None:
         """``value`` (a carry, extras or history) holds a ``connections`` list with one
