@@ -159,6 +159,37 @@ def test_an_integer_param_is_named_before_anything_compiles() -> None:
         new_training_state(make("cartpole"), network, CONFIG.n_envs, seed=0)
 
 
+class ListScales(StatefulModule):
+    """A setting held as a list: fine eagerly and under nnx.jit, which the kit compiles
+    with; training takes the network's structure as a static jax.jit argument."""
+
+    def __init__(self, scales: Any) -> None:
+        self.scales = scales
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x * jnp.asarray(self.scales), jnp.zeros(()), {})
+
+
+@pytest.mark.parametrize(("scales", "kind"), [([1.0, 0.5, 2.0, 1.0], "list"), ({"x": 1.0}, "dict")])
+def test_an_unhashable_setting_is_named_by_training_and_the_kit(scales: Any, kind: str) -> None:
+    # jax.jit refused the network's graph definition in thousands of lines.
+    network = _policy(ListScales(scales), nnx.Rngs(1))
+    where = rf"components\['action'\]\.layers\[0\]\.scales is a {kind}, which cannot be hashed"
+    with pytest.raises(TypeError, match=r"^new_training_state: .*" + where):
+        new_training_state(make("cartpole"), network, CONFIG.n_envs, seed=0)
+    with pytest.raises(TypeError, match=r"^check_module: ListScales\.scales is a " + kind):
+        check_module(ListScales(scales), jnp.zeros(WIDTH), max_examples=2)
+    # As a tuple it trains.
+    new_training_state(
+        make("cartpole"), _policy(ListScales((1.0, 0.5, 2.0, 1.0)), nnx.Rngs(1)), 2, 0
+    )
+
+
+def test_the_kit_refuses_an_integer_param_as_training_does() -> None:
+    with pytest.raises(TypeError, match=r"^check_module: IntegerParam\.order is an nnx.Param"):
+        check_module(IntegerParam(nnx.Rngs(0)), jnp.zeros(WIDTH), max_examples=2)
+
+
 class RngDropout(StatefulModule):
     def __init__(self, rngs: nnx.Rngs) -> None:
         self.dropout = nnx.Dropout(0.5, rngs=rngs)

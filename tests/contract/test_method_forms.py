@@ -29,6 +29,23 @@ def test_a_call_without_rollout_extras_is_refused_when_the_class_is_made() -> No
     assert "Define __call__(self, state, x, rollout_extras=None)" in message
 
 
+def test_the_refused_signature_is_shown_as_written() -> None:
+    # Its parameters were joined by name: "(self, batch_size)" hid the "*" that made the
+    # method uncallable, the very signature the message then asked for.
+    with pytest.raises(TypeError) as caught:
+
+        class KeywordOnly(StatefulModule):
+            def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> Any:
+                return StatefulModuleOutput(state, x, jnp.zeros(()), {})
+
+            def initialize_state(self, *, batch_size: int) -> Any:
+                return jnp.zeros(batch_size)
+
+    message = str(caught.value)
+    assert message.startswith("KeywordOnly.initialize_state(self, *, batch_size) cannot be")
+    assert "Define initialize_state(self, batch_size)" in message
+
+
 def test_a_statistics_method_taking_two_histories_is_refused() -> None:
     with pytest.raises(TypeError, match=r"update_statistics\(self, rollout_extras\)"):
 

@@ -598,6 +598,15 @@ class SummedPenalty(Leaky):
         return out.replace(regularization_loss=jnp.sum(out.output**2))
 
 
+class SpreadPenalty(Leaky):
+    """Penalises the spread of the states across the batch: a scalar, but no per-sample
+    value at all (one env alone has none)."""
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        out = super().__call__(state, x, rollout_extras)
+        return out.replace(regularization_loss=jnp.var(out.output, axis=0).sum())
+
+
 class LockstepClock(Leaky):
     """Counts each episode's steps in its carry but reads the count off env 0: right while
     every env starts its episode together, wrong once one env's episode ends alone."""
@@ -1016,6 +1025,20 @@ def test_module_bug_is_caught_and_named(bug: str) -> None:
     assert error.subject in str(error)
 
 
+@pytest.mark.parametrize(
+    ("module", "why"),
+    [
+        (SummedPenalty, r"it is their sum, which grows with the minibatch"),
+        (SpreadPenalty, r"it depends on the other envs of the batch"),
+    ],
+)
+def test_a_scalar_penalty_that_is_no_mean_is_told_apart(module: Any, why: str) -> None:
+    # Every such penalty was called a sum over the batch.
+    with pytest.raises(ContractPropertyError, match=why) as caught:
+        check_module(module, jnp.zeros(FEATURES), batch_sizes=(2,), max_examples=8)
+    assert caught.value.property == ModuleProperty.BATCH_OF_ONE
+
+
 def test_the_correct_versions_pass() -> None:
     check_module(Leaky, jnp.zeros(FEATURES), max_examples=5)
     check_module(lambda: Pair(Leaky(), Normalizer(FEATURES)), jnp.zeros(FEATURES), max_examples=5)
@@ -1033,6 +1056,22 @@ def test_the_correct_versions_pass() -> None:
     )
     # A module that remembers across episodes on purpose says so.
     check_module(RemembersOnPurpose, jnp.zeros(FEATURES), episodic=False, max_examples=5)
+
+
+def test_an_action_delayed_after_its_sampler_passes() -> None:
+    # Action latency: replay scores the delayed action from its carry, which a rollout's
+    # earlier steps computed under the current parameters. The kit took it for a
+    # log-likelihood read back from rollout_extras.
+    from nnx_ppo.networks.delay import Delay
+
+    sample = {"action": jnp.zeros((), jnp.int32), "log_likelihood": jnp.zeros(())}
+    check_module(
+        lambda: Sequential([CategoricalSampler(nnx.Rngs(0), 0.0), Delay(sample, 1)]),
+        jnp.zeros(2),
+        stochastic=True,
+        batch_sizes=(2,),
+        max_examples=3,
+    )
 
 
 # The key checks need no more than two envs and two steps: one compile per setting.

@@ -56,7 +56,12 @@ from nnx_ppo.algorithms.types import (
     TrainingState,
 )
 from nnx_ppo.contract.arguments import is_int, require_callable, require_int
-from nnx_ppo.contract.checking import format_graph_path, require_no_hijax
+from nnx_ppo.contract.checking import (
+    format_graph_path,
+    require_float_parameters,
+    require_hashable_settings,
+    require_no_hijax,
+)
 from nnx_ppo.contract.env_checks import require_env
 from nnx_ppo.networks.sampling_layers import ActionSampler
 from nnx_ppo.networks.types import (
@@ -222,23 +227,6 @@ def new_training_state(
     )
 
 
-def _require_float_parameters(networks: StatefulModule) -> None:
-    """Refuse an ``nnx.Param`` the optimizer cannot train: its gradient needs a float."""
-    for path, node in nnx.iter_graph(networks):
-        if not isinstance(node, nnx.Param):
-            continue
-        for leaf in jax.tree.leaves(node.get_value()):
-            dtype = getattr(leaf, "dtype", None)
-            if dtype is not None and not jnp.issubdtype(dtype, jnp.inexact):
-                raise TypeError(
-                    f"new_training_state: {type(networks).__name__}"
-                    f"{format_graph_path(networks, tuple(path))} is an nnx.Param of dtype "
-                    f"{dtype}: the optimizer trains every nnx.Param by its gradient, which "
-                    "needs a floating-point dtype. Hold an integer constant in an "
-                    "nnx.Variable (or a plain attribute) instead."
-                )
-
-
 def _require_sampling(networks: StatefulModule) -> None:
     """Refuse an action sampler left in eval mode: training's rollouts would take its
     mode action at every step, never exploring, and learn from actions the policy
@@ -289,7 +277,8 @@ def _new_training_state(
             f"got a {type(networks).__name__}"
         )
     _require_seed(seed)
-    _require_float_parameters(networks)
+    require_float_parameters("new_training_state", networks)
+    require_hashable_settings("new_training_state", networks)
     if explores:
         _require_sampling(networks)
     require_no_hijax("new_training_state", networks)

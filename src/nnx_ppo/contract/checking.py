@@ -273,6 +273,52 @@ def require_no_hijax(caller: str, module: Any) -> None:
             )
 
 
+def require_float_parameters(caller: str, module: Any) -> None:
+    """Refuse an ``nnx.Param`` under ``module`` that the optimizer cannot train: its
+    gradient needs a floating-point dtype."""
+    for path, node in nnx.iter_graph(module):
+        if not isinstance(node, nnx.Param):
+            continue
+        for leaf in jax.tree.leaves(node.get_value()):
+            dtype = getattr(leaf, "dtype", None)
+            if dtype is not None and not jnp.issubdtype(dtype, jnp.inexact):
+                raise TypeError(
+                    f"{caller}: {type(module).__name__}{format_graph_path(module, tuple(path))} "
+                    f"is an nnx.Param of dtype {dtype}: the optimizer trains every "
+                    "nnx.Param by its gradient, which needs a floating-point dtype. Hold an "
+                    "integer constant in an nnx.Variable (or a plain attribute) instead."
+                )
+
+
+def require_hashable_settings(caller: str, module: Any) -> None:
+    """Refuse a setting under ``module`` (an attribute other than an array, a Variable or
+    a module) that cannot be hashed: a list or a dict.
+
+    Training compiles its programs with the network's structure, settings included, as
+    a static argument, which JAX needs hashable; ``jax.jit`` refused it in a message of
+    thousands of lines that buried the attribute.
+    """
+    try:
+        hash(nnx.graphdef(module))
+        return
+    except TypeError:
+        pass
+    for path, node in nnx.iter_graph(module):
+        if isinstance(node, nnx.Variable | nnx.Pytree | np.ndarray | jax.Array):
+            continue
+        try:
+            hash(node)
+        except TypeError:
+            raise TypeError(
+                f"{caller}: {type(module).__name__}{format_graph_path(module, tuple(path))} "
+                f"is a {type(node).__name__}, which cannot be hashed: training compiles the "
+                "network's settings (attributes other than arrays, Variables and modules) "
+                "into its programs as static values, which must be hashable. Hold it as a "
+                "tuple (a dict as a tuple of (key, value) pairs), or in an nnx.Variable if "
+                "the network computes with its numbers."
+            ) from None
+
+
 def _is_attribute_key(node: Any, key: Any) -> bool:
     # nnx.List names its elements "0", "1", ... where an attribute write reports them.
     return isinstance(key, str) and not (isinstance(node, nnx.List) and key.isdigit())
@@ -684,9 +730,15 @@ def _require_callable_as_the_library_calls(
         try:
             signature.bind(None, *names.split(", "))
         except TypeError as error:
-            written = ", ".join(signature.parameters)
+            written = signature.replace(  # as written, less annotations
+                parameters=[
+                    parameter.replace(annotation=inspect.Parameter.empty)
+                    for parameter in signature.parameters.values()
+                ],
+                return_annotation=inspect.Signature.empty,
+            )
             raise TypeError(
-                f"{cls.__name__}.{method}({written}) cannot be called as the library "
+                f"{cls.__name__}.{method}{written} cannot be called as the library "
                 f"calls it, with ({names}): {error}. Define {contract_signature} "
                 f"(see {DOCS_URL}contract.html#rules)."
             ) from None

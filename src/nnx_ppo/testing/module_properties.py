@@ -63,6 +63,8 @@ from nnx_ppo.contract.checking import (
     is_stats_bearing,
     named_leaves,
     observe_calls,
+    require_float_parameters,
+    require_hashable_settings,
     require_no_hijax,
     resets_its_carry,
 )
@@ -575,6 +577,9 @@ class _ModuleKit:
         episodic: bool,
     ) -> None:
         require_no_hijax("check_module", module)
+        # What training refuses of a module's structure, before any property runs.
+        require_float_parameters("check_module", module)
+        require_hashable_settings("check_module", module)
         self.name = type(module).__name__
         # The caller's module runs the eager calls: built by the caller, its attributes
         # keep their order, which nnx.merge would sort (nothing may depend on it).
@@ -1025,14 +1030,22 @@ def _check_scalar_loss_is_a_mean(case: _Case, alone: Shaped[np.ndarray, "B T ...
     bad = np.flatnonzero(~np.isclose(batch, expected, rtol=case.kit.rtol, atol=case.kit.atol))
     if bad.size:
         t = int(bad[0])
+        summed = np.isclose(
+            batch[t], case.ex.batch_size * expected[t], rtol=case.kit.rtol, atol=case.kit.atol
+        )
+        why = (
+            "it is their sum, which grows with the minibatch"
+            if summed
+            else "it depends on the other envs of the batch"
+        )
         raise case.fail(
             ModuleProperty.BATCH_OF_ONE,
             f"the scalar regularization_loss of the batch of {case.ex.batch_size} is not the "
-            "mean of each env's run alone: a scalar is a per-sample value, averaged over "
-            "samples by the loss, so a sum over the batch grows with the minibatch.",
+            f"mean of each env's run alone: {why}. A scalar is a per-sample value, which "
+            "the loss averages over samples.",
             leaf=f"regularization_loss at step {t}",
             expected=f"{expected[t]:.6g} (the mean of the envs' own)",
-            found=f"{batch[t]:.6g}",
+            found=f"{batch[t]:.6g}" + (f" ({case.ex.batch_size} x the mean)" if summed else ""),
         )
 
 
@@ -1277,16 +1290,24 @@ def _check_replay_scores_under_the_parameters(case: _Case) -> None:
         stored = jax.tree.map(jnp.asarray, _at_step(case.rollout.extras(), 0))
         first_inputs = jax.tree.map(jnp.asarray, _at_step(case.ex.inputs, 0))
 
-        def scored(variables: nnx.State, x: Any, extras: Any) -> tuple[list[Any], list[Any]]:
+        def scored(
+            variables: nnx.State, state: Any, x: Any, extras: Any
+        ) -> tuple[list[Any], list[Any]]:
             out = kit._step(variables, state, x, extras)[0]
             return _loglikelihoods(out), [leaf for _, leaf in _actions(out)]
 
-        what = "__call__ in replay traced with the variables, the input and the extras as inputs"
+        what = (
+            "__call__ in replay traced with the variables, the carry, the input and the "
+            "extras as inputs"
+        )
         with _phase(ModuleProperty.STORED_ACTION, what):
             program, shapes = jax.make_jaxpr(scored, return_shape=True)(
-                case.variables, first_inputs, stored
+                case.variables, state, first_inputs, stored
             )
-        # Bit 0: a variable or the input; bit 1 + i: the extras' leaf i (the last inputs).
+        # Bit 0: a variable, the carry or the input; bit 1 + i: the extras' leaf i (the
+        # last inputs). The carry counts as computed: replayed from a rollout's first
+        # carry, it holds what earlier steps computed under the current parameters (an
+        # action delayed after its sampler scores it there).
         named_stored = named_leaves("rollout_extras", stored)
         given = len(program.jaxpr.invars) - len(named_stored)
         masks = [1] * given + [2 << i for i in range(len(named_stored))]
@@ -1301,9 +1322,9 @@ def _check_replay_scores_under_the_parameters(case: _Case) -> None:
     if not scores_its_inputs:
         raise case.fail(
             ModuleProperty.STORED_ACTION,
-            "in replay, a log-likelihood depends on neither the parameters nor the input: "
-            "it is read back from rollout_extras, so the PPO ratio stays 1 and the policy "
-            "gets no gradient.",
+            "in replay, a log-likelihood depends on neither the parameters, the carry nor "
+            "the input: it is read back from rollout_extras, so the PPO ratio stays 1 and "
+            "the policy gets no gradient.",
             leaf="the output's log-likelihood",
             expected="the stored action scored under the distribution the current "
             "parameters give for the input",
@@ -1599,8 +1620,10 @@ def _check_keys(case: _Case) -> None:
         raise case.fail(
             ModuleProperty.PER_ENV_KEYS,
             f"stochastic=True, but no key in the carry changes from one step to the next: "
-            f"the key in {name} does not, so every step would draw the same random numbers "
-            "(a module that draws once per episode says so with stochastic='per_episode').",
+            f"the key in {name} does not, so every step draws from the same key (a key "
+            "folded with a step count inside the call does not count: the carry's keys are "
+            "split at every step; a module that draws once per episode says so with "
+            "stochastic='per_episode').",
             leaf=f"next_state{name.removeprefix('state')} at step {t}, env {env}",
             expected="next_state's keys split from state's (split_env_keys)",
             found="the key the step was given",
