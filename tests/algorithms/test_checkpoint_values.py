@@ -166,6 +166,71 @@ def test_a_newest_checkpoint_removed_while_it_is_read_gives_way_to_the_next(
         load_checkpoint(tmp_path, _policy(), step=16)
 
 
+def test_a_step_given_as_a_whole_float_loads_and_other_forms_are_refused(tmp_path) -> None:
+    # Metrics log total_steps as a float: step=16.0 reached Orbax and was reported as a
+    # corrupted checkpoint to remove; "16" as a missing one; a file as NotADirectoryError.
+
+    config = TrainConfig(ppo=CONFIG.ppo, eval=CONFIG.eval, checkpoint_every_steps=16)
+    train_ppo(make("cartpole"), _policy(), config, checkpoint_fn=make_checkpoint_fn(tmp_path))
+    assert load_checkpoint(tmp_path, _policy(), step=16.0)["step"] == 16
+    assert find_checkpoint(tmp_path, 16.0) == (tmp_path, 16)
+    with pytest.raises(TypeError, match=r"^load_checkpoint: step must be an int, got str '16'"):
+        load_checkpoint(tmp_path, _policy(), step="16")
+    with pytest.raises(TypeError, match=r"^find_checkpoint: step must be an int, got float 1.5"):
+        find_checkpoint(tmp_path, 1.5)
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(NoCheckpointError, match=r"notes.txt is a file; pass a run directory"):
+        find_checkpoint(tmp_path / "notes.txt")
+
+
+def test_a_checkpoints_config_and_metadata_are_checked_and_named(tmp_path) -> None:
+    # Neither had a checksum: a changed value was taken for the run's own (the CLI told
+    # the user to put config.json back), and a field this version does not know was
+    # reported as the user's config, naming no checkpoint.
+    import json
+
+    from nnx_ppo.algorithms import checkpointing
+    from nnx_ppo.algorithms.checkpointing import read_metadata
+
+    config = TrainConfig(ppo=CONFIG.ppo, eval=CONFIG.eval, checkpoint_every_steps=16)
+    save = make_checkpoint_fn(tmp_path, config, metadata={"run": {"activation": "tanh"}})
+    train_ppo(make("cartpole"), _policy(), config, checkpoint_fn=save)
+    step_dir = checkpointing.step_directory(tmp_path, 32)
+    assert read_metadata(tmp_path) == {"run": {"activation": "tanh"}}
+    assert load_checkpoint(tmp_path, _policy())["config"] == config
+
+    def edit(item: str, change: Any) -> None:
+        path = step_dir / item / "metadata"
+        value = json.loads(path.read_text())
+        change(value)
+        path.write_text(json.dumps(value))
+
+    edit("metadata", lambda m: m["run"].update(activation="tanj"))
+    corrupted = rf"checkpoint {step_dir} is corrupted: its metadata does not match"
+    with pytest.raises(CheckpointError, match=corrupted):
+        read_metadata(tmp_path)
+    with pytest.raises(CheckpointError, match=corrupted + r".*complete: remove"):
+        load_checkpoint(tmp_path, _policy())
+    edit("metadata", lambda m: m["run"].update(activation="tanh"))
+    edit("config", lambda c: c["ppo"].update(old_field=1))
+    with pytest.raises(CheckpointError, match=rf"{step_dir} is corrupted: its config does not"):
+        load_checkpoint(tmp_path, _policy())
+    # Written so, with checksums to match: another version's config, named as such.
+    manifest_path = step_dir / "manifest" / "metadata"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["item_checksums"]["config"] = checkpointing._json_checksum(
+        json.loads((step_dir / "config" / "metadata").read_text())
+    )
+    manifest["manifest_checksum"] = checkpointing._manifest_checksum(manifest)
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(
+        CheckpointError,
+        match=rf"the config stored in checkpoint {step_dir} is not one this version of "
+        r"nnx-ppo reads: unknown config fields ppo.old_field",
+    ):
+        load_checkpoint(tmp_path, _policy())
+
+
 def test_a_run_resumed_from_an_earlier_checkpoint_of_its_directory_is_told_what_to_do(
     tmp_path,
 ) -> None:

@@ -80,3 +80,17 @@ def test_ppo_step_with_the_030_arguments_names_the_config_they_make(counting_env
         ppo.ppo_step(counting_env, state, config, logging_level=LoggingLevel.LOSSES)
     with pytest.raises(TypeError, match=r"no more arguments: 1 more argument\(s\) were given"):
         ppo.ppo_step(counting_env, state, config, 5)
+
+
+def test_a_step_called_inside_a_jax_transform_says_it_compiles_itself(
+    counting_env, scripted_network
+):
+    # 0.3.0's steps were wrapped in nnx.jit; these hand floats to the host, and a traced
+    # call failed deep inside with a TracerBoolConversionError.
+    state = ppo.new_training_state(counting_env, scripted_network(), 2, seed=0)
+    config = PPOConfig(n_envs=2, rollout_length=4, n_minibatches=1, n_epochs=1)
+    called_inside = r"^ppo_step was called inside jax.jit, nnx.jit or another JAX transform"
+    with pytest.raises(TypeError, match=called_inside):
+        nnx.jit(lambda state: ppo.ppo_step(counting_env, state, config))(state)
+    state, _ = ppo.ppo_step(counting_env, state, config)  # called as it is, it runs
+    assert state.steps_taken == 8

@@ -326,6 +326,29 @@ def test_student_statistics_that_overflow_stop_the_step_naming_them():
         np.testing.assert_array_equal(was, now)
 
 
+def test_a_step_wrapped_in_nnx_jit_as_0_3_0_did_says_it_compiles_itself():
+    # A TracerBoolConversionError from the host's divergence check, naming nothing.
+    teacher = lstm_teacher(ENV)
+    state = new_distillation_state(ENV, teacher, delay_student(ENV), STEP[0], 0, LEARNING_RATE)
+    jitted = nnx.jit(distillation_step, static_argnums=(0, 3, 4, 5, 6))
+    with pytest.raises(TypeError, match=r"^distillation_step was called inside jax.jit"):
+        jitted(ENV, teacher, state, *STEP)
+
+
+def test_ppos_checkpoint_function_given_distillation_names_the_distillation_one(tmp_path):
+    # An AttributeError ('DistillationState' object has no attribute 'networks') at the
+    # first checkpoint, and "wrap a PPOConfig" advice for a DistillationTrainConfig.
+    from nnx_ppo.algorithms.checkpointing import make_checkpoint_fn
+
+    with pytest.raises(TypeError, match=r"by nnx_ppo\.algorithms\.distillation\.make_distil"):
+        make_checkpoint_fn(tmp_path / "a", DistillationTrainConfig())
+    teacher = lstm_teacher(ENV)
+    state = new_distillation_state(ENV, teacher, delay_student(ENV), STEP[0], 0, LEARNING_RATE)
+    with pytest.raises(TypeError, match=r"got a DistillationState: checkpoint distillation with"):
+        make_checkpoint_fn(tmp_path / "b")(state, 0)
+    assert not (tmp_path / "b").exists()
+
+
 def test_a_step_adds_the_regularization_folds_statistics_and_carries_the_teacher_on():
     teacher, student = lstm_teacher(ENV), normalized_lstm_student()
     state = new_distillation_state(ENV, teacher, student, STEP[0], 0, LEARNING_RATE)

@@ -378,3 +378,28 @@ def test_host_metrics_name_the_first_step_that_diverged_in_any_way():
         match=rf"env step {2 * STEP}: running statistics became NaN .*: \['M2'\]",
     ):
         _step._host_metrics(reports, 0, ppo_config(), 3)
+
+
+def test_a_call_that_fails_at_its_dispatch_is_a_runtime_error_not_bad_input(
+    counting_env, scripted_network, monkeypatch
+):
+    # A host callback that raised surfaced, when JAX raised it at the next call's
+    # dispatch, as a ValueError("INTERNAL: ..."): the CLI took it for bad input (exit 2).
+    fresh, calls = _step._fresh_env_states, []
+
+    def failing_second(*arguments):
+        calls.append(None)
+        if len(calls) == 2:
+            raise ValueError("INTERNAL: CpuCallback error calling callback: RuntimeError: no")
+        return fresh(*arguments)
+
+    monkeypatch.setattr(_step, "_fresh_env_states", failing_second)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"^INTERNAL: CpuCallback error"):
+        train_ppo(counting_env, scripted_network(), train_config(3 * STEP))
+
+    def bad_input(*arguments):
+        raise ValueError("bad")
+
+    monkeypatch.setattr(_step, "_fresh_env_states", bad_input)
+    with pytest.raises(ValueError, match=r"^bad$"):  # any other ValueError is left as it is
+        train_ppo(counting_env, scripted_network(), train_config(3 * STEP))

@@ -161,3 +161,11 @@ def test_an_input_shaped_unlike_the_rewards_is_named(argument):
     assert caught.value.leaf == argument
     assert caught.value.expected.endswith("[Array, 'T B'] with T=4, B=3")
     assert "[4,2]" in caught.value.found
+
+
+def test_the_030_last_value_keyword_names_what_replaced_it() -> None:
+    # Python said only "missing a required argument: 'next_values'".
+    zeros = jnp.zeros((3, 2))
+    with pytest.raises(TypeError, match=r"^gae: last_value, .* is next_values now: .*\(T, B\)"):
+        gae(zeros, zeros, last_value=jnp.zeros(2), done=zeros > 0, truncation=zeros > 0,
+            lambda_=0.95, gamma=0.99)  # fmt: skip

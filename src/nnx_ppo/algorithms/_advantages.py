@@ -9,6 +9,8 @@ trace stops at the episode's end.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +22,31 @@ from nnx_ppo.algorithms.types import (
 )
 from nnx_ppo.contract.axes import BoolHistory, FloatHistory
 from nnx_ppo.contract.checking import typechecked
+from nnx_ppo.contract.errors import DOCS_URL
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
+def _explaining_last_value(gae: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``gae``, naming what replaced nnx-ppo 0.3.0's ``last_value`` keyword, where Python
+    would say only that ``next_values`` is missing."""
+
+    @functools.wraps(gae)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if "last_value" in kwargs:
+            raise TypeError(
+                "gae: last_value, the (B,) value after the rollout's last step in nnx-ppo "
+                "0.3.0, is next_values now: the value of each step's next observation, "
+                "(T, B), before any reset (Transition.next_value_estimates), which also "
+                f"bootstraps a step truncated mid-rollout (see {DOCS_URL}migration.html)."
+            )
+        return gae(*args, **kwargs)
+
+    return call
+
+
+@_explaining_last_value
 @typechecked
 def gae(
     rewards: FloatHistory,

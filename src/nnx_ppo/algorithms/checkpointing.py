@@ -49,7 +49,7 @@ from nnx_ppo.algorithms.config import (
     TrainConfig,
 )
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
-from nnx_ppo.contract.arguments import as_whole
+from nnx_ppo.contract.arguments import as_whole, require_int
 from nnx_ppo.contract.checking import is_key, key_data_or_leaf
 from nnx_ppo.contract.errors import DOCS_URL
 
@@ -437,9 +437,15 @@ def make_checkpoint_fn(
     if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
         raise ValueError(f"make_checkpoint_fn: keep_last must be a positive int, got {keep_last!r}")
     if config is not None and not isinstance(config, TrainConfig):
+        fix = (
+            "distillation runs are checkpointed by "
+            "nnx_ppo.algorithms.distillation.make_distillation_checkpoint_fn"
+            if type(config).__name__ == "DistillationTrainConfig"
+            else "wrap a PPOConfig as TrainConfig(ppo=...)"
+        )
         raise TypeError(
             f"make_checkpoint_fn: config must be a TrainConfig, got a {type(config).__name__}; "
-            "wrap a PPOConfig as TrainConfig(ppo=...)"
+            f"{fix}"
         )
     try:
         metadata_json = json.loads(json.dumps(metadata if metadata is not None else {}))
@@ -450,7 +456,8 @@ def make_checkpoint_fn(
             f"make_checkpoint_fn: metadata must be a dict, got a {type(metadata).__name__}"
         )
     root = Path(directory)
-    config_json = config_to_dict(config) if config is not None else {}
+    # As JSON reads it back (tuples as lists), so the checksum is of what a load reads.
+    config_json = json.loads(json.dumps(config_to_dict(config))) if config is not None else {}
     managers: list[Any] = []  # made at the first save: a run that fails before it leaves no dir
     # The newest step written by this function, or found to be the run's own, with the
     # checksums of its arrays.
@@ -459,6 +466,17 @@ def make_checkpoint_fn(
     def checkpoint_fn(training_state: TrainingState, step: int) -> None:
         import orbax.checkpoint as ocp
 
+        if not isinstance(training_state, TrainingState):
+            raise TypeError(
+                "a checkpoint_fn of make_checkpoint_fn takes a PPO TrainingState, got a "
+                f"{type(training_state).__name__}"
+                + (
+                    ": checkpoint distillation with "
+                    "nnx_ppo.algorithms.distillation.make_distillation_checkpoint_fn"
+                    if type(training_state).__name__ == "DistillationState"
+                    else ""
+                )
+            )
         arrays, entries = _flatten(_snapshot(training_state))  # every process takes part
         if jax.process_index() != 0:
             return
@@ -500,6 +518,10 @@ def make_checkpoint_fn(
             "steps_taken": int(training_state.steps_taken),
             "leaves": entries,
             "checksums": checksums,
+            "item_checksums": {
+                "config": _json_checksum(config_json),
+                "metadata": _json_checksum(metadata_json),
+            },
         }
         manifest["manifest_checksum"] = _manifest_checksum(manifest)
         try:
@@ -629,8 +651,14 @@ def _write_failure(root: Path, step: int, error: OSError | ValueError) -> str:
 def _manifest_checksum(manifest: dict[str, Any]) -> int:
     """CRC-32 of the manifest's own entries (but this one), in a canonical JSON form: a
     changed step count or leaf entry would otherwise load as a valid checkpoint."""
-    entries = {key: value for key, value in manifest.items() if key != "manifest_checksum"}
-    return zlib.crc32(json.dumps(entries, sort_keys=True).encode())
+    return _json_checksum(
+        {key: value for key, value in manifest.items() if key != "manifest_checksum"}
+    )
+
+
+def _json_checksum(value: Any) -> int:
+    """CRC-32 of a JSON-ready value in a canonical form."""
+    return zlib.crc32(json.dumps(value, sort_keys=True).encode())
 
 
 def _checksum(array: Any) -> int:
@@ -708,9 +736,16 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, in
         not both (it lost the other since Orbax renamed it); the message says what was
         looked for or what is missing.
     """
+    if step is not None:  # a whole float too: metrics log total_steps as one
+        step = require_int("find_checkpoint", "step", as_whole(step), minimum=0)
     path = Path(path)
     if not path.exists():
         raise NoCheckpointError(f"no checkpoint: {path} does not exist")
+    if not path.is_dir():
+        raise NoCheckpointError(
+            f"no checkpoint: {path} is a file; pass a run directory, its checkpoints "
+            "directory or one step directory"
+        )
     if (path / CHECKPOINT_SUBDIR).is_dir():
         path = path / CHECKPOINT_SUBDIR
     if path.is_dir():
@@ -807,12 +842,28 @@ def read_metadata(path: str | Path, *, step: int | None = None) -> dict[str, Any
       CheckpointError: the checkpoint is damaged.
     """
     root, found = find_checkpoint(path, step)
-    return _metadata_of(step_directory(root, found))
+    step_dir = step_directory(root, found)
+    return _metadata_of(step_dir, _read_json(step_dir, "manifest"))
 
 
-def _metadata_of(step_dir: Path) -> dict[str, Any] | None:
+def _metadata_of(step_dir: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
     # Checkpoints of versions before make_checkpoint_fn's metadata have none.
-    return _read_json(step_dir, "metadata") if (step_dir / "metadata").exists() else None
+    if not (step_dir / "metadata").exists():
+        return None
+    return _checked_item(step_dir, "metadata", manifest)
+
+
+def _checked_item(step_dir: Path, item: str, manifest: dict[str, Any]) -> Any:
+    """The JSON item ``item`` of a checkpoint, checked against the checksum its manifest
+    holds for it (checkpoints written before item checksums hold none)."""
+    value = _read_json(step_dir, item)
+    written = manifest.get("item_checksums", {}).get(item)
+    if written is not None and _json_checksum(value) != written:
+        raise CheckpointError(
+            f"checkpoint {step_dir} is corrupted: its {item} does not match the checksum "
+            f"written with it{_earlier(step_dir)}"
+        )
+    return value
 
 
 def _read_json(step_dir: Path, item: str) -> Any:
@@ -910,6 +961,8 @@ def _load_checkpoint(
 ) -> dict[str, Any]:
     """:func:`load_checkpoint`; ``optimizer_hint`` says how the caller's template gets the
     run's optimizer settings, for a checkpoint whose optimizer state does not fit."""
+    if step is not None:
+        step = require_int("load_checkpoint", "step", as_whole(step), minimum=0)
     root, found = find_checkpoint(path, step)
     for read in range(1, _READS_OF_THE_LATEST + 1):
         try:
@@ -1021,9 +1074,15 @@ def _load_step(
     leaves = [rebuilt(path) for path in wanted]
     values = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(target), leaves)
 
-    config_json = _read_json(step_dir, "config")
-    config = config_from_dict(config_json) if config_json else None
-    metadata = _metadata_of(step_dir)
+    config_json = _checked_item(step_dir, "config", manifest)
+    try:
+        config = config_from_dict(config_json) if config_json else None
+    except ValueError as error:  # its checksum matched: another version's config
+        raise CheckpointError(
+            f"the config stored in checkpoint {step_dir} is not one this version of "
+            f"nnx-ppo reads: {error}"
+        ) from error
+    metadata = _metadata_of(step_dir, manifest)
     if isinstance(template, TrainingState):
         nnx.update(template.networks, values["networks"])
         nnx.update(template.optimizer, values["optimizer"])

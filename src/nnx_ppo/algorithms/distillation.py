@@ -70,7 +70,7 @@ from nnx_ppo.algorithms.config import (
 )
 from nnx_ppo.algorithms.metrics import compute_metrics, log_weight_stats, to_host
 from nnx_ppo.algorithms.types import EnvState, LoggingLevel, RLEnv, TrainingState, Transition
-from nnx_ppo.contract.arguments import require_int, require_number
+from nnx_ppo.contract.arguments import require_called_eagerly, require_int, require_number
 from nnx_ppo.contract.axes import BatchedTree, Carry, CarrySlice, Extras, HistoryTree, Scalar
 from nnx_ppo.contract.checking import (
     FROZEN_STATISTICS_MARK,
@@ -728,6 +728,7 @@ def distillation_step(
             "distillation_step: distillation_state must be a DistillationState, got a "
             f"{type(distillation_state).__name__}"
         )
+    require_called_eagerly("distillation_step", distillation_state.rng_key)
     held = rollout.n_envs_of(distillation_state.env_states, "distillation_step")
     if held != n_envs:
         raise ValueError(

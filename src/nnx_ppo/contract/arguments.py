@@ -23,6 +23,7 @@ __all__ = [
     "one_key_ndim",
     "require_bool",
     "require_callable",
+    "require_called_eagerly",
     "require_int",
     "require_key",
     "require_number",
@@ -247,3 +248,16 @@ def one_key_ndim(value: Any) -> int | None:
     if jax.numpy.issubdtype(dtype, jax.dtypes.prng_key):
         return 0
     return 1 if dtype == np.uint32 else None
+
+
+def require_called_eagerly(owner: str, tree: Any) -> None:
+    """Refuse a call made inside ``jax.jit``, ``nnx.jit`` or another JAX transform (a
+    leaf of ``tree`` is traced): ``owner`` compiles its own programs and hands its
+    results to the host, which a traced call cannot."""
+    if any(isinstance(leaf, Tracer) for leaf in jax.tree.leaves(tree)):
+        raise TypeError(
+            f"{owner} was called inside jax.jit, nnx.jit or another JAX transform: it "
+            "compiles its own programs and returns its metrics as Python floats, which a "
+            "traced call cannot. Call it without the transform: unlike nnx-ppo 0.3.0's, it "
+            "compiles itself, once per env, network structure and settings."
+        )
