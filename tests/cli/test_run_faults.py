@@ -398,7 +398,10 @@ def test_divergence_is_one_message_naming_the_intact_checkpoint(
     assert "Traceback" not in shown.out + shown.err
     shown = shown.err
     assert "training diverged: PPO step ending at env step 256: the loss is NaN." in shown
-    assert f"resume with nnx-ppo train --resume {run_dir}" in shown
+    # The step it resumes from is named (cli.rst said so; it was not).
+    assert f"resume from step {STEP} with nnx-ppo train --resume {run_dir}" in " ".join(
+        shown.split()
+    )
     assert find_checkpoint(run_dir)[1] == STEP
 
 
@@ -566,7 +569,8 @@ def test_a_full_disk_when_a_run_starts_is_a_failed_write_naming_the_file(
     shown = " ".join(capsys.readouterr().err.split())
     assert status == 1, shown
     kept = (
-        f"The checkpoints in {run_dir} are intact: resume with nnx-ppo train --resume {run_dir}"
+        f"The checkpoints in {run_dir} are intact: resume from step "
+        f"{find_checkpoint(run_dir)[1]:,} with nnx-ppo train --resume {run_dir}"
         if resumed
         else f"No checkpoint was written in {run_dir} yet: start the run again"
     )

@@ -817,10 +817,13 @@ def _what_is_kept(run_dir: Path) -> str:
     from nnx_ppo.algorithms.checkpointing import NoCheckpointError, find_checkpoint
 
     try:
-        find_checkpoint(run_dir)
+        _, step = find_checkpoint(run_dir)
     except NoCheckpointError:
         return f"No checkpoint was written in {run_dir} yet: start the run again"
-    return f"The checkpoints in {run_dir} are intact: resume with nnx-ppo train --resume {run_dir}"
+    return (
+        f"The checkpoints in {run_dir} are intact: resume from step {step:,} with nnx-ppo "
+        f"train --resume {run_dir}"
+    )
 
 
 def _exit_at_once(status: int) -> NoReturn:
@@ -969,8 +972,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _Diverged as error:
         _print_error(
             errors,
-            f"training diverged: {error} The checkpoints in {error.run_dir} are intact: resume "
-            f"with nnx-ppo train --resume {error.run_dir} (e.g. with a lower "
+            f"training diverged: {error} {_what_is_kept(error.run_dir)} (e.g. with a lower "
             "--set ppo.learning_rate=...)",
         )
         return 1
