@@ -814,12 +814,18 @@ class _CallFailed(_RunStopped):
 
 def _what_is_kept(run_dir: Path) -> str:
     """Where a run that stopped on an error goes on from: its newest checkpoint, if any."""
-    from nnx_ppo.algorithms.checkpointing import NoCheckpointError, find_checkpoint
+    from nnx_ppo.algorithms.checkpointing import (
+        CheckpointError,
+        NoCheckpointError,
+        find_checkpoint,
+    )
 
     try:
         _, step = find_checkpoint(run_dir)
     except NoCheckpointError:
         return f"No checkpoint was written in {run_dir} yet: start the run again"
+    except CheckpointError as error:  # the newest one left damaged (a write cut short)
+        return f"The run's checkpoints are not all intact: {error}"
     return (
         f"The checkpoints in {run_dir} are intact: resume from step {step:,} with nnx-ppo "
         f"train --resume {run_dir}"
@@ -1011,8 +1017,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _InterruptedAgain as error:  # a second Ctrl-C: stop at once, without a traceback
         _print_error(
             errors,
-            "interrupted again: stopped at once, without a final checkpoint; the checkpoints "
-            f"written before are intact (resume with nnx-ppo train --resume {error.run_dir})",
+            "interrupted again: stopped at once, without waiting for a final checkpoint. "
+            f"{_what_is_kept(error.run_dir)}",
         )
         return 130
     except KeyboardInterrupt:  # before a run's first step, or in another command
