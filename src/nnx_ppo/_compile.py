@@ -84,7 +84,15 @@ class TrainingProgram:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         traced = any(isinstance(leaf, Tracer) for leaf in jax.tree.leaves((args, kwargs)))
-        return (self.plain if traced else self._jitted)(*args, **kwargs)
+        try:
+            return (self.plain if traced else self._jitted)(*args, **kwargs)
+        except ValueError as error:
+            # A program that fails as it runs (a host callback raised) may fail at its
+            # dispatch, where JAX raises the runtime's status as a ValueError; at a fetch
+            # it is a JaxRuntimeError, which callers tell from bad input.
+            if not str(error).startswith("INTERNAL:"):
+                raise
+            raise jax.errors.JaxRuntimeError(str(error)) from error
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """``jax.jit(...).lower``: trace and lower without compiling."""

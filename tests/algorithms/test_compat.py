@@ -92,5 +92,7 @@ def test_a_step_called_inside_a_jax_transform_says_it_compiles_itself(
     called_inside = r"^ppo_step was called inside jax.jit, nnx.jit or another JAX transform"
     with pytest.raises(TypeError, match=called_inside):
         nnx.jit(lambda state: ppo.ppo_step(counting_env, state, config))(state)
+    with pytest.raises(TypeError, match=called_inside):  # the state closed over
+        nnx.jit(lambda: ppo.ppo_step(counting_env, state, config))()
     state, _ = ppo.ppo_step(counting_env, state, config)  # called as it is, it runs
     assert state.steps_taken == 8

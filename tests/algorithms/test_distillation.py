@@ -349,6 +349,18 @@ def test_ppos_checkpoint_function_given_distillation_names_the_distillation_one(
     assert not (tmp_path / "b").exists()
 
 
+def test_an_unhashable_setting_of_teacher_or_student_is_named():
+    # Flax's bare "unhashable type: 'list'" came from hashing the pair's structure.
+    teacher, student = lstm_teacher(ENV), delay_student(ENV)
+    teacher.settings = [1, 2]
+    with pytest.raises(TypeError, match=r"^new_distillation_state \(teacher\): .*\.settings is"):
+        new_distillation_state(ENV, teacher, student, STEP[0], 0, LEARNING_RATE)
+    del teacher.settings
+    student.settings = {"a": 1}
+    with pytest.raises(TypeError, match=r"^new_distillation_state \(student\): .*\.settings is"):
+        new_distillation_state(ENV, teacher, student, STEP[0], 0, LEARNING_RATE)
+
+
 def test_a_step_adds_the_regularization_folds_statistics_and_carries_the_teacher_on():
     teacher, student = lstm_teacher(ENV), normalized_lstm_student()
     state = new_distillation_state(ENV, teacher, student, STEP[0], 0, LEARNING_RATE)

@@ -380,26 +380,19 @@ def test_host_metrics_name_the_first_step_that_diverged_in_any_way():
         _step._host_metrics(reports, 0, ppo_config(), 3)
 
 
-def test_a_call_that_fails_at_its_dispatch_is_a_runtime_error_not_bad_input(
-    counting_env, scripted_network, monkeypatch
-):
-    # A host callback that raised surfaced, when JAX raised it at the next call's
-    # dispatch, as a ValueError("INTERNAL: ..."): the CLI took it for bad input (exit 2).
-    fresh, calls = _step._fresh_env_states, []
+def test_a_call_that_fails_at_its_dispatch_is_a_runtime_error_not_bad_input() -> None:
+    # A host callback that raised surfaced, when JAX raised it at a program's dispatch
+    # (the next step's, an evaluation's), as a ValueError("INTERNAL: ..."): the CLI took
+    # it for bad input (exit 2). Every training program converts it.
+    from nnx_ppo._compile import TrainingProgram
 
-    def failing_second(*arguments):
-        calls.append(None)
-        if len(calls) == 2:
-            raise ValueError("INTERNAL: CpuCallback error calling callback: RuntimeError: no")
-        return fresh(*arguments)
+    def failing(x: jax.Array) -> jax.Array:
+        raise ValueError("INTERNAL: CpuCallback error calling callback: RuntimeError: no")
 
-    monkeypatch.setattr(_step, "_fresh_env_states", failing_second)
-    with pytest.raises(jax.errors.JaxRuntimeError, match=r"^INTERNAL: CpuCallback error"):
-        train_ppo(counting_env, scripted_network(), train_config(3 * STEP))
-
-    def bad_input(*arguments):
+    def bad_input(x: jax.Array) -> jax.Array:
         raise ValueError("bad")
 
-    monkeypatch.setattr(_step, "_fresh_env_states", bad_input)
-    with pytest.raises(ValueError, match=r"^bad$"):  # any other ValueError is left as it is
-        train_ppo(counting_env, scripted_network(), train_config(3 * STEP))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"^INTERNAL: CpuCallback error"):
+        TrainingProgram(failing, ())(jnp.zeros(2))
+    with pytest.raises(ValueError, match=r"^bad(\n|$)"):  # any other ValueError is left as it is
+        TrainingProgram(bad_input, ())(jnp.zeros(2))

@@ -185,9 +185,32 @@ def test_an_unhashable_setting_is_named_by_training_and_the_kit(scales: Any, kin
     )
 
 
+class WithBlocks(ListScales):
+    """Layers in an nnx.data list (data, not a setting) beside a list setting."""
+
+    def __init__(self, scales: Any) -> None:
+        super().__init__(scales)
+        self.blocks = nnx.data([nnx.Linear(WIDTH, WIDTH, rngs=nnx.Rngs(0))])
+
+
+def test_the_unhashable_setting_is_named_not_a_data_list_beside_it() -> None:
+    with pytest.raises(TypeError, match=r"^check_module: WithBlocks\.scales is a list"):
+        check_module(WithBlocks([1.0, 2.0, 1.0, 1.0]), jnp.zeros(WIDTH), max_examples=2)
+
+
+class PythonIntParam(IntegerParam):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        super().__init__(rngs)
+        self.order = nnx.Param(2)  # type: ignore[assignment]
+
+
 def test_the_kit_refuses_an_integer_param_as_training_does() -> None:
     with pytest.raises(TypeError, match=r"^check_module: IntegerParam\.order is an nnx.Param"):
         check_module(IntegerParam(nnx.Rngs(0)), jnp.zeros(WIDTH), max_examples=2)
+    # A Python int, held as int32 (it had no dtype to read, and passed both).
+    network = _policy(PythonIntParam(nnx.Rngs(0)), nnx.Rngs(1))
+    with pytest.raises(TypeError, match=r"layers\[0\]\.order is an nnx.Param of dtype int32"):
+        new_training_state(make("cartpole"), network, CONFIG.n_envs, seed=0)
 
 
 class RngDropout(StatefulModule):

@@ -960,24 +960,15 @@ def _dispatch(
     dispatched_at = time.perf_counter()
     mesh = sharding.mesh_of(start)
     arguments = _program_arguments(env, config, split, start)
-    try:
-        if iterations == 1 and mesh is None:
-            # One step as three programs: the reset (the initial state's), the rollout and
-            # the learning. The step's own two compile in parallel, without a reset in them.
-            fresh = _fresh_env_states(env, start, config.n_envs)
-            collected = _compiled_collect(*arguments, fresh)
-            new_state, carry, reports = _compiled_learn(*_learning_arguments(arguments, collected))
-            carry = carry._replace(env_states=collected.env_states)
-        else:
-            with sharding.training_mesh(mesh):
-                new_state, carry, reports = _compiled_steps(*arguments, iterations)
-    except ValueError as error:
-        # A program that fails as it runs (a host callback raised) may fail at its
-        # dispatch, where JAX raises the runtime's status as a ValueError; at a fetch it
-        # is a JaxRuntimeError, which callers tell from bad input.
-        if not str(error).startswith("INTERNAL:"):
-            raise
-        raise jax.errors.JaxRuntimeError(str(error)) from error
+    if iterations == 1 and mesh is None:
+        # One step as three programs: the reset (the initial state's), the rollout and
+        # the learning. The step's own two compile in parallel, without a reset in them.
+        collected = _compiled_collect(*arguments, _fresh_env_states(env, start, config.n_envs))
+        new_state, carry, reports = _compiled_learn(*_learning_arguments(arguments, collected))
+        carry = carry._replace(env_states=collected.env_states)
+    else:
+        with sharding.training_mesh(mesh):
+            new_state, carry, reports = _compiled_steps(*arguments, iterations)
     return InFlight(start, config, iterations, split, new_state, carry, reports, dispatched_at)
 
 
@@ -1029,7 +1020,10 @@ def _run_steps(
         require_called_eagerly(owner, training_state.rng_key)
     if isinstance(config, PPOConfig):
         config.validate()  # a field may have changed since the config was built
-    return finish(dispatch_steps(owner, env, training_state, config, iterations))
+    in_flight = dispatch_steps(owner, env, training_state, config, iterations)
+    # Called inside a transform with a state it closes over: the programs ran traced.
+    require_called_eagerly(owner, in_flight.reports.health)
+    return finish(in_flight)
 
 
 def _index(tree: Tree, i: int) -> Tree:

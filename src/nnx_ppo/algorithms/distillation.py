@@ -78,6 +78,8 @@ from nnx_ppo.contract.checking import (
     checks,
     format_graph_path,
     observe_calls,
+    require_float_parameters,
+    require_hashable_settings,
     require_no_hijax,
     typechecked,
 )
@@ -753,6 +755,8 @@ def distillation_step(
     state, (states, env_states, key), metrics, health = _compiled_step(
         static, graphdef, state, carry
     )
+    # Called inside a transform with a state it closes over: the program ran traced.
+    require_called_eagerly("distillation_step", health)
     total = distillation_state.steps_taken + config.steps_per_iteration
     _raise_if_distillation_diverged(jax.device_get(health), total)
     nnx.update((pair, distillation_state.optimizer), state)
@@ -863,6 +867,8 @@ def new_distillation_state(
                 f"got a {type(network).__name__}"
             )
         require_no_hijax(f"new_distillation_state ({role})", network)
+        require_hashable_settings(f"new_distillation_state ({role})", network)
+    require_float_parameters("new_distillation_state (student)", student)
     obs = jax.eval_shape(
         lambda: rollout.reset_envs(env, jax.random.split(jax.random.key(0), n_envs)).obs
     )

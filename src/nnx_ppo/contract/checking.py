@@ -70,6 +70,8 @@ __all__ = [
     "key_data_or_leaf",
     "named_leaves",
     "observe_calls",
+    "require_float_parameters",
+    "require_hashable_settings",
     "require_no_hijax",
     "resets_its_carry",
     "structure_difference",
@@ -280,7 +282,9 @@ def require_float_parameters(caller: str, module: Any) -> None:
         if not isinstance(node, nnx.Param):
             continue
         for leaf in jax.tree.leaves(node.get_value()):
-            dtype = getattr(leaf, "dtype", None)
+            # As JAX holds it: a Python int is an int32 parameter.
+            numeric = isinstance(leaf, int | float | complex | np.generic | np.ndarray | jax.Array)
+            dtype = jax.typeof(leaf).dtype if numeric else None
             if dtype is not None and not jnp.issubdtype(dtype, jnp.inexact):
                 raise TypeError(
                     f"{caller}: {type(module).__name__}{format_graph_path(module, tuple(path))} "
@@ -301,22 +305,33 @@ def require_hashable_settings(caller: str, module: Any) -> None:
     try:
         hash(nnx.graphdef(module))
         return
-    except TypeError:
-        pass
+    except TypeError as error:
+        unhashable = error
     for path, node in nnx.iter_graph(module):
-        if isinstance(node, nnx.Variable | nnx.Pytree | np.ndarray | jax.Array):
-            continue
-        try:
-            hash(node)
-        except TypeError:
-            raise TypeError(
-                f"{caller}: {type(module).__name__}{format_graph_path(module, tuple(path))} "
-                f"is a {type(node).__name__}, which cannot be hashed: training compiles the "
-                "network's settings (attributes other than arrays, Variables and modules) "
-                "into its programs as static values, which must be hashable. Hold it as a "
-                "tuple (a dict as a tuple of (key, value) pairs), or in an nnx.Variable if "
-                "the network computes with its numbers."
-            ) from None
+        # Flax marks each attribute of a module as data (arrays, Variables, modules,
+        # nnx.data containers) or static: the static ones are the settings.
+        for name, is_data in dict(getattr(node, "_pytree__nodes", {})).items():
+            if is_data or name.startswith("_pytree__"):
+                continue
+            value = vars(node).get(name)
+            try:
+                hash(value)
+            except TypeError:
+                where = format_graph_path(module, (*path, name))
+                raise TypeError(
+                    f"{caller}: {type(module).__name__}{where} is a {type(value).__name__}, "
+                    "which cannot be hashed: training compiles the network's settings "
+                    "(attributes other than arrays, Variables and modules) into its "
+                    "programs as static values, which must be hashable. Hold it as a tuple "
+                    "of hashable values (a dict as a tuple of (key, value) pairs), or in an "
+                    "nnx.Variable if the network computes with its numbers."
+                ) from None
+    raise TypeError(
+        f"{caller}: the structure of {type(module).__name__} cannot be hashed "
+        f"({unhashable}), which training needs to compile it: a setting of one of its "
+        "modules (an attribute other than an array, a Variable or a module) is likely a "
+        "list or a dict; hold it as a tuple."
+    )
 
 
 def _is_attribute_key(node: Any, key: Any) -> bool:
