@@ -1,5 +1,6 @@
 """Distillation: a frozen teacher's deterministic actions taught to a student of another design."""
 
+import copy
 import logging
 from typing import Any
 
@@ -590,6 +591,19 @@ def test_train_distillation_resumes_without_repeating_its_start_and_saves_its_en
     resumed = first.training_state
     with pytest.raises(ValueError, match=r"student is not initial_state\.student"):
         train_distillation(ENV, teacher, delay_student(ENV), config, initial_state=resumed)
+    other_count = copy.deepcopy(config)
+    other_count.distillation.n_envs *= 2
+    held = config.distillation.n_envs
+    with pytest.raises(ValueError, match=f"initial_state holds {held} envs, but config.distil"):
+        train_distillation(
+            ENV,
+            teacher,
+            resumed.student,
+            other_count,
+            log_fn=lambda metrics, step: events.append(("log", step)),
+            initial_state=resumed,
+        )
+    assert len(events) == 5  # refused before its first evaluation, log or checkpoint
     events.clear()
     config.distillation.total_steps = 144
     result = train_distillation(

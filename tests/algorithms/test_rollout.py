@@ -12,6 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nnx_ppo import ContractError
+from nnx_ppo.algorithms.config import PPOConfig
+from nnx_ppo.algorithms.ppo import new_training_state, ppo_step
 from nnx_ppo.algorithms.rollout import (
     _BatchedEnv,
     episode_ended,
@@ -24,10 +26,10 @@ from nnx_ppo.algorithms.rollout import (
     unroll_env,
 )
 from nnx_ppo.algorithms.types import LoggingLevel, Shared
-from nnx_ppo.envs import State
+from nnx_ppo.envs import State, time_limit
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
-from nnx_ppo.networks.factories import make_mlp
+from nnx_ppo.networks.factories import make_default_network, make_mlp
 from nnx_ppo.networks.sampling_layers import NormalTanhSampler
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import Map
@@ -547,3 +549,51 @@ def test_one_time_limit_flag_does_not_cut_short_an_agent_that_terminated_before(
     np.testing.assert_array_equal(transitions.truncated["a"][:, 0], [False] * 4)
     np.testing.assert_array_equal(transitions.truncated["b"][:, 0], [False, False, False, True])
     np.testing.assert_array_equal(transitions.next_value_estimates["a"][1:, 0], np.zeros(3))
+
+
+class BFloat16Rewards:
+    """Pays a bfloat16 reward of 1 a step, and counts the step in a uint8 metric; its
+    episodes last 300 steps."""
+
+    observation_size: ClassVar[int] = 1
+    action_size: ClassVar[int] = 1
+    discrete_actions: ClassVar[bool] = False
+
+    def reset(self, rng: jax.Array) -> State:
+        return self._state(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.bfloat16))
+
+    def step(self, state: State, action: jax.Array) -> State:
+        return self._state(state.data["steps"] + 1, jnp.ones((), jnp.bfloat16))
+
+    def _state(self, steps: jax.Array, reward: jax.Array) -> State:
+        done, truncated = time_limit(jnp.zeros((), bool), steps, 300)
+        return State(
+            obs=jnp.zeros(1),
+            reward=reward,
+            done=done,
+            metrics={"hit": jnp.ones((), jnp.uint8)},
+            info={"truncated": truncated},
+            data={"steps": steps},
+        )
+
+
+def test_returns_of_bfloat16_rewards_and_sums_of_uint8_metrics_are_kept_in_float32():
+    # In bfloat16, 256 + 1 rounds back to 256: the logged returns stopped there; the
+    # uint8 metric's episode sum wrapped at 256 (its mean was 44 / 300).
+    env = BFloat16Rewards()
+    network = make_default_network(env, nnx.Rngs(0), hidden_sizes=[4])
+    config = PPOConfig(
+        n_envs=2,
+        rollout_length=301,
+        n_minibatches=1,
+        n_epochs=1,
+        logging_level=LoggingLevel.ROLLOUT_STATS,
+    )
+    _, metrics = ppo_step(env, new_training_state(env, network, 2, 0), config)
+    assert metrics["rollout_batch/episodes_completed"] == 2
+    assert metrics["rollout_batch/episode_reward/mean"] == 300
+    evaluated = eval_rollout(
+        env, network, 2, 300, jax.random.key(0), logging_level=LoggingLevel.ENV_METRICS
+    )
+    assert float(evaluated["eval/episode_reward/mean"]) == 300
+    assert float(evaluated["eval/env/hit/mean"]) == 1

@@ -554,7 +554,8 @@ def test_a_video_without_render_is_refused_before_anything_compiles(
         (lambda n: [np.zeros((1, 1, 3), np.uint8)], ValueError, "returned 1 frames for the 3"),
         (lambda n: [np.zeros((1, 1, 3), np.float32)] * n, TypeError, "must return uint8 frames"),
         (lambda n: [np.zeros((1, 1), np.uint8)] * n, ValueError, "one .height, width, chann"),
-        (lambda n: None, TypeError, "must return a sequence of frames, got NoneType"),
+        (lambda n: None, TypeError, "must return a sequence of frames .*, got NoneType"),
+        (lambda n: [], ValueError, "returned 0 frames for the 3"),
     ],
 )
 def test_frames_render_gets_wrong_are_named(counting_env, scripted_network, frames, error, message):
@@ -566,6 +567,18 @@ def test_frames_render_gets_wrong_are_named(counting_env, scripted_network, fram
     config.video = VideoConfig(enabled=True, episode_length=2)
     with pytest.raises(error, match=message):
         train_ppo(Rendered(), scripted_network(), config, video_fn=print)
+
+
+def test_frames_may_come_as_one_jax_or_numpy_array(counting_env, scripted_network):
+    class Rendered(type(counting_env)):
+        def render(self, trajectory, **size):
+            return jnp.full((len(trajectory), 2, 2, 3), 7, jnp.uint8)
+
+    videos = []
+    config = train_config(STEP)
+    config.video = VideoConfig(enabled=True, episode_length=2)
+    train_ppo(Rendered(), scripted_network(), config, video_fn=videos.append)
+    assert videos[0].frames.shape == (3, 2, 2, 3) and (videos[0].frames == 7).all()
 
 
 def test_should_stop_must_answer_a_bool(counting_env, scripted_network):

@@ -38,6 +38,7 @@ from nnx_ppo.algorithms.metrics import (
     _logged_rollout_metrics,
     compute_metrics,
     episode_metrics,
+    episode_sum_dtype,
     log_weight_stats,
     track_episodes,
 )
@@ -554,7 +555,8 @@ def _no_running_episodes(env_states: EnvState) -> RunningEpisodes:
     n_envs = rollout.n_envs_of(env_states)
     return RunningEpisodes(
         returns=jax.tree.map(
-            lambda r: jax.device_put(np.zeros(n_envs, r.dtype)), env_states.reward
+            lambda r: jax.device_put(np.zeros(n_envs, episode_sum_dtype(r.dtype))),
+            env_states.reward,
         ),
         lengths=jax.device_put(np.zeros(n_envs, np.int32)),
     )

@@ -501,32 +501,41 @@ def _record(
         states, episode_reward = jax.device_get(
             _compiled_recording(_EnvArgument(env), graphdef, state, length, _key_at(seed, steps))
         )
-    frames = _checked_frames(render(_unstacked(states, length + 1), **config.render_kwargs))
-    if len(frames) != length + 1:
-        raise ValueError(
-            f"{where}: {type(env).__name__}.render returned {len(frames)} frames for the "
-            f"{length + 1} states of a {length}-step recording; it must return one per state"
-        )
+    frames = _checked_frames(
+        render(_unstacked(states, length + 1), **config.render_kwargs),
+        length + 1,
+        f"{where}: {type(env).__name__}.render",
+    )
     return VideoData(frames, steps, float(episode_reward), length)
 
 
-def _checked_frames(frames: Any) -> UInt8[np.ndarray, "frames height width channels"]:
-    """``render``'s frames stacked: ``uint8`` ``(H, W, C)`` arrays, all of one shape."""
-    where = "the eval env's render"
-    if isinstance(frames, np.ndarray):
-        frames = list(frames)
+def _checked_frames(
+    frames: Any, count: int, who: str
+) -> UInt8[np.ndarray, "frames height width channels"]:
+    """``render``'s frames stacked: ``count`` ``uint8`` ``(H, W, C)`` arrays of one shape,
+    given as a sequence or as one array (NumPy's, JAX's) of frames along its first axis."""
+    if hasattr(frames, "__array__") and np.ndim(frames) > 0:
+        frames = list(np.asarray(frames))
     if not isinstance(frames, Sequence) or isinstance(frames, str):
-        raise TypeError(f"{where} must return a sequence of frames, got {type(frames).__name__}")
+        raise TypeError(
+            f"{who} must return a sequence of frames (a list, or an array of frames along "
+            f"its first axis), got {type(frames).__name__}"
+        )
+    if len(frames) != count:
+        raise ValueError(
+            f"{who} returned {len(frames)} frames for the {count} states of a "
+            f"{count - 1}-step recording; it must return one per state"
+        )
     shapes = {np.shape(frame) for frame in frames}
     dtypes = {np.asarray(frame).dtype for frame in frames}
     if len(shapes) > 1 or any(len(shape) != 3 for shape in shapes):
         raise ValueError(
-            f"{where} must return frames of one (height, width, channels) shape; got "
+            f"{who} must return frames of one (height, width, channels) shape; got "
             f"shapes {sorted(shapes)}"
         )
     if dtypes - {np.dtype(np.uint8)}:
         raise TypeError(
-            f"{where} must return uint8 frames (0-255); got {', '.join(map(str, dtypes))}"
+            f"{who} must return uint8 frames (0-255); got {', '.join(map(str, dtypes))}"
         )
     return np.stack(frames)
 

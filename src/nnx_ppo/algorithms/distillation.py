@@ -1056,6 +1056,12 @@ def train_distillation(
                 "trains the student it holds, so pass train_distillation(env, teacher, "
                 "initial_state.student, ..., initial_state=initial_state)"
             )
+        held = rollout.n_envs_of(initial_state.env_states, "train_distillation")
+        if held != settings.n_envs:
+            raise ValueError(
+                f"train_distillation: initial_state holds {held} envs, but "
+                f"config.distillation.n_envs is {settings.n_envs}"
+            )
         state = initial_state
     else:
         raise TypeError(

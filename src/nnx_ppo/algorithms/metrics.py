@@ -223,6 +223,15 @@ class _EpisodeScan(NamedTuple):
     totals: EpisodeTotals
 
 
+def episode_sum_dtype(dtype: Any) -> np.dtype[Any]:
+    """The dtype a value is summed in over an episode's steps: a float of at least 32 bits.
+
+    A bfloat16 sum stops growing at 256 (256 + 1 rounds back to 256), a uint8 count
+    wraps at 256 and a sum of booleans would be a logical or; so booleans, integers
+    and floats narrower than float32 are summed as float32."""
+    return np.dtype(jnp.promote_types(dtype, jnp.float32))
+
+
 def track_episodes(
     running: RunningEpisodes,
     rewards: PyTree[FloatHistory],
