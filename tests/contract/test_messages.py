@@ -21,7 +21,7 @@ from jaxtyping import Array, Float, PyTree
 
 import nnx_ppo
 from nnx_ppo import ContractError
-from nnx_ppo.contract.axes import Batched, Extras, Mask
+from nnx_ppo.contract.axes import AnyArray, Batched, Extras, Mask
 from nnx_ppo.contract.checking import typechecked
 from nnx_ppo.networks.containers import (
     Concat,
@@ -30,6 +30,7 @@ from nnx_ppo.networks.containers import (
     Sequential,
     Splitter,
 )
+from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.testing.modules import Linear, RunningSum, StatsRecorder
 
@@ -265,6 +266,16 @@ def test_output_with_a_different_batch_size_from_the_input() -> None:
     assert "found:    shape (4, 3) float32" in message
 
 
+def test_a_history_given_where_one_step_is_taken_is_named_as_one() -> None:
+    history = "extra leading axis (a (T, B, *feat) history given where one step (B, *feat)"
+    # x a whole rollout's observations: B was bound to T by x, and state was blamed.
+    message = _message(lambda: Cell()({"h": _zeros(B, 3)}, _zeros(5, B, 3)))
+    assert f"x has shape (5, {B}, 3), {B} on its axis 1: does x have an {history}" in message
+    # Stored extras given stacked instead of this step's slice.
+    message = _message(lambda: Normalizer(3)((), _zeros(B, 3), _zeros(2, B, 3)))
+    assert f"Its axis 1 has the size of B: does it have an {history}" in message
+
+
 def test_initialize_state_ignoring_batch_size() -> None:
     message = _message(lambda: IgnoresBatchSize().initialize_state(B))
 
@@ -479,6 +490,25 @@ def test_a_pytree_of_another_structure_than_its_name_bound_is_named_whole() -> N
     message = _message(lambda: AnnotatedStructure()(state, {"a": _zeros(B, 3)}))
 
     assert "AnnotatedStructure.__call__: argument x does not match" in message
+    assert "expected: PyTree[Float[Array, 'B 3'], 'S'] with B=8, S=PyTreeDef(" in message
+
+
+class AnnotatedAnyArrayStructure(Cell):
+    def __call__(
+        self,
+        state: PyTree[Float[AnyArray, "B 3"], "S"],
+        x: PyTree[Float[AnyArray, "B 3"], "S"],
+        rollout_extras: Any = None,
+    ) -> StatefulModuleOutput:
+        return StatefulModuleOutput(state, x, jnp.zeros(()), {}, None)
+
+
+def test_a_pytree_of_jax_or_numpy_leaves_is_shown_as_of_jax_leaves() -> None:
+    state = {key: _zeros(B, 3) for key in "abcd"}
+
+    message = _message(lambda: AnnotatedAnyArrayStructure()(state, {"a": _zeros(B, 3)}))
+
+    # It showed PyTree[Float[Array, 'B 3'] | Float[ndarray, 'B 3'], 'S'].
     assert "expected: PyTree[Float[Array, 'B 3'], 'S'] with B=8, S=PyTreeDef(" in message
 
 

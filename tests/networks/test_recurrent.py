@@ -250,3 +250,33 @@ def test_rnns_reject_wrong_widths_naming_them(lstm: LSTM, gru: GRU):
 def test_rnns_reject_bad_constructor_arguments(module_type, args, kwargs, error):
     with pytest.raises(error, match=module_type.__name__):
         module_type(*args, nnx.Rngs(0), **kwargs)
+
+
+def _population_graph() -> StatefulModule:
+    from nnx_ppo.networks.graph import PopulationGraph
+
+    graph = PopulationGraph(nnx.Rngs(0))
+    graph.add_input("a", 3, input_from="x")
+    graph.add_output("b", 2)
+    graph.connect("a", "b", delay=1)
+    graph.finalize()
+    return graph
+
+
+@pytest.mark.parametrize(
+    ("make", "as_input"),
+    [
+        (lambda: GRU(3, 4, nnx.Rngs(0)), lambda x: x),
+        (lambda: LSTM(3, 4, nnx.Rngs(0)), lambda x: x),
+        (_population_graph, lambda x: {"x": x}),
+    ],
+    ids=["gru", "lstm", "graph"],
+)
+def test_a_carry_brought_back_to_the_host_steps_on(make: Callable[[], Any], as_input: Any):
+    # The LSTM's and the graph's carries were annotated as JAX arrays only: a carry held
+    # as NumPy's (jax.device_get between episodes) was refused, the GRU's accepted.
+    module = make()
+    carry = jax.device_get(module.initialize_state(2))
+    stepped = module(carry, as_input(np.ones((2, 3), np.float32))).next_state
+    module(jax.device_get(stepped), as_input(np.ones((2, 3), np.float32)))
+    module.reset_state(carry)

@@ -615,8 +615,12 @@ def _with_argument_values(annotation: str, arguments: Mapping[str, Any]) -> str:
     return _ARGUMENT_DIMENSION.sub(value, annotation)
 
 
-_NUMPY_OR_JAX = re.compile(r"Union\[(\w+)\[Array, ('[^']*')\], \1\[ndarray, \2\]\]")
-"""A JAX-or-NumPy union inside a written hint (``PyTree[Union[...]]``), shown as the JAX type."""
+_NUMPY_OR_JAX = re.compile(
+    r"Union\[(\w+)\[Array, ('[^']*')\], \1\[ndarray, \2\]\]"
+    r"|(\w+)\[Array, ('[^']*')\] \| \3\[ndarray, \4\]"
+)
+"""A JAX-or-NumPy union inside a written hint (``PyTree[Union[...]]`` or
+``PyTree[... | ...]``), shown as the JAX type."""
 
 _HINT_NAMES = (
     ("jaxtyping.", ""),
@@ -645,7 +649,9 @@ def _hint_text(hint: Any) -> str:
         text = repr(hint)
     for long, short in _HINT_NAMES:
         text = text.replace(long, short)
-    return _NUMPY_OR_JAX.sub(r"\1[Array, \2]", text)
+    return _NUMPY_OR_JAX.sub(
+        lambda pair: f"{pair[1] or pair[3]}[Array, {pair[2] or pair[4]}]", text
+    )
 
 
 _FOUND_LIMIT = 400

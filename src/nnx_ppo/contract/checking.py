@@ -474,9 +474,18 @@ class _Axis:
     """The call whose argument bound the axis, where a call checks its own leaves against
     axes that another call bound: a nested ``update_statistics`` against the top-level T."""
 
-    def bind(self, size: int, source: str, binder: _Site | None = None) -> bool:
+    source_shape: tuple[int, ...] | None = None
+    """The shape of the leaf that bound the axis, for hints only."""
+
+    def bind(
+        self,
+        size: int,
+        source: str,
+        binder: _Site | None = None,
+        shape: tuple[int, ...] | None = None,
+    ) -> bool:
         if self.size is None:
-            self.size, self.source, self.binder = size, source, binder
+            self.size, self.source, self.binder, self.source_shape = size, source, binder, shape
             return True
         return self.size == size
 
@@ -512,16 +521,30 @@ def _check_leading(
             )
         for index, (axis, length) in enumerate(zip(axes, shape, strict=False)):
             size = int(length)
-            if not axis.bind(size, leaf_name, site):
+            if not axis.bind(size, leaf_name, site, tuple(map(int, shape))):
                 later = [a for a in axes[index + 1 :] if size in (a.size, a.usual_size)]
                 dropped = (
                     f"If {size} is a feature size, it has no {axis.label} axis (dropped by a "
                     "reduction or an index, or never added)."
                 )
+                # Where one step (B, *feat) is taken, a history (T, B, *feat) shows B second.
+                one_step = len(axes) == 1
+                history = "a (T, B, *feat) history given where one step (B, *feat) is taken"
+                binder_shape = axis.source_shape or ()
                 if later:
                     hint = (
                         f" Its axis {index} has the size of {later[0].label}: did it lose its "
                         f"{axis.label} axis?"
+                    )
+                elif one_step and len(shape) > 1 and int(shape[1]) == axis.size:
+                    hint = (
+                        f" Its axis 1 has the size of {axis.label}: does it have an extra "
+                        f"leading axis ({history})?"
+                    )
+                elif one_step and binder_shape[1:2] == (size,):
+                    hint = (
+                        f" {axis.source} has shape {format_shape(binder_shape)}, {size} on its "
+                        f"axis 1: does {axis.source} have an extra leading axis ({history})?"
                     )
                 elif axis.size is not None and size < axis.size:
                     hint = (

@@ -27,9 +27,9 @@ class LSTMCarry(NamedTuple):
     ``(hidden_features,)`` in one env's slice.
     """
 
-    cell: Float[Array, "*B hidden"]
+    cell: Float[AnyArray, "*B hidden"]
     """The cell state ``c``: the LSTM's long-term memory."""
-    hidden: Float[Array, "*B hidden"]
+    hidden: Float[AnyArray, "*B hidden"]
     """The hidden state ``h``: also the module's output."""
 
 
@@ -133,7 +133,8 @@ class LSTM(StatefulModule):
                 )
         # Flax's LSTM cells take and return the carry as (c, h), promoted with the input's
         # dtype (float64 under x64); the carry keeps its own.
-        (cell, hidden), output = self.cell((state.cell, state.hidden), jnp.asarray(x))
+        carry = (jnp.asarray(state.cell), jnp.asarray(state.hidden))
+        (cell, hidden), output = self.cell(carry, jnp.asarray(x))
         next_state = LSTMCarry(
             cell=cell.astype(state.cell.dtype), hidden=hidden.astype(state.hidden.dtype)
         )

@@ -122,7 +122,7 @@ class AR1State(TypedDict):
     """
 
     keys: Key[Array, "*B"]
-    last_z: Float[Array, "*B latent"]
+    last_z: Float[AnyArray, "*B latent"]
     has_last_z: Bool[AnyArray, "*B"]
 
 

@@ -19,6 +19,7 @@ from jaxtyping import Array, Float, Int
 
 from nnx_ppo.contract.arguments import require_int
 from nnx_ppo.contract.axes import (
+    AnyArray,
     BatchedTree,
     Carry,
     CarrySlice,
@@ -48,8 +49,8 @@ class RingBuffer(TypedDict):
         from ``d`` steps earlier is in slot ``(buffer_idx - d) % k``.
     """
 
-    buffer: Float[Array, "*B _k _size"]
-    buffer_idx: Int[Array, "*B"]
+    buffer: Float[AnyArray, "*B _k _size"]
+    buffer_idx: Int[AnyArray, "*B"]
 
 
 class GraphCarry(TypedDict):
@@ -661,7 +662,8 @@ def _read(ring: RingBuffer, delay: int) -> Float[Array, "B size"]:
 def _write(ring: RingBuffer, output: Float[Array, "B size"]) -> RingBuffer:
     """``ring`` with ``output`` stored as the newest entry."""
     rows = jnp.arange(output.shape[0])
+    buffer = jnp.asarray(ring["buffer"])  # a carry may come back from the host as NumPy's
     return RingBuffer(
-        buffer=ring["buffer"].at[rows, ring["buffer_idx"]].set(output.astype(ring["buffer"].dtype)),
-        buffer_idx=(ring["buffer_idx"] + 1) % ring["buffer"].shape[1],
+        buffer=buffer.at[rows, ring["buffer_idx"]].set(output.astype(buffer.dtype)),
+        buffer_idx=(ring["buffer_idx"] + 1) % buffer.shape[1],
     )
