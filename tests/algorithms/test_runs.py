@@ -389,6 +389,14 @@ def test_a_layer_shared_by_two_runs_is_refused() -> None:
         match=r"networks of runs 0 and 1 share one variable object \(layers/1/components/value/",
     ):
         train_ppo_runs(ENV, with_shared_layer, config(), seeds=[0, 1])
+    rngs = nnx.Rngs(0)  # one stream for every run: the seed make_networks gets is unused
+    with pytest.raises(ValueError, match=r"make_networks reuses one nnx.Rngs, so the seed"):
+        train_ppo_runs(
+            ENV,
+            lambda seed: make_default_network(ENV, rngs, hidden_sizes=[16]),
+            config(),
+            seeds=[0, 1],
+        )
 
 
 def test_a_lambda_built_per_run_is_the_same_network() -> None:
@@ -441,6 +449,9 @@ def test_numpy_seeds_reach_make_networks_as_ints() -> None:
     seeds, rates = _require_runs(jax.numpy.arange(2), jax.numpy.array([0.5, 0.25]), config())
     assert seeds == [0, 1] and all(type(seed) is int for seed in seeds)
     assert rates == [0.5, 0.25] and all(type(rate) is float for rate in rates)
+    # A list of a JAX array's entries (0-d arrays): seeds[0] was refused as not an int.
+    seeds, _ = _require_runs(list(jax.numpy.arange(2)), None, config())
+    assert seeds == [0, 1] and all(type(seed) is int for seed in seeds)
 
 
 def test_a_diverged_run_leaves_every_network_at_the_last_good_step(monkeypatch) -> None:

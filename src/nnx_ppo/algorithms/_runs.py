@@ -173,7 +173,12 @@ def _per_run(name: str, values: Any) -> list[Any]:
         )
     if len(values) == 0:
         raise ValueError(f"train_ppo_runs: {name} is empty; give one entry per run")
-    return list(values)
+    # A list of a jax.Array's entries (list(jnp.arange(3))): 0-d arrays, taken as the
+    # NumPy scalars a 1-d array's entries become above.
+    return [
+        np.asarray(value)[()] if isinstance(value, jax.Array) and value.ndim == 0 else value
+        for value in values
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,10 +259,16 @@ def _require_own_variables(networks: Sequence[nnx.Module]) -> None:
                     f"train_ppo_runs: make_networks returned one network object for runs "
                     f"{owner} and {run}; each run trains a network of its own"
                 )
+            build = (
+                "make_networks reuses one nnx.Rngs, so the seed it is given is not used: "
+                "build it inside, nnx.Rngs(seed)"
+                if isinstance(node, nnx.RngState)
+                else "build every layer inside make_networks"
+            )
             raise ValueError(
                 f"train_ppo_runs: the networks of runs {owner} and {run} share one variable "
                 f"object ({where} in run {owner}'s, {_path_name(path)} in run {run}'s); each "
-                "run trains a network of its own: build every layer inside make_networks"
+                f"run trains a network of its own: {build}"
             )
 
 
