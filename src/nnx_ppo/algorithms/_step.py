@@ -35,10 +35,10 @@ from nnx_ppo.algorithms.config import (
 )
 from nnx_ppo.algorithms.metrics import (
     EpisodeTotals,
+    _episode_sum_dtype,
     _logged_rollout_metrics,
     compute_metrics,
     episode_metrics,
-    episode_sum_dtype,
     log_weight_stats,
     track_episodes,
 )
@@ -555,7 +555,7 @@ def _no_running_episodes(env_states: EnvState) -> RunningEpisodes:
     n_envs = rollout.n_envs_of(env_states)
     return RunningEpisodes(
         returns=jax.tree.map(
-            lambda r: jax.device_put(np.zeros(n_envs, episode_sum_dtype(r.dtype))),
+            lambda r: jax.device_put(np.zeros(n_envs, _episode_sum_dtype(r.dtype))),
             env_states.reward,
         ),
         lengths=jax.device_put(np.zeros(n_envs, np.int32)),

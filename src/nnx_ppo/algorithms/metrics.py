@@ -223,7 +223,7 @@ class _EpisodeScan(NamedTuple):
     totals: EpisodeTotals
 
 
-def episode_sum_dtype(dtype: Any) -> np.dtype[Any]:
+def _episode_sum_dtype(dtype: Any) -> np.dtype[Any]:
     """The dtype a value is summed in over an episode's steps: a float of at least 32 bits.
 
     A bfloat16 sum stops growing at 256 (256 + 1 rounds back to 256), a uint8 count

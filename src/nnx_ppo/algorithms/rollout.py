@@ -22,7 +22,7 @@ from jaxtyping import Array, Bool, Float, Integer, PRNGKeyArray, PyTree, Shaped
 from nnx_ppo._threefry import standard_keys, straight_line_keys
 from nnx_ppo.algorithms import sharding
 from nnx_ppo.algorithms._removed import missing_attribute
-from nnx_ppo.algorithms.metrics import episode_sum_dtype, has_reward_leaves, summarize
+from nnx_ppo.algorithms.metrics import _episode_sum_dtype, has_reward_leaves, summarize
 from nnx_ppo.algorithms.recording import (
     SlimData,
     SlimState,
@@ -669,7 +669,7 @@ def _per_env(leaf: Shaped[Array, "..."], n_envs: int) -> Batched:
     """A metric leaf as ``(B, ...)``, in the dtype its sum over an episode is kept in
     (booleans as 0/1 floats, counting the steps they were true): scalars (shared by
     every env) are broadcast."""
-    leaf = leaf.astype(episode_sum_dtype(leaf.dtype))
+    leaf = leaf.astype(_episode_sum_dtype(leaf.dtype))
     return jnp.broadcast_to(leaf, (n_envs,)) if leaf.ndim == 0 else leaf
 
 
@@ -799,7 +799,7 @@ def eval_rollout(
         env_state=env_states,
         finished=jnp.zeros(n_envs, bool),
         returns=jax.tree.map(
-            lambda r: jnp.zeros(r.shape, episode_sum_dtype(r.dtype)), env_states.reward
+            lambda r: jnp.zeros(r.shape, _episode_sum_dtype(r.dtype)), env_states.reward
         ),
         lifespan=jnp.zeros(n_envs, jnp.int32),
         metric_sums=zero_sums,
