@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms import distillation
-from nnx_ppo.algorithms.config import EvalConfig, VideoConfig
+from nnx_ppo.algorithms.config import EvalConfig, TrainConfig, VideoConfig
 from nnx_ppo.algorithms.distillation import (
     DistillationConfig,
     DistillationTrainConfig,
@@ -22,6 +22,7 @@ from nnx_ppo.algorithms.distillation import (
     new_distillation_state,
     train_distillation,
 )
+from nnx_ppo.algorithms.ppo import train_ppo
 from nnx_ppo.algorithms.types import LoggingLevel, Transition
 from nnx_ppo.envs import make
 from nnx_ppo.networks.adapter import PPOAdapter
@@ -336,7 +337,9 @@ def test_a_step_wrapped_in_nnx_jit_as_0_3_0_did_says_it_compiles_itself():
         jitted(ENV, teacher, state, *STEP)
 
 
-def test_ppos_checkpoint_function_given_distillation_names_the_distillation_one(tmp_path):
+def test_ppos_checkpoint_function_given_distillation_names_the_distillation_one(
+    tmp_path, monkeypatch
+):
     # An AttributeError ('DistillationState' object has no attribute 'networks') at the
     # first checkpoint, and "wrap a PPOConfig" advice for a DistillationTrainConfig.
     from nnx_ppo.algorithms.checkpointing import make_checkpoint_fn
@@ -348,6 +351,28 @@ def test_ppos_checkpoint_function_given_distillation_names_the_distillation_one(
     with pytest.raises(TypeError, match=r"got a DistillationState: checkpoint distillation with"):
         make_checkpoint_fn(tmp_path / "b")(state, 0)
     assert not (tmp_path / "b").exists()
+    # Handed to train_distillation: named before anything compiles (it failed at the
+    # step-0 checkpoint), and the other way round in train_ppo.
+    monkeypatch.setattr(distillation, "new_distillation_state", _never_called)
+    config = _train_config()
+    with pytest.raises(TypeError, match=r"checkpoint_fn was made by nnx_ppo\.algorithms\.checkp"):
+        train_distillation(
+            ENV, teacher, delay_student(ENV), config, checkpoint_fn=make_checkpoint_fn(tmp_path)
+        )
+    from nnx_ppo.algorithms import _train
+
+    monkeypatch.setattr(_train, "_new_training_state", _never_called)
+    with pytest.raises(TypeError, match=r"train_ppo checkpoints a TrainingState: make it with"):
+        train_ppo(
+            ENV,
+            delay_student(ENV),
+            TrainConfig(),
+            checkpoint_fn=make_distillation_checkpoint_fn(tmp_path),
+        )
+
+
+def _never_called(*args, **kwargs):
+    raise AssertionError("built before the checkpoint function was checked")
 
 
 def test_an_unhashable_setting_of_teacher_or_student_is_named():

@@ -36,6 +36,7 @@ from nnx_ppo.algorithms._step import (
     require_env_count,
 )
 from nnx_ppo.algorithms._timing import ProgramClock, WatchedCall
+from nnx_ppo.algorithms.checkpointing import _require_checkpointing
 from nnx_ppo.algorithms.config import (
     EvalConfig,
     TrainConfig,
@@ -799,6 +800,7 @@ def train_ppo(
         checkpoint_fn=(checkpoint_fn, ("training_state", "step")),
         should_stop=(should_stop, ()),
     )
+    _require_checkpointing("train_ppo", checkpoint_fn, "TrainingState")
     warn_if_mappings_near_cap("train_ppo")
     mesh = sharding.resolve_mesh(config.devices)
     eval_envs = config.eval.n_envs if config.eval.enabled else None

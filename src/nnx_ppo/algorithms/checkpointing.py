@@ -35,7 +35,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol, get_args, runtime_checkable
+from typing import Any, Protocol, TypeVar, get_args, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -398,6 +398,32 @@ def _manager(directory: Path, keep_last: int | None, create: bool) -> Any:
     return ocp.CheckpointManager(directory.absolute(), options=options)
 
 
+_MADE_BY = {
+    "TrainingState": "nnx_ppo.algorithms.checkpointing.make_checkpoint_fn",
+    "DistillationState": "nnx_ppo.algorithms.distillation.make_distillation_checkpoint_fn",
+}
+"""The state a library-made ``checkpoint_fn`` saves, and the function that makes it."""
+
+_F = TypeVar("_F", bound=Callable[..., None])
+
+
+def _marked_as_checkpointing(checkpoint_fn: _F, state: str) -> _F:
+    """``checkpoint_fn``, marked as saving a ``state`` (a key of ``_MADE_BY``), so a
+    training function handed one that saves another state names it before compiling."""
+    checkpoint_fn.__dict__["_nnx_ppo_checkpoints"] = state
+    return checkpoint_fn
+
+
+def _require_checkpointing(owner: str, checkpoint_fn: Any, state: str) -> None:
+    """Refuse a library-made ``checkpoint_fn`` that saves another state than ``state``."""
+    saves = getattr(checkpoint_fn, "_nnx_ppo_checkpoints", state)
+    if saves != state:
+        raise TypeError(
+            f"{owner}: checkpoint_fn was made by {_MADE_BY[saves]}, which saves a {saves}, "
+            f"but {owner} checkpoints a {state}: make it with {_MADE_BY[state]}"
+        )
+
+
 def make_checkpoint_fn(
     directory: str | Path,
     config: TrainConfig | None = None,
@@ -541,7 +567,7 @@ def make_checkpoint_fn(
             raise CheckpointError(_write_failure(root, step, error)) from error
         latest[:] = [(step, checksums)]
 
-    return checkpoint_fn
+    return _marked_as_checkpointing(checkpoint_fn, "TrainingState")
 
 
 def _refuse_foreign_steps(root: Path) -> None:

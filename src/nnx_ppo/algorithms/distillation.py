@@ -56,7 +56,12 @@ from nnx_ppo.algorithms._train import (
     _require_seed,
     _with_overrides,
 )
-from nnx_ppo.algorithms.checkpointing import _load_checkpoint, make_checkpoint_fn
+from nnx_ppo.algorithms.checkpointing import (
+    _load_checkpoint,
+    _marked_as_checkpointing,
+    _require_checkpointing,
+    make_checkpoint_fn,
+)
 from nnx_ppo.algorithms.config import (
     EvalConfig,
     VideoConfig,
@@ -928,7 +933,7 @@ def make_distillation_checkpoint_fn(
     def checkpoint_fn(state: DistillationState, step: int) -> None:
         save(_as_training_state(state), step)
 
-    return checkpoint_fn
+    return _marked_as_checkpointing(checkpoint_fn, "DistillationState")
 
 
 _DISTILLATION_OPTIMIZER = (
@@ -1036,6 +1041,7 @@ def train_distillation(
         video_fn=(video_fn, ("video",)),
         checkpoint_fn=(checkpoint_fn, ("state", "step")),
     )
+    _require_checkpointing("train_distillation", checkpoint_fn, "DistillationState")
     warn_if_mappings_near_cap("train_distillation")
     settings = config.distillation
     if initial_state is None:
