@@ -342,3 +342,23 @@ def test_a_step_directory_that_lost_its_manifest_passed_itself_is_named_damaged(
             f"(make_checkpoint_fn's) is missing. The checkpoint of step 8 is complete: "
             f"remove {damaged} to resume from it"
         )
+
+
+def test_returns_of_episodes_in_progress_saved_narrower_are_widened_as_they_load(tmp_path):
+    # Before returns were summed in float32 or wider, an env of bfloat16 rewards saved
+    # them as bfloat16: such a checkpoint was refused as of another architecture.
+    state = new_training_state(make("cartpole"), _network(), 4, seed=0)
+    running = state.running_episodes
+    saved_returns = jnp.array([1.5, 2.0, 256.0, 3.0], jnp.bfloat16)
+    older = state.replace(running_episodes=running.replace(returns=saved_returns))
+    make_checkpoint_fn(tmp_path)(older, 0)
+    loaded = load_checkpoint(tmp_path, state)["training_state"].running_episodes.returns
+    assert loaded.dtype == jnp.float32
+    assert loaded.tolist() == [1.5, 2.0, 256.0, 3.0]
+    # Narrower than saved is another matter: a float32 return does not load as bfloat16.
+    narrower = state.replace(
+        running_episodes=running.replace(returns=running.returns.astype(jnp.bfloat16))
+    )
+    make_checkpoint_fn(tmp_path / "wide")(state, 0)
+    with pytest.raises(CheckpointError, match=r"returns is shape \(4,\) float32 in the check"):
+        load_checkpoint(tmp_path / "wide", narrower)

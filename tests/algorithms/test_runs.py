@@ -312,6 +312,11 @@ def test_a_video_config_is_warned_of_since_several_runs_record_none() -> None:
         ({"learning_rates": [[1e-3, 1e-4]]}, TypeError, r"learning_rates\[0\] must be a finite"),
         ({"seeds": [0, 0.5]}, TypeError, r"seeds\[1\] must be an int, got float"),
         ({"seeds": ["a"]}, TypeError, r"seeds\[0\] must be an int, got str"),
+        (
+            {"seeds": list(jax.random.split(jax.random.key(0), 2))},
+            TypeError,
+            r"seeds\[0\] must be an int, got PRNGKeyArray",
+        ),
     ],
 )
 def test_bad_run_lists_are_named(kwargs: dict, error: type[Exception], message: str) -> None:

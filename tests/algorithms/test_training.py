@@ -556,6 +556,7 @@ def test_a_video_without_render_is_refused_before_anything_compiles(
         (lambda n: [np.zeros((1, 1), np.uint8)] * n, ValueError, "one .height, width, chann"),
         (lambda n: None, TypeError, "must return a sequence of frames .*, got NoneType"),
         (lambda n: [], ValueError, "returned 0 frames for the 3"),
+        (lambda n: jnp.zeros((4, 4, 3), jnp.uint8), ValueError, r"one array of shape \(4, 4, 3\)"),
     ],
 )
 def test_frames_render_gets_wrong_are_named(counting_env, scripted_network, frames, error, message):

@@ -274,6 +274,9 @@ def test_a_history_given_where_one_step_is_taken_is_named_as_one() -> None:
     # Stored extras given stacked instead of this step's slice.
     message = _message(lambda: Normalizer(3)((), _zeros(B, 3), _zeros(2, B, 3)))
     assert f"Its axis 1 has the size of B: does it have an {history}" in message
+    # One step of 4 envs with B features, beside a carry of B envs: no history in sight.
+    message = _message(lambda: Cell()({"h": _zeros(B, 3)}, _zeros(4, B)))
+    assert "history" not in message
 
 
 def test_initialize_state_ignoring_batch_size() -> None:

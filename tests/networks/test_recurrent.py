@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import nnx_ppo
 from nnx_ppo.networks.recurrent import GRU, LSTM, LSTMCarry
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.variational import AR1VariationalBottleneck
 
 IN, HIDDEN = 3, 4
 BATCH_SIZES = [1, 2, 3, 5]
@@ -269,8 +270,9 @@ def _population_graph() -> StatefulModule:
         (lambda: GRU(3, 4, nnx.Rngs(0)), lambda x: x),
         (lambda: LSTM(3, 4, nnx.Rngs(0)), lambda x: x),
         (_population_graph, lambda x: {"x": x}),
+        (lambda: AR1VariationalBottleneck(3, nnx.Rngs(0)), lambda x: jnp.tile(x, 2)),
     ],
-    ids=["gru", "lstm", "graph"],
+    ids=["gru", "lstm", "graph", "ar1"],
 )
 def test_a_carry_brought_back_to_the_host_steps_on(make: Callable[[], Any], as_input: Any):
     # The LSTM's and the graph's carries were annotated as JAX arrays only: a carry held

@@ -164,8 +164,8 @@ def _per_run(name: str, values: Any) -> list[Any]:
                 "1-d array or a list"
             )
         # A jax.Array's entries are 0-d arrays, which the entry checks refuse as
-        # numbers; NumPy's are NumPy scalars, which they take.
-        values = np.asarray(values)
+        # numbers; NumPy's are NumPy scalars, which they take. Keys stay keys, named below.
+        values = values if is_key(values) else np.asarray(values)
     elif isinstance(values, str | bytes) or not isinstance(values, Sequence):
         raise TypeError(
             f"train_ppo_runs: {name} must be a sequence with one entry per run, got "
@@ -176,7 +176,9 @@ def _per_run(name: str, values: Any) -> list[Any]:
     # A list of a jax.Array's entries (list(jnp.arange(3))): 0-d arrays, taken as the
     # NumPy scalars a 1-d array's entries become above.
     return [
-        np.asarray(value)[()] if isinstance(value, jax.Array) and value.ndim == 0 else value
+        np.asarray(value)[()]
+        if isinstance(value, jax.Array) and value.ndim == 0 and not is_key(value)
+        else value
         for value in values
     ]
 

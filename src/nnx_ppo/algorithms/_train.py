@@ -516,6 +516,11 @@ def _checked_frames(
     """``render``'s frames stacked: ``count`` ``uint8`` ``(H, W, C)`` arrays of one shape,
     given as a sequence or as one array (NumPy's, JAX's) of frames along its first axis."""
     if hasattr(frames, "__array__") and np.ndim(frames) > 0:
+        if np.ndim(frames) != 4:
+            raise ValueError(
+                f"{who} returned one array of shape {tuple(np.shape(frames))}; frames given "
+                "as one array are (frames, height, width, channels)"
+            )
         frames = list(np.asarray(frames))
     if not isinstance(frames, Sequence) or isinstance(frames, str):
         raise TypeError(

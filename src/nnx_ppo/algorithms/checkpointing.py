@@ -48,6 +48,7 @@ from nnx_ppo.algorithms.config import (
     LearningRateSchedule,
     TrainConfig,
 )
+from nnx_ppo.algorithms.metrics import _episode_sum_dtype
 from nnx_ppo.algorithms.types import LoggingLevel, TrainingState
 from nnx_ppo.contract.arguments import as_whole, require_int
 from nnx_ppo.contract.checking import is_key, key_data_or_leaf
@@ -348,11 +349,20 @@ def _on_host(leaf: Any) -> np.ndarray:
     return np.asarray(leaf)
 
 
-def _fits(saved: dict[str, Any], wanted: dict[str, Any]) -> bool:
+_WIDENED_ON_LOAD = "['running_episodes'].returns"
+"""The returns of episodes in progress: kept in the reward's dtype before they were summed
+in float32 or wider, so a narrower one saved then is widened as it loads."""
+
+
+def _fits(path: str, saved: dict[str, Any], wanted: dict[str, Any]) -> bool:
     """Whether a saved leaf fits the template's: shape, dtype and the class of the
     Variable holding it (a manifest written before classes were recorded fits any)."""
     same_class = saved.get("variable") in (None, wanted.get("variable"))
-    return (saved["shape"], saved["dtype"]) == (wanted["shape"], wanted["dtype"]) and same_class
+    same_dtype = saved["dtype"] == wanted["dtype"] or (
+        path.startswith(_WIDENED_ON_LOAD)
+        and str(_episode_sum_dtype(saved["dtype"])) == wanted["dtype"]
+    )
+    return saved["shape"] == wanted["shape"] and same_dtype and same_class
 
 
 def _difference(path: str, saved: dict[str, Any], wanted: dict[str, Any]) -> str:
@@ -927,7 +937,7 @@ def _compare(
         problems.append("missing from the checkpoint: " + ", ".join(missing[:5]))
     if unexpected:
         problems.append("in the checkpoint but not in the network: " + ", ".join(unexpected[:5]))
-    changed = [p for p, e in wanted.items() if p in saved and not _fits(saved[p], e)]
+    changed = [p for p, e in wanted.items() if p in saved and not _fits(p, saved[p], e)]
     if changed:
         problems.append(_difference(changed[0], saved[changed[0]], wanted[changed[0]]))
     if not problems:
@@ -1087,8 +1097,8 @@ def _load_step(
         impl = saved[path]["key_impl"]
         if impl:
             return jax.random.wrap_key_data(jnp.asarray(by_path[path]), impl=impl)
-        if path not in weak:
-            return jnp.asarray(by_path[path])
+        if path not in weak:  # in the template's dtype: a saved return may be narrower
+            return jnp.asarray(by_path[path], wanted[path]["dtype"])
         # The template's leaf is weakly typed (a Python number, or made from one): so is
         # what it loads, or ops mixing it with other dtypes promote otherwise.
         if by_path[path].shape == ():

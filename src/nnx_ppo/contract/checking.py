@@ -536,12 +536,16 @@ def _check_leading(
                         f" Its axis {index} has the size of {later[0].label}: did it lose its "
                         f"{axis.label} axis?"
                     )
-                elif one_step and len(shape) > 1 and int(shape[1]) == axis.size:
+                elif (
+                    one_step
+                    and len(shape) > max(len(binder_shape), 1)
+                    and int(shape[1]) == axis.size
+                ):
                     hint = (
                         f" Its axis 1 has the size of {axis.label}: does it have an extra "
                         f"leading axis ({history})?"
                     )
-                elif one_step and binder_shape[1:2] == (size,):
+                elif one_step and len(binder_shape) > len(shape) and binder_shape[1:2] == (size,):
                     hint = (
                         f" {axis.source} has shape {format_shape(binder_shape)}, {size} on its "
                         f"axis 1: does {axis.source} have an extra leading axis ({history})?"
