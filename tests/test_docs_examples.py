@@ -16,6 +16,12 @@ EXPECTED_OUTPUT = {
         "expected: (B=8, 3) float32",
         "found:    shape (3,) float32",
     ],
+    "contract_typeddict.py": [
+        "without the goal: (4,)",
+        "Reach.__call__: argument x['vel'] is not a key of the TypedDict Observation, "
+        "which is closed.",
+        "found:    the keys 'pos', 'vel'; Observation declares 'pos', 'goal'",
+    ],
     "frozen_statistics.py": ["frozen samples: 0.0", "live samples: 20.0"],
     "custom_stochastic.py": [
         "EpisodeOffset passes every property.",

@@ -232,3 +232,74 @@ def test_a_typing_extensions_typeddicts_fields_and_keys_are_checked() -> None:
         with pytest.raises(ContractError) as caught:
             module(carry, x)
         assert caught.value.leaf == leaf
+
+
+class ClosedCarry(typing_extensions.TypedDict, closed=True):
+    h: Float[Array, "B H"]
+
+
+class ClosedByItsParent(ClosedCarry):
+    """Says nothing of extra keys: it takes its parent's closed=True, as type checkers do."""
+
+
+class ExtraCarry(typing_extensions.TypedDict, extra_items=Float[Array, "B 2"]):
+    h: Float[Array, "B H"]
+
+
+class ReadOnlyExtraCarry(
+    typing_extensions.TypedDict,
+    extra_items=typing_extensions.ReadOnly[Float[Array, "B 2"]],
+):
+    h: Float[Array, "B H"]
+
+
+class OpenedAgain(ClosedCarry, closed=False):
+    pass
+
+
+_EXTRA_ITEMS: dict[Any, Any] = {
+    DictCarry: "open",
+    ExtensionsCarry: "open",
+    OpenedAgain: "open",
+    ClosedCarry: "closed",
+    ClosedByItsParent: "closed",
+    ExtraCarry: 2,
+    ReadOnlyExtraCarry: 2,
+}
+_EXTRA_KEEPERS = {carry: _module(carry) for carry in _EXTRA_ITEMS}
+
+
+@given(
+    st.sampled_from(list(_EXTRA_ITEMS)),
+    st.lists(st.sampled_from(["g", "u", "v"]), unique=True, max_size=2),
+    st.sampled_from([2, 5]),
+)
+def test_keys_a_typeddict_does_not_declare_follow_its_closed_and_extra_items(
+    carry: Any, extra: list[str], width: int
+) -> None:
+    module = _EXTRA_KEEPERS[carry]
+    state = {"h": jnp.zeros((4, 3))} | {key: jnp.zeros((4, width)) for key in extra}
+    x = jnp.ones((4, 3))
+    takes = _EXTRA_ITEMS[carry]
+    if not extra or takes == "open" or takes == width:
+        assert module(state, x).next_state.keys() == state.keys()
+        return
+    with pytest.raises(ContractError) as caught:
+        module(state, x)
+    assert caught.value.leaf == f"state[{extra[0]!r}]"
+    if takes == "closed":
+        assert str(caught.value).startswith(
+            f"Cell.__call__: argument state[{extra[0]!r}] is not a key of the TypedDict "
+            f"{carry.__qualname__}, which is closed."
+        )
+        keys = ", ".join(repr(key) for key in state)
+        assert caught.value.found == f"the keys {keys}; {carry.__qualname__} declares 'h'"
+    else:
+        assert caught.value.found == f"f32[4,{width}]"
+
+
+def test_keys_of_closed_typeddicts_in_a_union_tell_them_apart() -> None:
+    module = _module(ClosedCarry | ExtraCarry)
+    module({"h": jnp.zeros((4, 3)), "g": jnp.zeros((4, 2))}, jnp.ones((4, 3)))
+    with pytest.raises(ContractError, match=r"argument state does not match"):
+        module({"h": jnp.zeros((4, 3)), "g": jnp.zeros((4, 5))}, jnp.ones((4, 3)))

@@ -49,6 +49,16 @@ def test_mlp_layers_have_the_sizes_and_activations_asked_for():
         factories.make_mlp([4], nnx.Rngs(0))
 
 
+def test_mlp_layers_take_an_activation_by_name_or_none():
+    by_name = factories.make_mlp([4, 8, 2], nnx.Rngs(0), activation="tanh")
+    assert [d.activation for d in by_name] == [nnx.tanh, nnx.tanh]
+    assert [d.activation for d in factories.make_mlp_layers([4, 2], nnx.Rngs(0), None)] == [None]
+    with pytest.raises(ValueError, match=r"make_mlp_layers: unknown activation 'tahn'"):
+        factories.make_mlp([4, 2], nnx.Rngs(0), activation="tahn")
+    with pytest.raises(TypeError, match=r"make_mlp_layers: activation must be a name or a"):
+        factories.make_mlp_layers([4, 2], nnx.Rngs(0), activation=3)
+
+
 def test_actor_critic_structure_matches_0_3_0():
     net = factories.make_mlp_actor_critic(OBS, ACTIONS, [8, 8], [16], nnx.Rngs(0))
     assert isinstance(net, Sequential) and len(net) == 2

@@ -11,6 +11,7 @@ knows the module or function, turns an :class:`AnnotationMismatch` into a
 
 from __future__ import annotations
 
+import abc
 import collections.abc
 import contextlib
 import dataclasses
@@ -190,12 +191,8 @@ class AnnotationMismatch(Exception):
     def problem(self) -> str:
         """What is wrong, in one sentence: ``argument x['h'] does not match its jaxtyping
         annotation.``"""
-        if isinstance(self.value, _MissingKey):
-            return (
-                f"{self.what} is missing: the TypedDict {self.value.record.__qualname__} "
-                f"requires the key {self.value.key!r}. Pass it, or mark the key that may be "
-                "absent NotRequired[...] (or the TypedDict total=False)."
-            )
+        if isinstance(self.value, _KeyFault):
+            return self.value.problem(self.what)
         return f"{self.what} does not match its jaxtyping annotation."
 
     def expected(self) -> str:
@@ -208,8 +205,8 @@ class AnnotationMismatch(Exception):
     def found(self) -> str:
         """The value on one line, each array as its dtype and shape: ``f32[8,2]``; for a
         missing key, the mapping that lacks it."""
-        if isinstance(self.value, _MissingKey):
-            return f"no key {self.value.key!r} in {_value_text(self.value.mapping)}"
+        if isinstance(self.value, _KeyFault):
+            return self.value.found()
         return _value_text(self.value)
 
 
@@ -363,7 +360,7 @@ def _first_mismatch(
         pairs = zip(value, item_hints, strict=True)
         items = [(f"[{index}]", item, item_hint) for index, (item, item_hint) in enumerate(pairs)]
     for suffix, item, item_hint in items:
-        if isinstance(item, _MissingKey):
+        if isinstance(item, _KeyFault):
             return (path + suffix, item, item_hint)
         found = _first_mismatch(item, item_hint, path + suffix, fields_checked)
         if found is not None:
@@ -425,17 +422,35 @@ def _fields_of(value: Any, hint: Any) -> list[tuple[str, Any, Any]] | None:
     """Each field of ``value`` with its path and annotation, where ``hint`` is a
     ``NamedTuple`` or dataclass ``value`` is an instance of, or a ``TypedDict`` and
     ``value`` a mapping; else ``None``. A key the ``TypedDict`` requires and the mapping
-    lacks is a :class:`_MissingKey` in its place; one it may lack is left out."""
+    lacks is a :class:`_MissingKey` in its place; one it may lack is left out. A key it
+    does not declare is checked against its ``extra_items`` type, is an
+    :class:`_UndeclaredKey` where it is closed, and is left out where it is open (PEP 728:
+    an open ``TypedDict``'s value may hold more keys, as a subtype's does)."""
     if _is_typeddict(hint):
         if not isinstance(value, collections.abc.Mapping):
             return None
         hints = _field_hints(hint)
-        missing = [
+        missing: list[tuple[str, Any, Any]] = [
             (f"[{key!r}]", _MissingKey(key, value, hint), hints.get(key, hint))
             for key in _required_keys(hint)
             if key not in value
         ]
-        return missing + [(f"[{key!r}]", value[key], hints[key]) for key in hints if key in value]
+        declared = [(f"[{key!r}]", value[key], hints[key]) for key in hints if key in value]
+        extra_items = _extra_items(hint)
+        undeclared = [key for key in value if key not in _declared_keys(hint)]
+        if extra_items is _OPEN or not undeclared:
+            return missing + declared
+        if extra_items is _CLOSED:
+            return [
+                *missing,
+                *declared,
+                *((f"[{key!r}]", _UndeclaredKey(key, value, hint), hint) for key in undeclared),
+            ]
+        return [
+            *missing,
+            *declared,
+            *((f"[{key!r}]", value[key], extra_items) for key in undeclared),
+        ]
     if not (_is_record_class(hint) and isinstance(value, hint)):
         return None
     fields = _field_hints(hint).items()
@@ -446,13 +461,85 @@ def _fields_of(value: Any, hint: Any) -> list[tuple[str, Any, Any]] | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class _MissingKey:
-    """Stands in for the value of ``key``, which the ``TypedDict`` ``record`` requires and
-    ``mapping`` lacks."""
+class _KeyFault(abc.ABC):
+    """Stands in for the value of ``key`` where ``mapping`` breaks the keys of the
+    ``TypedDict`` ``record``."""
 
-    key: str
-    mapping: Mapping[str, Any]
+    key: Any
+    mapping: Mapping[Any, Any]
     record: type
+
+    @abc.abstractmethod
+    def problem(self, what: str) -> str:
+        """What is wrong, in one sentence, ``what`` naming the key's place."""
+
+    @abc.abstractmethod
+    def found(self) -> str:
+        """The mapping's keys, on one line."""
+
+
+class _MissingKey(_KeyFault):
+    """A key the ``TypedDict`` requires and the mapping lacks."""
+
+    def problem(self, what: str) -> str:
+        return (
+            f"{what} is missing: the TypedDict {self.record.__qualname__} requires the key "
+            f"{self.key!r}. Pass it, or mark the key that may be absent NotRequired[...] "
+            "(or the TypedDict total=False)."
+        )
+
+    def found(self) -> str:
+        return f"no key {self.key!r} in {_value_text(self.mapping)}"
+
+
+class _UndeclaredKey(_KeyFault):
+    """A key the mapping holds and the closed ``TypedDict`` does not declare."""
+
+    def problem(self, what: str) -> str:
+        return (
+            f"{what} is not a key of the TypedDict {self.record.__qualname__}, which is "
+            "closed. Leave it out, declare it, or give the TypedDict extra_items=... "
+            "with the type of the keys it does not declare."
+        )
+
+    def found(self) -> str:
+        keys = ", ".join(repr(key) for key in self.mapping)
+        return f"the keys {keys}; {self.record.__qualname__} declares " + (
+            ", ".join(repr(key) for key in _declared_keys(self.record)) or "none"
+        )
+
+
+_OPEN = object()
+_CLOSED = object()
+
+
+@functools.cache
+def _extra_items(record: type) -> Any:
+    """What the ``TypedDict`` ``record`` says of the keys it does not declare (PEP 728):
+    the type of their values, :data:`_CLOSED` where it has none, :data:`_OPEN` where it
+    takes any. A class that says nothing takes what the ``TypedDict`` it derives from
+    says, as type checkers read it (the runtime does not pass it down)."""
+    extra_items = getattr(record, "__extra_items__", typing_extensions.NoExtraItems)
+    if extra_items is not typing_extensions.NoExtraItems:
+        return _without_read_only(extra_items)
+    closed = getattr(record, "__closed__", None)
+    if closed is not None:
+        return _CLOSED if closed else _OPEN
+    parents = [base for base in getattr(record, "__orig_bases__", ()) if _is_typeddict(base)]
+    return _extra_items(parents[0]) if parents else _OPEN
+
+
+@functools.cache
+def _declared_keys(record: type) -> tuple[str, ...]:
+    """Every key the ``TypedDict`` ``record`` declares, those it may lack included, in
+    the order it annotates them (its parents' first), or sorted where its annotations
+    cannot be read (Python 3.14 evaluates them when read)."""
+    declared = record.__required_keys__ | record.__optional_keys__
+    try:
+        annotated = [key for key in record.__annotations__ if key in declared]
+    except Exception:
+        return tuple(sorted(declared))
+    return (*annotated, *sorted(declared.difference(annotated)))
 
 
 @functools.cache

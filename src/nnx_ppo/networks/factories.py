@@ -43,13 +43,13 @@ ACTIVATIONS: Mapping[str, Activation] = {
     "swish": nnx.swish,
     "tanh": nnx.tanh,
 }
-"""The activations the actor-critic factories accept by name."""
+"""The activations the factories accept by name."""
 
 
 def make_mlp_layers(
     sizes: Sequence[int],
     rngs: nnx.Rngs,
-    activation: Activation = nnx.relu,
+    activation: Activation | str | None = nnx.relu,
     activation_last_layer: bool = True,
     **linear_kwargs: Any,
 ) -> list[Dense]:
@@ -61,7 +61,7 @@ def make_mlp_layers(
         at least two.
       rngs: initialises the weights.
       activation: applied after every layer but, unless ``activation_last_layer``,
-        the last.
+        the last: a function, a name of :data:`ACTIVATIONS`, or ``None`` for none.
       activation_last_layer: whether the last layer is followed by ``activation``.
       **linear_kwargs: passed to every :class:`flax.nnx.Linear` (``kernel_init``, ...).
 
@@ -75,6 +75,8 @@ def make_mlp_layers(
     )
     if len(sizes) < 2:
         raise ValueError(f"an MLP needs an input and an output size, got sizes={sizes}")
+    if activation is not None:
+        activation = _resolve_activation("make_mlp_layers", activation)
     n_layers = len(sizes) - 1
     return [
         Dense(
@@ -91,7 +93,7 @@ def make_mlp_layers(
 def make_mlp(
     sizes: Sequence[int],
     rngs: nnx.Rngs,
-    activation: Activation = nnx.relu,
+    activation: Activation | str | None = nnx.relu,
     activation_last_layer: bool = True,
     **linear_kwargs: Any,
 ) -> Sequential:
