@@ -25,6 +25,7 @@ from nnx_ppo.algorithms.checkpointing import (
     CheckpointError,
     find_checkpoint,
     load_checkpoint,
+    make_checkpoint_fn,
     step_directory,
 )
 from nnx_ppo.cli import main as cli_main
@@ -248,7 +249,8 @@ def test_a_new_run_refuses_a_directory_that_holds_one(
     assert train(run_dir, 128) == 0
     capsys.readouterr()
     assert train(run_dir, 128) == 2
-    assert f"{run_dir} already holds a run; continue it with --resume" in capsys.readouterr().err
+    shown = capsys.readouterr().err
+    assert f"{run_dir} already holds a run; continue it with nnx-ppo train --resume" in shown
 
 
 def test_a_checkpoint_directory_of_another_run_is_refused_not_mixed(tmp_path: Path) -> None:
@@ -452,6 +454,58 @@ def test_an_error_in_a_users_factory_shows_its_traceback_and_line_with_status_1(
         f"error: ValueError raised in your code at {tmp_path / 'broken_envs.py'}:2 in "
         "misread_option: invalid literal for int() with base 10: 'not-a-number'"
     ) in " ".join(shown.split()), shown
+
+
+def test_a_users_module_that_raises_as_it_is_imported_shows_its_traceback_and_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "exploding_envs.py").write_text("import math\nraise RuntimeError('no GPU')\n")
+    monkeypatch.syspath_prepend(tmp_path)
+    args = ["train", "--env", "exploding_envs:make", "--run-dir", str(tmp_path / "run")]
+    assert main(args) == 1
+    shown = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in shown
+    assert (
+        f"error: RuntimeError raised in your code at {tmp_path / 'exploding_envs.py'}:2 in "
+        "<module>: no GPU"
+    ) in " ".join(shown.split()), shown
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_factory_that_returns_no_env_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "forgetful_envs.py").write_text(
+        "from nnx_ppo.envs import make\ndef cartpole():\n    make('cartpole')\n"
+    )
+    monkeypatch.syspath_prepend(tmp_path)
+    args = ["train", "--env", "forgetful_envs:cartpole", "--run-dir", str(tmp_path / "run")]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --env forgetful_envs:cartpole: what forgetful_envs:cartpole(...) returned must "
+        "be an environment with reset(key) and step(state, action); a NoneType has no reset "
+        "and no step method"
+    )
+
+
+def test_a_run_directory_with_brackets_and_a_second_config_file_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Orbax globs a checkpoint's path as it merges its arrays: under brackets it found
+    # nothing, and the run ended with status 0 and checkpoints that could not be read.
+    run_dir = tmp_path / "lr[1e-3]"
+    assert main(["train", "--run-dir", str(run_dir)]) == 2
+    shown = " ".join(capsys.readouterr().err.split())
+    assert f"the checkpoint directory {run_dir / 'checkpoints'} has '[' or ']' in its path" in shown
+    assert not run_dir.exists()
+    with pytest.raises(ValueError, match=r"make_checkpoint_fn: the checkpoint directory .*\["):
+        make_checkpoint_fn(run_dir)
+
+    for name in ("a.toml", "b.toml"):
+        (tmp_path / name).write_text("seed = 1\n")
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(tmp_path / "a.toml"), "--config", str(tmp_path / "b.toml")])
+    assert "--config given twice" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -420,6 +420,10 @@ def test_a_checkpoint_that_cannot_be_written_is_named_and_never_taken_as_latest(
     assert train(run_dir, STEP) == 1  # the run stopped: not bad input
     shown = capsys.readouterr().err
     assert f"could not write the checkpoint of step 0 under {run_dir / 'checkpoints'}" in shown
+    # Where the run goes on from is named, as for a log that cannot be written.
+    assert f"No checkpoint was written in {run_dir} yet: start the run again" in " ".join(
+        shown.split()
+    )
     assert "Traceback" not in shown
 
     # A step directory a crash (or a full disk) left without Orbax's metadata is skipped.

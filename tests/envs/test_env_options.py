@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import ClassVar
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from nnx_ppo import envs
@@ -70,6 +72,11 @@ def test_count_options_may_be_whole_floats_as_in_0_3_0():
     assert envs.make("memory", n_cues=3.0, delay=0.0).n_cues == 3
     with pytest.raises(TypeError, match=r"CartPole: max_steps must be an int, got float 3\.5"):
         envs.make("cartpole", max_steps=3.5)
+    # Every whole number is taken, whatever its float type (np.float32 was refused).
+    for whole in (np.float32(3.0), np.array(3.0), jnp.asarray(3.0), np.int16(3), jnp.asarray(3)):
+        assert envs.make("cartpole", max_steps=whole).max_steps == 3
+    with pytest.raises(TypeError, match=r"max_steps must be an int, got"):
+        envs.make("cartpole", max_steps=np.float32(3.5))
 
 
 def test_playground_backend_is_none_for_a_built_in_name():

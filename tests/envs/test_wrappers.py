@@ -7,13 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from hypothesis import given
 from hypothesis import strategies as st
 
 from nnx_ppo import ContractError, envs
 from nnx_ppo.contract.env_checks import check_env_state, check_env_unbatched
 from nnx_ppo.envs.state import episode_flags
-from nnx_ppo.wrappers import EpisodeWrapper, RewardScalingWrapper
+from nnx_ppo.wrappers import EpisodeWrapper, RewardScalingWrapper, Wrapper
 from nnx_ppo.wrappers.episode_wrapper import EpisodeWrapper as EpisodeWrapperByPath
 from nnx_ppo.wrappers.reward_scaling_wrapper import RewardScalingWrapper as ScalingByPath
 
@@ -190,12 +191,17 @@ A_STRING: Any = "2"
         (lambda: EpisodeWrapper(envs.CartPole(), max_len=0), ValueError, "max_len"),
         (lambda: EpisodeWrapper(envs.CartPole(), max_len=A_FLOAT), TypeError, "max_len"),
         (lambda: EpisodeWrapper(NOT_AN_ENV, max_len=2), TypeError, "no reset"),
+        (
+            lambda: EpisodeWrapper(envs.CartPole, max_len=2),
+            TypeError,
+            r"EpisodeWrapper: env is the class CartPole, not an environment; pass an instance",
+        ),
         (lambda: RewardScalingWrapper(envs.CartPole(), A_STRING), TypeError, "reward_scale"),
         (lambda: RewardScalingWrapper(envs.CartPole(), float("nan")), TypeError, "finite"),
         (
             lambda: EpisodeWrapper(envs.CartPole(), 5, random_initial_step=A_STRING),
             TypeError,
-            "random_initial_step must be a bool, got str",
+            "random_initial_step must be True or False, got str",
         ),
         (
             lambda: EpisodeWrapper(EpisodeWrapper(envs.CartPole(), 8), 100),
@@ -287,3 +293,39 @@ def test_a_missing_attribute_names_the_wrapper_and_the_env_it_wraps() -> None:
     ):
         _ = env.nope
     assert not hasattr(env, "render")
+
+
+class _ModuleEnv(nnx.Module, envs.CartPole):
+    """An env that is an nnx.Module: its class defines __deepcopy__."""
+
+
+class _Gripper(Wrapper):
+    @property
+    def action_size(self) -> Any:
+        return {"move": self.env.action_size, "grip": self.grip_size}  # never set
+
+
+class _Misspelt(envs.CartPole):
+    @property
+    def observation_size(self) -> int:
+        return self.n_observations  # never set
+
+
+def test_a_wrapper_is_copied_whole_and_its_own_attribute_errors_are_not_masked() -> None:
+    # copy.deepcopy found the env's __deepcopy__ through the wrapper and copied the
+    # env alone: the time limit and the reward scale were gone.
+    for env in (envs.CartPole(), _ModuleEnv()):
+        copied = copy.deepcopy(RewardScalingWrapper(EpisodeWrapper(env, 10), 2.0))
+        assert isinstance(copied, RewardScalingWrapper) and copied.reward_scale == 2.0
+        assert isinstance(copied.env, EpisodeWrapper) and copied.env.max_len == 10
+    # A wrapper's property that raised AttributeError gave the env's action_size (1).
+    with pytest.raises(AttributeError, match="has no attribute 'grip_size'"):
+        _ = _Gripper(envs.Pendulum()).action_size
+    # The env's own error is the cause of the wrapper's, not dropped.
+    with pytest.raises(AttributeError, match="has no attribute 'observation_size'") as caught:
+        _ = EpisodeWrapper(_Misspelt(), 5).observation_size
+    assert "n_observations" in str(caught.value.__cause__)
+
+
+def test_random_initial_step_takes_a_numpy_bool() -> None:
+    assert EpisodeWrapper(envs.CartPole(), 5, random_initial_step=np.True_).random_initial_step

@@ -339,6 +339,19 @@ def _weakly_typed(leaf: Any) -> bool:
     return isinstance(leaf, int | float | complex) or bool(getattr(leaf, "weak_type", False))
 
 
+def _require_globless_directory(owner: str, directory: Path) -> None:
+    """Refuse a checkpoint directory whose path holds ``[`` or ``]``: Orbax reads the path
+    as a glob pattern where it merges a checkpoint's array files, finds nothing, and
+    leaves the arrays unreadable (with a log warning only)."""
+    path = str(directory.absolute())
+    if "[" in path or "]" in path:
+        raise ValueError(
+            f"{owner}: the checkpoint directory {path} has '[' or ']' in its path; Orbax "
+            "reads them as a glob pattern as it writes a checkpoint's arrays, which then "
+            "cannot be read back. Choose a path without brackets"
+        )
+
+
 def _on_host(leaf: Any) -> np.ndarray:
     """The whole array on this host; an array split over several processes is gathered
     (a collective: every process of a multi-process run must call it)."""
@@ -464,7 +477,9 @@ def make_checkpoint_fn(
     gathered) and process 0 alone writes. A
     write that fails (disk full, read-only directory) raises
     :class:`CheckpointError` naming the directory; Orbax writes into a temporary
-    directory, so the failed step is never taken as the latest.
+    directory, so the failed step is never taken as the latest. A ``directory`` whose
+    path holds ``[`` or ``]`` raises ``ValueError`` at once: Orbax reads it as a glob
+    pattern as it writes the arrays, which could then not be read back.
 
     Example::
 
@@ -492,6 +507,7 @@ def make_checkpoint_fn(
             f"make_checkpoint_fn: metadata must be a dict, got a {type(metadata).__name__}"
         )
     root = Path(directory)
+    _require_globless_directory("make_checkpoint_fn", root)
     # As JSON reads it back (tuples as lists), so the checksum is of what a load reads.
     config_json = json.loads(json.dumps(config_to_dict(config))) if config is not None else {}
     managers: list[Any] = []  # made at the first save: a run that fails before it leaves no dir

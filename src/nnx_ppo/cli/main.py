@@ -34,7 +34,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from nnx_ppo.cli import check
+from nnx_ppo.cli.run_dir import resume_command
 from nnx_ppo.contract.arguments import as_whole
+from nnx_ppo.contract.env_checks import require_env
 from nnx_ppo.contract.errors import ContractError, _user_code_frame
 
 if TYPE_CHECKING:  # the command imports the library lazily, to start fast
@@ -86,7 +88,9 @@ def _build_parser() -> argparse.ArgumentParser:
         help="total environment steps (rounded up to whole PPO steps of n_envs * rollout_length)",
     )
     train.add_argument("--seed", type=_seed, help="seed of the run")
-    train.add_argument("--config", type=Path, help="a JSON or TOML file of config overrides")
+    train.add_argument(
+        "--config", type=Path, action=_Once, help="a JSON or TOML file of config overrides"
+    )
     train.add_argument(
         "--set",
         dest="overrides",
@@ -119,8 +123,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="evaluate a run's latest checkpoint")
     evaluate.add_argument("run_dir", type=Path)
-    evaluate.add_argument("--episodes", type=_positive_int, default=64, help="evaluation episodes")
-    evaluate.add_argument("--seed", type=_seed, default=0)
+    evaluate.add_argument(
+        "--episodes", type=_positive_int, default=64, help="evaluation episodes (default: 64)"
+    )
+    evaluate.add_argument("--seed", type=_seed, default=0, help="seed of the episodes (default: 0)")
 
     commands.add_parser("envs", help="list environments with their observation/action specs")
     show_preset = commands.add_parser(
@@ -141,7 +147,10 @@ def _make_env(run_config: dict[str, Any]) -> Any:
 
     options = run_config.get("env_kwargs", {})
     if is_factory_name(run_config["env"]):
-        env = check.load_named(run_config["env"])(**options)
+        env = _load_factory(run_config["env"])(**options)
+        require_env(
+            f"--env {run_config['env']}", env, name=f"what {run_config['env']}(...) returned"
+        )
     else:
         backend = _chosen_impl(options) or envs.playground_backend(run_config["env"])
         if backend == "warp" or options.get("vision"):  # vision renders with Warp
@@ -150,6 +159,19 @@ def _make_env(run_config: dict[str, Any]) -> Any:
     if run_config.get("episode_length"):
         env = EpisodeWrapper(env, int(run_config["episode_length"]))
     return env
+
+
+def _load_factory(name: str) -> Any:
+    """The env factory ``MODULE:FACTORY`` names. An error its module raised as it was
+    imported is the user's code failing, shown with its traceback (status 1), as an error
+    in the factory would be; a module that is not there, or not Python, is bad input."""
+    try:
+        return check.load_named(name)
+    except ValueError as error:
+        cause = error.__cause__
+        if isinstance(cause, Exception) and _user_code_frame(cause) is not None:
+            raise cause from None
+        raise
 
 
 def _chosen_impl(env_kwargs: dict[str, Any]) -> Any:
@@ -303,6 +325,25 @@ def _resolve_config(args: argparse.Namespace) -> dict[str, Any]:
     return follow_run_length(config, given)
 
 
+class _Once(argparse.Action):
+    """An option given at most once: a second value would silently replace the first."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        earlier = getattr(namespace, self.dest, None)
+        if earlier is not None:
+            parser.error(
+                f"{option_string} given twice ({earlier} and {values}): give one file, and "
+                "the rest of the settings with --set KEY=VALUE"
+            )
+        setattr(namespace, self.dest, values)
+
+
 class _InterruptedAgain(KeyboardInterrupt):
     """A second Ctrl-C or SIGTERM: training stops at once, without a final checkpoint."""
 
@@ -400,6 +441,9 @@ def _train(args: argparse.Namespace, console: Console) -> int:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = args.run_dir or Path("runs") / f"{run_config['env']}-{stamp}"
         _refuse_foreign_directory(run_dir)
+    from nnx_ppo.algorithms.checkpointing import CHECKPOINT_SUBDIR, _require_globless_directory
+
+    _require_globless_directory("nnx-ppo train", run_dir / CHECKPOINT_SUBDIR)
     if jax.process_index() != 0:
         return _train_locked(args, console, run_dir, run_config, train_config, env, network)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -549,8 +593,8 @@ def _train_locked(
         has_checkpoint = False
     if args.resume is None and has_checkpoint:
         raise ValueError(
-            f"{run_dir} already holds a run; continue it with --resume {run_dir}, or choose "
-            "another --run-dir"
+            f"{run_dir} already holds a run; continue it with {resume_command(run_dir)}, or "
+            "choose another --run-dir"
         )
     ppo_config = train_config.ppo
     initial_state = None
@@ -576,13 +620,13 @@ def _train_locked(
         start_step = initial_state.steps_taken
         if start_step >= ppo_config.total_steps:
             console.print(
-                f"{run_dir} is complete: trained for {start_step:,} of "
+                f"{escape(str(run_dir))} is complete: trained for {start_step:,} of "
                 f"{ppo_config.total_steps:,} steps. Train it further with "
-                f"nnx-ppo train --resume {run_dir} --steps N (N > {start_step:,})",
+                f"{escape(resume_command(run_dir))} --steps N (N > {start_step:,})",
                 soft_wrap=True,
             )
             return 0
-        console.print(f"resuming {run_dir} from step {start_step:,}", soft_wrap=True)
+        console.print(f"resuming {escape(str(run_dir))} from step {start_step:,}", soft_wrap=True)
     else:
         metrics = iter_metrics(run_dir / "metrics.jsonl")
         logged = max((record["step"] for _, record in metrics), default=0)
@@ -595,7 +639,8 @@ def _train_locked(
             )
         if args.resume is not None:
             console.print(
-                f"{run_dir} has no checkpoint yet: starting it from step 0", soft_wrap=True
+                f"{escape(str(run_dir))} has no checkpoint yet: starting it from step 0",
+                soft_wrap=True,
             )
 
     primary = jax.process_index() == 0
@@ -618,8 +663,8 @@ def _train_locked(
     if not args.quiet:
         print_summary(network, jax.eval_shape(env.reset, jax.random.key(0)).obs, console)
     console.print(
-        f"training [bold]{run_config['env']}[/bold] to {planned:,} steps{rounded} on "
-        f"{jax.default_backend()}, run directory {run_dir}",
+        f"training [bold]{escape(run_config['env'])}[/bold] to {planned:,} steps{rounded} on "
+        f"{jax.default_backend()}, run directory {escape(str(run_dir))}",
         soft_wrap=True,
     )
     backend = _simulator_backend(run_config)
@@ -675,7 +720,10 @@ def _train_locked(
                     raise
                 # The run's logs or checkpoints could not be written (a full disk, a
                 # folder made read-only): the run stopped, its input was fine.
-                raise _WriteFailed(str(error), run_dir) from error
+                message = str(error)
+                if "--resume" not in message:  # the log writer's own names the command
+                    message = f"{message}. {_what_is_kept(run_dir)}"
+                raise _WriteFailed(message, run_dir) from error
         trained = True
     finally:
         for sig, handler in previous.items():
@@ -695,7 +743,7 @@ def _train_locked(
         where = f" (logged in {run_dir / SIMULATOR_LOG})" if simulator.count else ""
         extra["simulator warnings"] = f"{simulator.count:,}{where}"
     if stop.is_set() and result.total_steps < planned:
-        resume = f"; resume with nnx-ppo train --resume {run_dir}" if checkpointed else ""
+        resume = f"; resume with {resume_command(run_dir)}" if checkpointed else ""
         extra["stopped by"] = f"{stop.signal_name}{resume}"
     console.print(progress.summary(extra))
     return 0
@@ -827,8 +875,8 @@ def _what_is_kept(run_dir: Path) -> str:
     except CheckpointError as error:  # the newest one left damaged (a write cut short)
         return f"The run's checkpoints are not all intact: {error}"
     return (
-        f"The checkpoints in {run_dir} are intact: resume from step {step:,} with nnx-ppo "
-        f"train --resume {run_dir}"
+        f"The checkpoints in {run_dir} are intact: resume from step {step:,} with "
+        f"{resume_command(run_dir)}"
     )
 
 
@@ -888,7 +936,7 @@ def _evaluate(args: argparse.Namespace, console: Console) -> int:
     network.eval()
     max_length = int(run_config["train"]["eval"]["max_episode_length"])
     metrics = eval_rollout(env, network, args.episodes, max_length, jax.random.key(args.seed))
-    table = Table(title=f"{run_config['env']}: checkpoint at step {loaded['step']:,}")
+    table = Table(title=f"{escape(run_config['env'])}: checkpoint at step {loaded['step']:,}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in sorted(metrics.items()):
@@ -989,7 +1037,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"process {jax.process_index()} of {jax.process_count()}: a collective with the "
             "run's other processes failed, most likely because one of them stopped (see its "
             f"output). JAX said: {first_line}. The checkpoints in {error.run_dir} are intact: "
-            f"resume with nnx-ppo train --resume {error.run_dir} and the same distributed "
+            f"resume with {resume_command(error.run_dir)} and the same distributed "
             "options, on every process",
         )
         _exit_at_once(1)

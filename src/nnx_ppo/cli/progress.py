@@ -16,6 +16,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from nnx_ppo.cli.run_dir import EVAL_RETURN_KEY, TRAIN_RETURN_KEY
 
@@ -113,5 +114,5 @@ class TrainingProgress:
                 rows[label] = f"{self.latest[key]:.2f} (step {self.latest_step[key]:,})"
         rows.update(extra)
         for label, value in rows.items():
-            table.add_row(label, str(value))
+            table.add_row(label, Text(str(value)))  # a path's brackets are not markup
         return table

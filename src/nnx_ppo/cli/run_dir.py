@@ -22,11 +22,19 @@ import fcntl
 import json
 import math
 import os
+import shlex
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues the run in ``run_dir``, its path quoted for a shell
+    where it needs quoting (a space, brackets)."""
+    return f"nnx-ppo train --resume {shlex.quote(str(run_dir))}"
+
 
 __all__ = [
     "EVAL_RETURN_KEY",
@@ -37,6 +45,7 @@ __all__ = [
     "iter_metrics",
     "plot_learning_curve",
     "read_metrics",
+    "resume_command",
     "trim_metrics",
     "write_atomically",
 ]
@@ -156,7 +165,7 @@ class RunLogger:
             raise OSError(
                 f"could not log step {step} in {self.metrics_path}: "
                 f"{error.strerror or error}; the checkpoints already written are intact, "
-                f"and nnx-ppo train --resume {self.run_dir} continues from the newest "
+                f"and {resume_command(self.run_dir)} continues from the newest "
                 "(dropping what it logged after it)"
             ) from error
         if _stopped_workers(self._writer):
@@ -164,7 +173,7 @@ class RunLogger:
                 f"could not log step {step} to TensorBoard in {self.run_dir}: its event "
                 "writer stopped (its error is printed above: a full disk or a file size "
                 f"limit); {self.metrics_path} holds every step logged, the checkpoints "
-                f"already written are intact, and nnx-ppo train --resume {self.run_dir} "
+                f"already written are intact, and {resume_command(self.run_dir)} "
                 "continues from the newest"
             )
         self._to_tensorboard(metrics, step, record["time"])

@@ -38,12 +38,17 @@ def is_int(value: Any) -> bool:
 
 def as_whole(value: Any) -> Any:
     """``value`` as an ``int`` where it is a whole number written another way (a whole
-    float such as ``1e6``, or a 0-d integer array); anything else as it is, for
-    :func:`require_int` to judge. nnx-ppo 0.3.0 took counts in these forms."""
-    if isinstance(value, float) and value.is_integer():
+    float such as ``1e6`` or ``np.float32(3)``, or a 0-d integer or whole float array);
+    anything else as it is, for :func:`require_int` to judge. nnx-ppo 0.3.0 took counts
+    in these forms."""
+    if isinstance(value, float | np.floating) and float(value).is_integer():
         return int(value)
     dtype = getattr(value, "dtype", None)
-    if dtype is not None and np.ndim(value) == 0 and np.issubdtype(dtype, np.integer):
+    if dtype is None or np.ndim(value) != 0:
+        return value
+    if np.issubdtype(dtype, np.integer):
+        return int(value)
+    if np.issubdtype(dtype, np.floating) and float(value).is_integer():
         return int(value)
     return value
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from jaxtyping import PRNGKeyArray
 
 from nnx_ppo.contract.axes import Unbatched
+from nnx_ppo.contract.env_checks import require_env
 from nnx_ppo.envs.state import EnvState, RLEnv
 
 __all__ = ["Wrapper"]
@@ -22,12 +24,7 @@ class Wrapper:
     """
 
     def __init__(self, env: RLEnv) -> None:
-        for method in ("reset", "step"):
-            if not callable(getattr(env, method, None)):
-                raise TypeError(
-                    f"{type(self).__name__} wraps an environment with reset(key) and "
-                    f"step(state, action); {type(env).__name__} has no {method}"
-                )
+        require_env(type(self).__name__, env)
         self.env = env
 
     def reset(self, rng: PRNGKeyArray) -> EnvState:
@@ -41,12 +38,19 @@ class Wrapper:
     def __getattr__(self, name: str) -> Any:
         # Only called for attributes not found on the wrapper. ``env`` itself is
         # missing while copy/pickle rebuild the object; forwarding it would recurse.
-        if name == "env":
+        # Python's own hooks (``__deepcopy__``, ``__getstate__``) are the wrapper's:
+        # the env's would copy or pickle the env alone, without the wrapper.
+        if name == "env" or (name.startswith("__") and name.endswith("__")):
             raise AttributeError(name)
+        own = inspect.getattr_static(type(self), name, None)
+        if own is not None and hasattr(own, "__get__"):
+            # The wrapper's own property raised AttributeError (a bug in it): raise it
+            # again rather than read the env's attribute of that name in its place.
+            return own.__get__(self, type(self))
         try:
             return getattr(self.env, name)
-        except AttributeError:
+        except AttributeError as error:
             raise AttributeError(
                 f"{type(self).__name__} (wrapping {type(self.env).__name__}) has no "
                 f"attribute {name!r}"
-            ) from None
+            ) from error

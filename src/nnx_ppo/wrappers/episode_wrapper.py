@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
-from nnx_ppo.contract.arguments import as_whole, require_int
+from nnx_ppo.contract.arguments import as_whole, require_bool, require_int
 from nnx_ppo.contract.axes import Unbatched
 from nnx_ppo.contract.env_checks import check_env_state
 from nnx_ppo.envs.state import EnvState, RLEnv, episode_flags
@@ -45,12 +45,9 @@ class EpisodeWrapper(Wrapper):
     def __init__(self, env: RLEnv, max_len: int, *, random_initial_step: bool = False) -> None:
         super().__init__(env)
         self.max_len = require_int("EpisodeWrapper", "max_len", as_whole(max_len), 1)
-        if not isinstance(random_initial_step, bool):
-            raise TypeError(
-                "EpisodeWrapper: random_initial_step must be a bool, got "
-                f"{type(random_initial_step).__name__} {random_initial_step!r}"
-            )
-        self.random_initial_step = random_initial_step
+        self.random_initial_step = require_bool(
+            "EpisodeWrapper", "random_initial_step", random_initial_step
+        )
         inner: object = env
         while isinstance(inner, Wrapper):
             if isinstance(inner, EpisodeWrapper):
