@@ -437,20 +437,16 @@ def _fields_of(value: Any, hint: Any) -> list[tuple[str, Any, Any]] | None:
         ]
         declared = [(f"[{key!r}]", value[key], hints[key]) for key in hints if key in value]
         extra_items = _extra_items(hint)
-        undeclared = [key for key in value if key not in _declared_keys(hint)]
-        if extra_items is _OPEN or not undeclared:
-            return missing + declared
-        if extra_items is _CLOSED:
-            return [
-                *missing,
-                *declared,
-                *((f"[{key!r}]", _UndeclaredKey(key, value, hint), hint) for key in undeclared),
-            ]
-        return [
-            *missing,
-            *declared,
-            *((f"[{key!r}]", value[key], extra_items) for key in undeclared),
+        undeclared = (
+            [] if extra_items is _OPEN else [k for k in value if k not in _declared_keys(hint)]
+        )
+        extra = [
+            (f"[{key!r}]", _UndeclaredKey(key, value, hint), hint)
+            if extra_items is _CLOSED
+            else (f"[{key!r}]", value[key], extra_items)
+            for key in undeclared
         ]
+        return missing + declared + extra
     if not (_is_record_class(hint) and isinstance(value, hint)):
         return None
     fields = _field_hints(hint).items()
